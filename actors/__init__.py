@@ -1,0 +1,1 @@
+"""Everything that runs inside one rank: trace model, replay engine, capture."""

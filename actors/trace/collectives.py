@@ -1,0 +1,211 @@
+"""Normalize collective calls from both trace shapes into `Collective` records.
+
+* NCCL traces: a ``record_param_comms`` node carries the collective name, dtype, element
+  counts, split sizes, rank start/stride and the process group (attrs since schema 1.1.0;
+  only positional inputs before that). It is usually the child of a ``c10d::*`` op.
+* gloo traces: only the ``c10d::*`` op exists, with the group shown as ``"<Object>"``; the
+  sizes come from its tensor arguments, named by the op schema.
+* functional collectives (``_c10d_functional::*``) name their group as a string argument.
+"""
+from __future__ import annotations
+
+import orjson
+
+from actors.trace.model import Arg, Collective, TensorArg
+
+KINDS = ("all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor",
+         "all_gather_into_tensor_coalesced", "reduce_scatter", "reduce_scatter_tensor",
+         "reduce_scatter_tensor_coalesced", "all_to_all", "all_to_all_single", "broadcast",
+         "reduce", "gather", "scatter", "barrier", "send", "recv", "wait")
+
+C10D_KINDS = {
+    "c10d::allreduce_": "all_reduce",
+    "c10d::allreduce_coalesced_": "all_reduce_coalesced",
+    "c10d::allgather_": "all_gather",
+    "c10d::allgather_coalesced_": "all_gather",
+    "c10d::_allgather_base_": "all_gather_into_tensor",
+    "c10d::allgather_into_tensor_coalesced_": "all_gather_into_tensor_coalesced",
+    "c10d::reduce_scatter_": "reduce_scatter",
+    "c10d::_reduce_scatter_base_": "reduce_scatter_tensor",
+    "c10d::reduce_scatter_tensor_coalesced_": "reduce_scatter_tensor_coalesced",
+    "c10d::alltoall_": "all_to_all",
+    "c10d::alltoall_base_": "all_to_all_single",
+    "c10d::broadcast_": "broadcast",
+    "c10d::reduce_": "reduce",
+    "c10d::gather_": "gather",
+    "c10d::scatter_": "scatter",
+    "c10d::barrier": "barrier",
+    "c10d::send": "send",
+    "c10d::recv_": "recv",
+    "c10d::recv_any_source_": "recv",
+    "_c10d_functional::all_reduce": "all_reduce",
+    "_c10d_functional::all_reduce_": "all_reduce",
+    "_c10d_functional::all_gather_into_tensor": "all_gather_into_tensor",
+    "_c10d_functional::reduce_scatter_tensor": "reduce_scatter_tensor",
+    "_c10d_functional::all_to_all_single": "all_to_all_single",
+    "_c10d_functional::broadcast": "broadcast",
+    "_c10d_functional::broadcast_": "broadcast",
+    "_c10d_functional::wait_tensor": "wait",
+}
+
+# collective_name as written by record_param_comms (NCCL and gloo backends, all schemas).
+RPC_KINDS = {
+    "allreduce": "all_reduce", "all_reduce": "all_reduce",
+    "allreduce_coalesced": "all_reduce_coalesced",
+    "allgather": "all_gather", "all_gather": "all_gather",
+    "allgather_coalesced": "all_gather",
+    "_allgather_base": "all_gather_into_tensor", "all_gather_into_tensor": "all_gather_into_tensor",
+    "allgather_into_tensor_coalesced": "all_gather_into_tensor_coalesced",
+    "reduce_scatter": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter_tensor", "reduce_scatter_tensor": "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor_coalesced",
+    "all_to_all": "all_to_all_single", "all_to_allv": "all_to_all_single",
+    "alltoall": "all_to_all", "alltoall_base": "all_to_all_single",
+    "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
+    "barrier": "barrier", "send": "send", "recv": "recv", "recvAnySource": "recv",
+    "wait": "wait",
+}
+
+# record_param_comms' `dtype` attr uses c10 ScalarType names.
+SCALAR_TYPE_NAMES = {
+    "Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
+    "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",
+    "Bool": "bool", "ComplexFloat": "complex64", "ComplexDouble": "complex128",
+    "Float8_e4m3fn": "float8_e4m3fn", "Float8_e5m2": "float8_e5m2",
+}
+
+_IN_NAMES = ("tensors", "input_tensors", "input", "inputs", "input_tensor", "input_list",
+             "tensor", "self")
+_OUT_NAMES = ("output_tensors", "output", "outputs", "output_tensor", "output_lists")
+_ROOT_NAMES = ("root_rank", "rootRank", "src", "root")
+_PEER_NAMES = ("dstRank", "srcRank", "dst")
+
+
+def is_collective_op(name: str) -> bool:
+    return name in C10D_KINDS or name == "record_param_comms"
+
+
+def _numel(args) -> int:
+    total = 0
+    for a in args:
+        if type(a) is TensorArg:
+            total += a.numel
+        elif a.kind == "tensor_list":
+            total += sum(t.numel for t in a.value if t is not None)
+    return total
+
+
+def _first_dtype(args):
+    for a in args:
+        if type(a) is TensorArg:
+            return a.dtype
+        if a.kind == "tensor_list":
+            for t in a.value:
+                if t is not None:
+                    return t.dtype
+    return None
+
+
+def _int_value(arg):
+    return arg.value if type(arg) is Arg and arg.kind == "int" else None
+
+
+def from_c10d(name: str, arg_names: list[str], inputs: tuple) -> Collective:
+    """Build a Collective from a ``c10d::*`` / ``_c10d_functional::*`` op's arguments."""
+    kind = C10D_KINDS[name]
+    by_name = dict(zip(arg_names, inputs))
+    ins = [by_name[n] for n in _IN_NAMES if n in by_name]
+    outs = [by_name[n] for n in _OUT_NAMES if n in by_name]
+    in_nelems = _numel(ins[:1])
+    out_nelems = _numel(outs[:1]) if outs else in_nelems
+    root = next((_int_value(by_name[n]) for n in _ROOT_NAMES + _PEER_NAMES if n in by_name), None)
+    splits = {}
+    for key in ("input_split_sizes", "output_split_sizes"):
+        a = by_name.get(key)
+        splits[key] = tuple(a.value) if a is not None and a.kind in ("int_list", "list") else ()
+    pg_name = None
+    group = by_name.get("group_name")
+    if group is not None and group.kind == "str":
+        pg_name = group.value
+    group_size = _int_value(by_name["group_size"]) if "group_size" in by_name else None
+    source = "functional" if name.startswith("_c10d_functional::") else "c10d"
+    return Collective(kind, pg_name=pg_name, dtype=_first_dtype(ins or outs),
+                      in_nelems=in_nelems, out_nelems=out_nelems,
+                      in_splits=splits["input_split_sizes"], out_splits=splits["output_split_sizes"],
+                      group_size=group_size, root=root, source=source)
+
+
+def _split_attr(value) -> tuple:
+    if isinstance(value, str):
+        try:
+            value = orjson.loads(value) if value else []
+        except orjson.JSONDecodeError:
+            return ()
+    return tuple(value) if isinstance(value, list) else ()
+
+
+def from_record_param_comms(inputs: tuple, attrs: dict) -> Collective:
+    """Build a Collective from a ``record_param_comms`` node (any schema version).
+
+    Inputs are ``[tensors, seq, pg, rank, collective_name, in_split, out_split, ...]``, or
+    ``[seq, pg, rank, "wait", ...]`` for waits. Attributes (1.1.0+) win where present.
+    """
+    name_pos = next((i for i, a in enumerate(inputs)
+                     if type(a) is Arg and a.kind == "str" and a.value in RPC_KINDS), None)
+    raw_name = attrs.get("collective_name") or (inputs[name_pos].value if name_pos is not None else "")
+    kind = RPC_KINDS.get(raw_name)
+    if kind is None:
+        raise ValueError(f"unknown record_param_comms collective_name {raw_name!r}")
+    first_int = next((a.value for a in inputs if type(a) is Arg and a.kind == "int"), None)
+    tensors = [a for a in inputs[:1] if type(a) is TensorArg or a.kind == "tensor_list"]
+    pg_name = attrs.get("pg_name")
+    pg_desc = attrs.get("pg_desc")
+    if pg_name is None:
+        pg = next((a for a in inputs if type(a) is Arg and a.kind == "tuple"), None)
+        if pg is not None and len(pg.value) == 2 and isinstance(pg.value[0], str):
+            pg_name, pg_desc = pg.value
+    if pg_name == "":
+        pg_name = None
+    in_splits = _split_attr(attrs["in_split_size"]) if "in_split_size" in attrs else ()
+    out_splits = _split_attr(attrs["out_split_size"]) if "out_split_size" in attrs else ()
+    if not in_splits and name_pos is not None and len(inputs) > name_pos + 2:
+        in_splits = tuple(inputs[name_pos + 1].value or ()) if inputs[name_pos + 1].kind in ("int_list", "list") else ()
+        out_splits = tuple(inputs[name_pos + 2].value or ()) if inputs[name_pos + 2].kind in ("int_list", "list") else ()
+    dtype = SCALAR_TYPE_NAMES.get(attrs.get("dtype")) or _first_dtype(tensors)
+    in_nelems = attrs.get("in_msg_nelems", _numel(tensors))
+    out_nelems = attrs.get("out_msg_nelems", in_nelems)
+    is_wait = kind == "wait"
+    return Collective(kind, pg_name=pg_name, pg_desc=pg_desc, dtype=None if is_wait else dtype,
+                      in_nelems=0 if is_wait else in_nelems, out_nelems=0 if is_wait else out_nelems,
+                      in_splits=in_splits, out_splits=out_splits,
+                      rank_start=attrs.get("global_rank_start"),
+                      rank_stride=attrs.get("global_rank_stride"), group_size=attrs.get("pg_size"),
+                      seq=None if is_wait else first_int, wait_seq=first_int if is_wait else None,
+                      source="record_param_comms")
+
+
+def merge(c10d: Collective, rpc: Collective) -> Collective:
+    """A c10d op with its record_param_comms child: the op names the kind, the child the rest."""
+    rpc.kind = c10d.kind
+    rpc.root = c10d.root
+    if not rpc.in_splits and not rpc.out_splits:
+        rpc.in_splits, rpc.out_splits = c10d.in_splits, c10d.out_splits
+    if not rpc.in_nelems:
+        rpc.in_nelems, rpc.out_nelems = c10d.in_nelems, c10d.out_nelems
+    rpc.dtype = rpc.dtype or c10d.dtype
+    return rpc
+
+
+def link_functional_waits(ops) -> None:
+    """Functional collectives complete via ``wait_tensor`` on their output tensor, not a seq."""
+    for op in ops:
+        c = op.collective
+        if c is None or c.source != "functional":
+            continue
+        tensors = op.input_tensors() if c.kind == "wait" else op.output_tensors()
+        if not tensors:
+            continue
+        if c.kind == "wait":
+            c.wait_seq = ("uid", tensors[0].uid)
+        else:
+            c.seq = ("uid", tensors[0].uid)

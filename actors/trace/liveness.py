@@ -1,0 +1,60 @@
+"""Liveness of tensors and storages over one pass of a trace's ops, and the memory lower bound.
+
+The lower bound is the peak of live storage bytes if each storage generation lived exactly
+from its first to its last use: no allocator can do better on the same op order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from actors.trace.model import Op
+
+
+@dataclass
+class Liveness:
+    storage_bytes: list[int]  # per suid: bytes its views reach
+    storage_first: list[int]  # per suid: first op index using it (-1 if unused)
+    storage_last: list[int]  # per suid: last op index using it
+    storage_external: list[bool]  # per suid: first seen as an input (made outside the trace)
+    free_after: list[list[int]]  # per op index: suids whose last use is this op
+    live_bytes: list[int]  # per op index: bytes live while the op runs (the bound's curve)
+    lower_bound_bytes: int
+
+    def external_bytes(self) -> int:
+        return sum(b for b, ext in zip(self.storage_bytes, self.storage_external) if ext)
+
+
+def compute_liveness(ops: list[Op], num_storages: int) -> Liveness:
+    """One sweep over ``ops`` (every op's inputs and outputs count as uses)."""
+    size = [0] * num_storages
+    first = [-1] * num_storages
+    last = [-1] * num_storages
+    external = [False] * num_storages
+    for op in ops:
+        i = op.index
+        for is_input, tensors in ((True, op.input_tensors()), (False, op.output_tensors())):
+            for t in tensors:
+                s = t.suid
+                if s < 0:
+                    continue
+                nbytes = t.extent_elems * t.itemsize
+                if nbytes > size[s]:
+                    size[s] = nbytes
+                if first[s] < 0:
+                    first[s] = i
+                    external[s] = is_input
+                last[s] = i
+    free_after: list[list[int]] = [[] for _ in range(len(ops) and ops[-1].index + 1)]
+    delta = [0] * (len(free_after) + 1)
+    for s in range(num_storages):
+        if first[s] >= 0:
+            free_after[last[s]].append(s)
+            delta[first[s]] += size[s]
+            delta[last[s] + 1] -= size[s]
+    live, running, peak = [], 0, 0
+    for i in range(len(free_after)):
+        running += delta[i]
+        live.append(running)
+        if running > peak:
+            peak = running
+    return Liveness(size, first, last, external, free_after, live, peak)

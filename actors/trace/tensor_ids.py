@@ -1,0 +1,75 @@
+"""Assign dense tensor (`uid`) and storage-generation (`suid`) ids in execution order.
+
+The trace's ids are reused: the caching allocator hands the same storage to a later tensor,
+possibly of another dtype, and tensor ids are recycled too. A storage id therefore starts a
+new *generation* when an op returns a freshly allocated tensor on it (a return without an
+alias annotation in the op schema) or when a tensor of another dtype appears on it. Keying
+the replay on generations keeps an index tensor from ever reading another dtype's bytes.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from actors.trace.model import Op, TensorArg
+
+
+@lru_cache(maxsize=8192)
+def fresh_returns(schema: str) -> tuple[bool, ...]:
+    """Per return of an op schema: True when it is a newly allocated tensor (no alias)."""
+    arrow = schema.rfind("->")
+    if arrow < 0:
+        return ()
+    ret = schema[arrow + 2:].strip()
+    if ret.startswith("(") and ret.endswith(")"):
+        ret = ret[1:-1]
+    parts, depth, token = [], 0, []
+    for ch in ret + ",":
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(token).strip())
+            token = []
+        else:
+            token.append(ch)
+    return tuple(p.startswith("Tensor") and not p.startswith("Tensor(") for p in parts)
+
+
+class TensorIdAssigner:
+    """Walks ops in order and stamps `uid`/`suid` on every TensorArg."""
+
+    def __init__(self):
+        self._uids: dict[tuple, int] = {}
+        self._storage: dict[int, tuple[int, str]] = {}  # storage_id -> (suid, dtype)
+        self.num_tensors = 0
+        self.num_storages = 0
+
+    def assign(self, op: Op) -> None:
+        for t in op.input_tensors():
+            self._stamp(t, fresh=False)
+        # Collective outputs are their (in-place) inputs even where the schema omits the alias.
+        fresh = () if op.collective is not None and op.collective.source != "functional" \
+            else fresh_returns(op.schema)
+        for i, arg in enumerate(op.outputs):
+            is_fresh = fresh[i] if i < len(fresh) else False
+            if type(arg) is TensorArg:
+                self._stamp(arg, is_fresh)
+            elif arg.kind == "tensor_list":
+                for t in arg.value:
+                    if t is not None:
+                        self._stamp(t, is_fresh)
+
+    def _stamp(self, t: TensorArg, fresh: bool) -> None:
+        current = self._storage.get(t.storage_id)
+        if fresh or current is None or current[1] != t.dtype:
+            current = (self.num_storages, t.dtype)
+            self._storage[t.storage_id] = current
+            self.num_storages += 1
+        t.suid = current[0]
+        key = (t.tensor_id, t.suid, t.offset, t.numel, t.itemsize)
+        uid = self._uids.get(key)
+        if uid is None:
+            uid = self._uids[key] = self.num_tensors
+            self.num_tensors += 1
+        t.uid = uid

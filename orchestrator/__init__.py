@@ -1,0 +1,1 @@
+"""The driver: configs, Ray cluster and placement, launch, validation, aggregation."""
