@@ -1,0 +1,180 @@
+"""Aggregate the per-rank reports of one run into the run summary.
+
+A rank report may be partial: a rank that failed early may carry only ``rank``, ``status``,
+``error`` and ``last_op``. Every statistic is computed over the ranks that reported the
+value, so nothing a surviving rank measured is lost; ranks that sent no report at all get a
+placeholder row so the summary still has one row per rank.
+
+Run status precedence (root cause first): ``oom`` > ``failed`` > ``timeout`` > ``ok``.
+An OOM is the most specific diagnosis and usually the cause of the others (its peers then
+error out on a broken connection or block in the next collective), and a timeout is most
+often collateral, so it ranks last. An unknown rank status counts as ``failed``. A run-level
+override (e.g. the driver's own deadline expired) wins over every rank.
+"""
+from __future__ import annotations
+
+from statistics import median
+
+RANK_STATUSES = ("ok", "oom", "failed", "timeout")
+STATUS_PRECEDENCE = ("oom", "failed", "timeout")  # worst first; "ok" only if every rank is ok
+MAX_RANKS_IN_ERROR = 4  # name this many failing ranks in full, summarize the rest
+MAX_RANK_ERROR_CHARS = 200
+
+_COLLECTIVE_SUM_FIELDS = ("num_calls", "bytes")
+_COLLECTIVE_MEDIAN_FIELDS = ("time_s", "algbw_gbps", "busbw_gbps")
+
+
+def _values(reports: list[dict], key: str) -> list:
+    """The non-missing values of ``key`` over the reports, in rank order."""
+    return [r[key] for r in reports if r.get(key) is not None]
+
+
+def _median_or_none(values: list):
+    return median(values) if values else None
+
+
+def worst_status(statuses) -> str:
+    """The run status implied by the rank statuses, following ``STATUS_PRECEDENCE``."""
+    normalized = {s if s in RANK_STATUSES else "failed" for s in statuses}
+    for status in STATUS_PRECEDENCE:
+        if status in normalized:
+            return status
+    return "ok"
+
+
+def _one_line(text: str) -> str:
+    line = str(text).strip().splitlines()[0] if str(text).strip() else ""
+    return line if len(line) <= MAX_RANK_ERROR_CHARS else line[: MAX_RANK_ERROR_CHARS - 3] + "..."
+
+
+def _rank_error(report: dict) -> str:
+    where = f" at {report['last_op']}" if report.get("last_op") else ""
+    what = f": {_one_line(report['error'])}" if report.get("error") else ""
+    return f"rank {report['rank']} {report.get('status', 'failed')}{where}{what}"
+
+
+def _error_message(bad: list[dict], world_size: int, run_error: str | None) -> str | None:
+    """One message naming the failing ranks (root causes first) and their last op."""
+    parts = [run_error] if run_error else []
+    if bad:
+        order = {s: i for i, s in enumerate(STATUS_PRECEDENCE)}
+        bad = sorted(bad, key=lambda r: (order.get(r.get("status"), 1), r["rank"]))
+        named = "; ".join(_rank_error(r) for r in bad[:MAX_RANKS_IN_ERROR])
+        rest = bad[MAX_RANKS_IN_ERROR:]
+        if rest:
+            by_status: dict[str, list[int]] = {}
+            for r in rest:
+                by_status.setdefault(str(r.get("status")), []).append(r["rank"])
+            more = ", ".join(f"{s} on ranks {', '.join(map(str, rs))}" for s, rs in by_status.items())
+            named += f"; and {len(rest)} more ({more})"
+        parts.append(f"{len(bad)} of {world_size} ranks did not finish: {named}")
+    return "; ".join(parts) or None
+
+
+def _merge_collectives(reports: list[dict]) -> dict:
+    """Per collective kind: calls and bytes summed over ranks, time and bandwidths median over ranks."""
+    per_kind: dict[str, list[dict]] = {}
+    for report in reports:
+        for kind, stats in (report.get("collectives") or {}).items():
+            per_kind.setdefault(kind, []).append(stats)
+    merged = {}
+    for kind, rows in sorted(per_kind.items()):
+        entry: dict = {"num_ranks": len(rows)}
+        for field in _COLLECTIVE_SUM_FIELDS:
+            entry[field] = sum(_values(rows, field))
+        for field in _COLLECTIVE_MEDIAN_FIELDS:
+            entry[field] = _median_or_none(_values(rows, field))
+        merged[kind] = entry
+    return merged
+
+
+def _merge_counts(reports: list[dict], key: str) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for report in reports:
+        for reason, count in (report.get(key) or {}).items():
+            total[reason] = total.get(reason, 0) + count
+    return dict(sorted(total.items(), key=lambda kv: -kv[1]))
+
+
+def _cuda_memory(reports: list[dict]) -> dict | None:
+    rows = _values(reports, "cuda_memory")
+    if not rows:
+        return None
+    return {k: max(_values(rows, k), default=None) for k in ("allocated_peak", "reserved_peak")}
+
+
+def _first_oom(reports: list[dict]) -> dict | None:
+    for report in reports:
+        if report.get("status") == "oom" or report.get("oom"):
+            return {"rank": report["rank"], **(report.get("oom") or {})}
+    return None
+
+
+def _rank_rows(rank_reports: list[dict], world_size: int, missing_status: str) -> list[dict]:
+    """Per-rank rows in rank order without the bulky memory timeline; placeholders for silent ranks."""
+    rows = {r["rank"]: {k: v for k, v in r.items() if k != "memory_timeline"} for r in rank_reports}
+    for rank in range(world_size):
+        if rank not in rows:
+            rows[rank] = {"rank": rank, "status": missing_status,
+                          "error": "no report received from this rank", "last_op": None}
+    return [rows[rank] for rank in sorted(rows)]
+
+
+def aggregate(rank_reports: list[dict], *, world_size: int, run_status_override: str | None = None,
+              error: str | None = None, extra: dict | None = None) -> dict:
+    """Aggregate per-rank reports into the run summary (see the module docstring for the rules).
+
+    ``run_status_override`` replaces the status derived from the ranks; ``error`` is a
+    run-level message put before the per-rank ones; ``extra`` adds keys (e.g.
+    ``device_memory_capacity_bytes``) and may not shadow a computed key.
+    """
+    if run_status_override is not None and run_status_override not in RANK_STATUSES:
+        raise ValueError(f"run_status_override must be one of {RANK_STATUSES}, got {run_status_override!r}")
+    missing_status = run_status_override if run_status_override not in (None, "ok") else "failed"
+    ranks = _rank_rows(rank_reports, world_size, missing_status)
+    bad = [r for r in ranks if r.get("status") != "ok"]
+
+    rank_medians = {r["rank"]: r["iteration_time_s"] for r in ranks if r.get("iteration_time_s") is not None}
+    straggler = max(rank_medians, key=rank_medians.get) if rank_medians else None
+    fastest = min(rank_medians.values(), default=None)
+    skew = rank_medians[straggler] / fastest if fastest else None
+
+    status_counts: dict[str, int] = {}
+    for r in ranks:
+        status_counts[r.get("status", "failed")] = status_counts.get(r.get("status", "failed"), 0) + 1
+
+    summary = {
+        "status": run_status_override or worst_status(r.get("status") for r in ranks),
+        "world_size": world_size,
+        "error": _error_message(bad, world_size, error),
+        "num_ranks_by_status": status_counts,
+        "iteration_time_s": _median_or_none(list(rank_medians.values())),
+        "iteration_time_stats_s": {
+            "min": fastest,
+            "median": _median_or_none(list(rank_medians.values())),
+            "max": rank_medians[straggler] if straggler is not None else None,
+        },
+        "straggler_rank": straggler,
+        "skew": skew,
+        "compute_time_s": _median_or_none(_values(ranks, "compute_time_s")),
+        "comm_time_s": _median_or_none(_values(ranks, "comm_time_s")),
+        "peak_memory_bytes": max(_values(ranks, "peak_memory_bytes"), default=None),
+        "liveness_lower_bound_bytes": max(_values(ranks, "liveness_lower_bound_bytes"), default=None),
+        "num_flushes": sum(_values(ranks, "num_flushes")),
+        "flushed_bytes": sum(_values(ranks, "flushed_bytes")),
+        # The weakest rank bounds what the replay is worth, so report the minimum, not a mean.
+        "coverage": min(_values(ranks, "coverage"), default=None),
+        "num_shape_mismatches": sum(_values(ranks, "num_shape_mismatches")),
+        "skipped_reasons": _merge_counts(ranks, "skipped_reasons"),
+        "collectives": _merge_collectives(ranks),
+        "cuda_memory": _cuda_memory(ranks),
+        "num_oom_ranks": sum(1 for r in ranks if r.get("status") == "oom"),
+        "oom": _first_oom(ranks),
+        "ranks": ranks,
+    }
+    clash = sorted(set(extra or {}) & set(summary))
+    if clash:
+        raise ValueError(f"extra keys {clash} would shadow computed summary keys")
+    summary.update(extra or {})
+    return summary
+

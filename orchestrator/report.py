@@ -1,0 +1,301 @@
+"""Present a run summary: the console tables, the files of a run directory and its plots.
+
+Files written by ``write_run_outputs`` (paths relative to the run directory):
+``summary.json``, ``ranks.csv``, ``ranks.parquet``, ``config.yaml`` (when given),
+``memory/rank-<r>.csv`` (``op_index,bytes``), ``memory_timeline.png``, ``iteration_times.png``.
+
+The rank table has one row of flat scalar columns per rank: scalars are kept as they are,
+``collectives`` becomes ``coll_<kind>_<field>`` columns, ``oom`` becomes ``oom_<field>``,
+``cuda_memory`` becomes ``cuda_<field>_bytes``, ``iteration_times_s`` also yields
+``num_iterations``, and any other list or dict is kept as a JSON string in ``<key>_json``.
+"""
+from __future__ import annotations
+
+import numbers
+import re
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pandas as pd
+from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend (Agg canvas)
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+_BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+_MiB = 1 << 20
+MAX_LEGEND_RANKS = 16  # past this a legend hides the plot
+_STATUS_STYLE = {"ok": "green", "oom": "magenta", "timeout": "yellow", "failed": "red"}
+
+
+def _byte_unit(num_bytes: float) -> tuple[int, str]:
+    """The largest binary unit (divisor, name) that keeps ``num_bytes`` at 1 or more."""
+    power = 0
+    while power < len(_BYTE_UNITS) - 1 and abs(num_bytes) >= 1024 ** (power + 1):
+        power += 1
+    return 1024 ** power, _BYTE_UNITS[power]
+
+
+def human_bytes(num_bytes: float | None) -> str:
+    """``1536`` -> ``"1.5 KiB"`` (binary units); ``None`` -> ``"-"``."""
+    if num_bytes is None:
+        return "-"
+    scale, unit = _byte_unit(num_bytes)
+    return f"{num_bytes:.0f} B" if scale == 1 else f"{num_bytes / scale:.1f} {unit}"
+
+
+def _column_key(name) -> str:
+    """Column-safe form of a collective kind or field name: ``[a-z0-9_]`` only."""
+    return re.sub(r"[^a-z0-9]+", "_", str(name).lower()).strip("_")
+
+
+def _json_str(value) -> str:
+    return orjson.dumps(value, default=str).decode()
+
+
+def flatten_rank(rank: dict) -> dict:
+    """One rank's summary row as flat scalar columns (see the module docstring)."""
+    row: dict = {}
+    for key, value in rank.items():
+        if key == "collectives":
+            for kind, stats in (value or {}).items():
+                for field, stat in stats.items():
+                    row[f"coll_{_column_key(kind)}_{_column_key(field)}"] = stat
+        elif key == "oom":
+            for field, stat in (value or {}).items():
+                row[f"oom_{_column_key(field)}"] = stat
+        elif key == "cuda_memory":
+            for field, stat in (value or {}).items():
+                row[f"cuda_{_column_key(field)}_bytes"] = stat
+        elif key == "iteration_times_s":
+            row["num_iterations"] = len(value or [])
+            row["iteration_times_s_json"] = _json_str(value)
+        elif isinstance(value, (dict, list, tuple)):
+            row[f"{key}_json"] = _json_str(value)
+        else:
+            row[key] = value
+    return row
+
+
+def _column_dtype(values: list) -> str:
+    """Nullable dtype from the Python types present, so a rank missing a value keeps ints int
+    and a float column stays float even when every value happens to be integral."""
+    present = [v for v in values if v is not None and not pd.isna(v)]
+    if not present:  # nothing reported (e.g. "error" on a clean run): text is the least surprising
+        return "string"
+    # isinstance, not type(): reports may carry numpy scalars; bool is an Integral, test it first.
+    if all(isinstance(v, (bool, np.bool_)) for v in present):
+        return "boolean"
+    if all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in present):
+        return "Int64"
+    if all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in present):
+        return "Float64"
+    return "string"
+
+
+def ranks_frame(summary: dict) -> pd.DataFrame:
+    """The per-rank table of a summary: one row per rank, flat nullable-typed columns."""
+    rows = [flatten_rank(r) for r in summary.get("ranks", [])]
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    return pd.DataFrame({
+        name: pd.Series([row.get(name) for row in rows], dtype=object).astype(
+            _column_dtype([row.get(name) for row in rows]))
+        for name in columns
+    })
+
+
+def _write_memory_timelines(rank_reports: list[dict], memory_dir: Path) -> list[Path]:
+    paths = []
+    for report in rank_reports:
+        timeline = report.get("memory_timeline")
+        if not timeline:
+            continue
+        memory_dir.mkdir(parents=True, exist_ok=True)
+        path = memory_dir / f"rank-{report['rank']}.csv"
+        lines = "".join(f"{int(op)},{int(num_bytes)}\n" for op, num_bytes in timeline)
+        path.write_text("op_index,bytes\n" + lines)
+        paths.append(path)
+    return paths
+
+
+def plot_memory_timeline(summary: dict, rank_reports: list[dict], path: Path) -> bool:
+    """Bytes held over op index, one line per rank, with the liveness bound and capacity.
+
+    Returns False (and writes nothing) when no rank reported a timeline.
+    """
+    timelines = sorted(((r["rank"], r["memory_timeline"]) for r in rank_reports
+                        if r.get("memory_timeline")), key=lambda t: t[0])
+    if not timelines:
+        return False
+    bound = summary.get("liveness_lower_bound_bytes")
+    capacity = summary.get("device_memory_capacity_bytes")
+    peak = max(b for _, tl in timelines for _, b in tl)
+    scale, unit = _byte_unit(max((v for v in (peak, bound, capacity) if v), default=0))
+    fig = Figure(figsize=(10, 5), dpi=100)
+    ax = fig.add_subplot()
+    for rank, timeline in timelines:
+        ops, held = zip(*timeline)
+        ax.plot(ops, [b / scale for b in held], drawstyle="steps-post", linewidth=0.8,
+                label=f"rank {rank}")
+    if bound:
+        ax.axhline(bound / scale, color="black", linestyle="--", linewidth=1,
+                   label=f"liveness lower bound ({human_bytes(bound)})")
+    if capacity:
+        ax.axhline(capacity / scale, color="red", linestyle=":", linewidth=1.2,
+                   label=f"capacity ({human_bytes(capacity)})")
+    ax.set_xlabel("op index")
+    ax.set_ylabel(f"bytes held ({unit})")
+    ax.set_title(f"Memory timeline ({len(timelines)} ranks, status {summary.get('status')})")
+    ax.grid(alpha=0.3)
+    if len(timelines) <= MAX_LEGEND_RANKS:
+        ax.legend(fontsize="small", loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path)
+    return True
+
+
+def plot_iteration_times(summary: dict, rank_reports: list[dict], path: Path) -> bool:
+    """Box plot of each rank's iteration times in ms, the straggler in red.
+
+    Returns False (and writes nothing) when no rank reported iteration times.
+    """
+    series = sorted(((r["rank"], r["iteration_times_s"]) for r in rank_reports
+                     if r.get("iteration_times_s")), key=lambda t: t[0])
+    if not series:
+        return False
+    ranks = [rank for rank, _ in series]
+    fig = Figure(figsize=(max(6, 0.4 * len(ranks) + 2), 4.5), dpi=100)
+    ax = fig.add_subplot()
+    boxes = ax.boxplot([[t * 1e3 for t in times] for _, times in series], patch_artist=True)
+    ax.set_xticks(range(1, len(ranks) + 1), [str(r) for r in ranks])
+    straggler = summary.get("straggler_rank")
+    for rank, patch in zip(ranks, boxes["boxes"]):
+        patch.set_facecolor("tab:red" if rank == straggler else "tab:blue")
+        patch.set_alpha(0.6)
+    skew = summary.get("skew")
+    title = "Iteration time per rank"
+    if straggler is not None and skew is not None:
+        title += f" (straggler rank {straggler}, skew {skew:.2f}x)"
+    ax.set_title(title)
+    ax.set_xlabel("rank")
+    ax.set_ylabel("iteration time (ms)")
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path)
+    return True
+
+
+def write_run_outputs(summary: dict, rank_reports: list[dict], out_dir: Path,
+                      config_yaml: str | None) -> dict[str, Path]:
+    """Write every file of a run directory (see the module docstring); returns name -> path.
+
+    ``rank_reports`` are the raw reports (with ``memory_timeline``); ``summary`` comes from
+    ``orchestrator.metrics.aggregate``. Plots without data are skipped.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+
+    path = out_dir / "summary.json"
+    path.write_bytes(orjson.dumps(summary, default=str,
+                                  option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    written["summary"] = path
+
+    frame = ranks_frame(summary)
+    written["ranks_csv"] = out_dir / "ranks.csv"
+    frame.to_csv(written["ranks_csv"], index=False)
+    written["ranks_parquet"] = out_dir / "ranks.parquet"
+    frame.to_parquet(written["ranks_parquet"], index=False)
+
+    if config_yaml is not None:
+        written["config"] = out_dir / "config.yaml"
+        written["config"].write_text(config_yaml)
+
+    for path in _write_memory_timelines(rank_reports, out_dir / "memory"):
+        written[f"memory_{path.stem}"] = path
+
+    for name, plot in (("memory_timeline", plot_memory_timeline),
+                       ("iteration_times", plot_iteration_times)):
+        path = out_dir / f"{name}.png"
+        if plot(summary, rank_reports, path):
+            written[f"{name}_plot"] = path
+    return written
+
+
+def _short(value: float) -> str:
+    """Short fixed-point text without exponents: 1.23, 12.3, 123.4, 1235."""
+    digits = 2 if abs(value) < 10 else 1 if abs(value) < 1000 else 0
+    return f"{value:.{digits}f}"
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else _short(seconds * 1e3)
+
+
+def _mib(num_bytes: int | None) -> str:
+    return "-" if num_bytes is None else _short(num_bytes / _MiB)
+
+
+def _status(status: str | None) -> str:
+    style = _STATUS_STYLE.get(status, "red")
+    return f"[{style}]{status}[/{style}]"
+
+
+def _ranks_table(summary: dict) -> Table:
+    table = Table(title=f"tracefleet run: {summary.get('world_size')} ranks", title_justify="left",
+                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    # Two-line headers and a wrapable node column keep 10 columns readable in 80 characters.
+    table.add_column("rank", justify="right", no_wrap=True)
+    table.add_column("node", overflow="fold")
+    table.add_column("status", no_wrap=True)
+    for header in ("iter\nms", "comp\nms", "comm\nms", "peak\nMiB", "bound\nMiB", "flush", "cov\n%"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for r in summary.get("ranks", []):
+        coverage = r.get("coverage")
+        table.add_row(
+            str(r.get("rank")), r.get("node_ip") or "-", _status(r.get("status")),
+            _ms(r.get("iteration_time_s")), _ms(r.get("compute_time_s")), _ms(r.get("comm_time_s")),
+            _mib(r.get("peak_memory_bytes")), _mib(r.get("liveness_lower_bound_bytes")),
+            "-" if r.get("num_flushes") is None else str(r["num_flushes"]),
+            "-" if coverage is None else f"{coverage * 100:.1f}",
+        )
+    return table
+
+
+def _collectives_table(collectives: dict) -> Table:
+    table = Table(title="collectives (calls and bytes summed over ranks, times median)",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for header in ("kind", "ranks", "calls", "bytes", "time ms", "algbw GB/s", "busbw GB/s"):
+        table.add_column(header, justify="left" if header == "kind" else "right", no_wrap=True)
+    for kind, c in collectives.items():
+        table.add_row(kind, str(c.get("num_ranks", "-")), str(c.get("num_calls", "-")),
+                      human_bytes(c.get("bytes")), _ms(c.get("time_s")),
+                      *("-" if c.get(k) is None else f"{c[k]:.2f}" for k in ("algbw_gbps", "busbw_gbps")))
+    return table
+
+
+def _footer(summary: dict) -> str:
+    stats = summary.get("iteration_time_stats_s") or {}
+    parts = [f"status {_status(summary.get('status'))}",
+             f"iter median {_ms(summary.get('iteration_time_s'))} ms "
+             f"(min {_ms(stats.get('min'))}, max {_ms(stats.get('max'))})"]
+    if summary.get("straggler_rank") is not None and summary.get("skew") is not None:
+        parts.append(f"straggler rank {summary['straggler_rank']} (skew {summary['skew']:.2f}x)")
+    parts.append(f"peak {human_bytes(summary.get('peak_memory_bytes'))}, "
+                 f"bound {human_bytes(summary.get('liveness_lower_bound_bytes'))}")
+    if summary.get("coverage") is not None:
+        parts.append(f"coverage {summary['coverage'] * 100:.1f}% (min over ranks)")
+    return " | ".join(parts)
+
+
+def print_summary(summary: dict, console: Console | None = None) -> None:
+    """Print the per-rank table, the collectives table (if any) and a one-line footer."""
+    console = console or Console()
+    console.print(_ranks_table(summary))
+    if summary.get("collectives"):
+        console.print(_collectives_table(summary["collectives"]))
+    console.print(_footer(summary))
+    if summary.get("error"):
+        # markup=False: error text may contain brackets that rich would parse as styles.
+        console.print("error: " + summary["error"], style="bold red", markup=False)

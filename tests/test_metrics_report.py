@@ -1,0 +1,224 @@
+"""Driver-side aggregation (orchestrator.metrics) and run outputs (orchestrator.report)."""
+import time
+
+import numpy as np
+import orjson
+import pandas as pd
+import pytest
+from rich.console import Console
+
+from orchestrator.metrics import aggregate, worst_status
+from orchestrator.report import flatten_rank, human_bytes, print_summary, write_run_outputs
+
+MiB = 1 << 20
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def ok_report(rank: int, iter_s: float, peak_mib: int = 100, bound_mib: int = 80,
+              coverage: float = 1.0, num_points: int = 50) -> dict:
+    """A complete synthetic report of a rank that finished."""
+    return {
+        "rank": rank, "node_ip": f"10.0.0.{rank // 4}", "device": "cpu", "mode": "full",
+        "allocation_mode": "lazy", "status": "ok", "error": None, "last_op": None,
+        "num_ops": 100, "num_replayed": int(100 * coverage), "num_skipped": 100 - int(100 * coverage),
+        "skipped_reasons": {"unresolved": 100 - int(100 * coverage)}, "coverage": coverage,
+        "num_shape_mismatches": 1,
+        "iteration_times_s": [iter_s * 0.9, iter_s, iter_s * 1.2], "iteration_time_s": iter_s,
+        "compute_time_s": iter_s * 0.7, "comm_time_s": iter_s * 0.3,
+        "peak_memory_bytes": peak_mib * MiB, "liveness_lower_bound_bytes": bound_mib * MiB,
+        "num_flushes": rank, "flushed_bytes": rank * MiB, "oom": None,
+        "collectives": {
+            "all_reduce": {"num_calls": 10, "bytes": 1000, "time_s": 0.01 * (rank + 1),
+                           "algbw_gbps": 1.0 + rank, "busbw_gbps": 2.0 + rank},
+            "all_gather": {"num_calls": 4, "bytes": 400, "time_s": 0.002,
+                           "algbw_gbps": 5.0, "busbw_gbps": 7.0},
+        },
+        "memory_timeline": [[i, (i % 17) * MiB] for i in range(num_points)],
+        "top_ops": [{"name": "aten::mm", "num_calls": 30, "total_s": 0.5, "mean_us": 16.6}],
+        "cuda_memory": None,
+    }
+
+
+def test_aggregate_statistics_straggler_and_skew():
+    reports = [ok_report(0, 0.10, peak_mib=100, coverage=1.0),
+               ok_report(1, 0.30, peak_mib=300, bound_mib=90, coverage=0.9),
+               ok_report(2, 0.20, peak_mib=200, coverage=0.95)]
+    s = aggregate(reports, world_size=3)
+    assert s["status"] == "ok" and s["error"] is None and s["world_size"] == 3
+    assert s["iteration_time_s"] == pytest.approx(0.20)
+    assert s["iteration_time_stats_s"] == pytest.approx({"min": 0.10, "median": 0.20, "max": 0.30})
+    assert s["straggler_rank"] == 1
+    assert s["skew"] == pytest.approx(3.0)
+    assert s["compute_time_s"] == pytest.approx(0.14)
+    assert s["comm_time_s"] == pytest.approx(0.06)
+    assert s["peak_memory_bytes"] == 300 * MiB
+    assert s["liveness_lower_bound_bytes"] == 90 * MiB
+    assert s["num_flushes"] == 0 + 1 + 2
+    assert s["coverage"] == pytest.approx(0.9)
+    assert s["skipped_reasons"] == {"unresolved": 15}
+    assert s["num_oom_ranks"] == 0 and s["oom"] is None
+    ar = s["collectives"]["all_reduce"]
+    assert ar["num_ranks"] == 3 and ar["num_calls"] == 30 and ar["bytes"] == 3000
+    assert ar["time_s"] == pytest.approx(0.02) and ar["busbw_gbps"] == pytest.approx(3.0)
+    assert [r["rank"] for r in s["ranks"]] == [0, 1, 2]
+    assert all("memory_timeline" not in r for r in s["ranks"])
+    assert "memory_timeline" in reports[0], "aggregate must not mutate the input reports"
+
+
+@pytest.mark.parametrize("statuses, expected", [
+    (["ok", "ok"], "ok"),
+    (["ok", "timeout"], "timeout"),
+    (["timeout", "failed", "ok"], "failed"),
+    (["failed", "oom", "timeout"], "oom"),
+    (["ok", "weird"], "failed"),
+])
+def test_status_precedence(statuses, expected):
+    assert worst_status(statuses) == expected
+    reports = [{"rank": i, "status": st, "error": None if st == "ok" else "boom", "last_op": None}
+               for i, st in enumerate(statuses)]
+    assert aggregate(reports, world_size=len(statuses))["status"] == expected
+
+
+def test_run_level_override_and_error_win():
+    s = aggregate([ok_report(0, 0.1), ok_report(1, 0.1)], world_size=2,
+                  run_status_override="timeout", error="driver deadline of 60 s expired",
+                  extra={"device_memory_capacity_bytes": 1 << 30})
+    assert s["status"] == "timeout"
+    assert s["error"] == "driver deadline of 60 s expired"
+    assert s["device_memory_capacity_bytes"] == 1 << 30
+    with pytest.raises(ValueError, match="shadow"):
+        aggregate([ok_report(0, 0.1)], world_size=1, extra={"status": "ok"})
+    with pytest.raises(ValueError, match="run_status_override"):
+        aggregate([ok_report(0, 0.1)], world_size=1, run_status_override="great")
+
+
+def test_partial_failure_keeps_measurements_and_names_failed_ranks():
+    oom = {"rank": 2, "status": "oom", "error": "out of memory: 3 GiB held\nsecond line",
+           "last_op": "node 123 aten::mm", "peak_memory_bytes": 900 * MiB,
+           "oom": {"node_id": 123, "op": "aten::mm", "held_bytes": 3 << 30, "requested_bytes": 1 << 20}}
+    crashed = {"rank": 1, "status": "failed", "error": "RuntimeError: connection reset",
+               "last_op": "node 77 c10d::allreduce_"}
+    s = aggregate([ok_report(0, 0.1), crashed, oom, ok_report(3, 0.3)], world_size=5)
+    assert s["status"] == "oom"
+    assert s["iteration_time_s"] == pytest.approx(0.2)  # the two ok ranks' medians
+    assert s["straggler_rank"] == 3 and s["skew"] == pytest.approx(3.0)
+    assert s["peak_memory_bytes"] == 900 * MiB  # measured by the OOM rank, not lost
+    assert s["num_oom_ranks"] == 1
+    assert s["oom"] == {"rank": 2, **oom["oom"]}
+    err = s["error"]
+    assert err.startswith("3 of 5 ranks did not finish: rank 2 oom at node 123 aten::mm")
+    assert "rank 1 failed at node 77 c10d::allreduce_: RuntimeError: connection reset" in err
+    assert "rank 4 failed" in err and "no report" in err  # the silent rank is named too
+    assert "second line" not in err
+    assert [r["rank"] for r in s["ranks"]] == [0, 1, 2, 3, 4]
+    assert s["num_ranks_by_status"] == {"ok": 2, "failed": 2, "oom": 1}
+
+
+def test_error_message_summarizes_many_failed_ranks():
+    reports = [{"rank": i, "status": "timeout", "error": "no progress", "last_op": None}
+               for i in range(10)]
+    err = aggregate(reports, world_size=10)["error"]
+    assert "rank 0 timeout: no progress" in err and "rank 3 timeout" in err
+    assert "rank 4 timeout" not in err
+    assert "and 6 more (timeout on ranks 4, 5, 6, 7, 8, 9)" in err
+
+
+def test_flatten_rank_columns():
+    row = flatten_rank({k: v for k, v in ok_report(1, 0.2).items() if k != "memory_timeline"})
+    assert row["coll_all_reduce_busbw_gbps"] == pytest.approx(3.0)
+    assert row["coll_all_gather_num_calls"] == 4
+    assert row["num_iterations"] == 3
+    assert orjson.loads(row["top_ops_json"])[0]["name"] == "aten::mm"
+    assert orjson.loads(row["skipped_reasons_json"]) == {"unresolved": 0}
+    assert all(not isinstance(v, (dict, list)) for v in row.values())
+
+
+def test_write_run_outputs_round_trip(tmp_path):
+    reports = [ok_report(r, 0.1 + 0.01 * r) for r in range(3)]
+    reports.append({"rank": 3, "status": "failed", "error": "boom", "last_op": "node 5 aten::add"})
+    summary = aggregate(reports, world_size=4, extra={"device_memory_capacity_bytes": 64 * MiB})
+    written = write_run_outputs(summary, reports, tmp_path, "replay:\n  iterations: 3\n")
+
+    loaded = orjson.loads((tmp_path / "summary.json").read_bytes())
+    for key in ("status", "world_size", "iteration_time_s", "peak_memory_bytes",
+                "liveness_lower_bound_bytes", "num_flushes", "coverage", "error", "ranks",
+                "straggler_rank", "skew", "collectives", "device_memory_capacity_bytes"):
+        assert key in loaded, key
+    assert loaded["status"] == "failed" and "rank 3 failed at node 5 aten::add" in loaded["error"]
+
+    csv = pd.read_csv(tmp_path / "ranks.csv")
+    parquet = pd.read_parquet(tmp_path / "ranks.parquet")
+    assert len(csv) == len(parquet) == 4
+    assert list(parquet["rank"]) == [0, 1, 2, 3]
+    assert parquet["peak_memory_bytes"].iloc[0] == 100 * MiB
+    assert pd.isna(parquet["peak_memory_bytes"].iloc[3])
+    # Types follow the values, not their luck: coverage stays float even when all are 1.0.
+    assert str(parquet["peak_memory_bytes"].dtype) == "Int64"
+    assert str(parquet["coverage"].dtype) == "Float64"
+    assert "coll_all_reduce_busbw_gbps" in csv.columns
+    assert (tmp_path / "config.yaml").read_text() == "replay:\n  iterations: 3\n"
+
+    mem = pd.read_csv(tmp_path / "memory" / "rank-1.csv")
+    assert list(mem.columns) == ["op_index", "bytes"] and len(mem) == 50
+    assert not (tmp_path / "memory" / "rank-3.csv").exists()
+    for name in ("memory_timeline.png", "iteration_times.png"):
+        data = (tmp_path / name).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 5000, name
+    assert written["memory_timeline_plot"] == tmp_path / "memory_timeline.png"
+
+
+def test_numpy_scalars_and_all_zero_timeline(tmp_path):
+    report = ok_report(0, 0.1, num_points=5)
+    report.update(coverage=np.float64(1.0), peak_memory_bytes=np.int64(0),
+                  liveness_lower_bound_bytes=0, memory_timeline=[[i, 0] for i in range(5)])
+    summary = aggregate([report], world_size=1)
+    written = write_run_outputs(summary, [report], tmp_path, None)
+    assert "memory_timeline_plot" in written
+    frame = pd.read_parquet(tmp_path / "ranks.parquet")
+    assert str(frame["coverage"].dtype) == "Float64"
+    assert str(frame["peak_memory_bytes"].dtype) == "Int64"
+    assert orjson.loads((tmp_path / "summary.json").read_bytes())["peak_memory_bytes"] == 0
+
+
+def test_failed_run_without_measurements_skips_plots(tmp_path):
+    reports = [{"rank": 0, "status": "failed", "error": "bad trace", "last_op": None}]
+    written = write_run_outputs(aggregate(reports, world_size=1), reports, tmp_path, None)
+    assert "memory_timeline_plot" not in written and not (tmp_path / "iteration_times.png").exists()
+    assert len(pd.read_parquet(tmp_path / "ranks.parquet")) == 1
+    assert not (tmp_path / "config.yaml").exists()
+
+
+def test_plots_are_quick_for_8_ranks_10k_points(tmp_path):
+    reports = [ok_report(r, 0.1, num_points=10_000) for r in range(8)]
+    summary = aggregate(reports, world_size=8)
+    write_run_outputs(summary, reports[:1], tmp_path / "warmup", None)  # font cache, imports
+    start = time.perf_counter()
+    written = write_run_outputs(summary, reports, tmp_path / "run", None)
+    elapsed_s = time.perf_counter() - start
+    assert "memory_timeline_plot" in written and "iteration_times_plot" in written
+    assert elapsed_s < 3.0, f"writing the run outputs took {elapsed_s:.2f} s"
+
+
+def test_print_summary_rows_footer_and_error():
+    reports = [ok_report(0, 0.1), ok_report(1, 0.25),
+               {"rank": 2, "status": "oom", "error": "needs [1 GiB] more", "last_op": "node 9 aten::cat"}]
+    console = Console(record=True, width=160)
+    print_summary(aggregate(reports, world_size=3), console=console)
+    text = console.export_text()
+    lines = text.splitlines()
+    row0 = next(line for line in lines if "10.0.0.0" in line and " ok " in line)
+    assert row0.split()[3:] == ["100.0", "70.0", "30.0", "100.0", "80.0", "0", "100.0"]
+    assert any(line.split()[:4] == ["1", "10.0.0.0", "ok", "250.0"] for line in lines)
+    assert any(" oom " in line and "2" in line for line in lines)
+    assert "all_reduce" in text and "all_gather" in text
+    assert "straggler rank 1 (skew 2.50x)" in text
+    assert "status oom" in text
+    assert "rank 2 oom at node 9 aten::cat: needs [1 GiB] more" in text
+
+
+@pytest.mark.parametrize("num_bytes, expected", [
+    (None, "-"), (0, "0 B"), (1023, "1023 B"), (1536, "1.5 KiB"), (3 * MiB, "3.0 MiB"),
+    (5 << 30, "5.0 GiB"), (-2048, "-2.0 KiB"),
+])
+def test_human_bytes(num_bytes, expected):
+    assert human_bytes(num_bytes) == expected
