@@ -31,13 +31,17 @@ _RANK_IN_NAME = re.compile(r"rank-?(\d+)")
 _NOT_MODULE = ("[pytorch|profiler", "autograd::engine", STEP_PREFIX, "## process_group")
 
 
-def read_json(path) -> dict:
-    """Read a trace file's JSON (plain, gzip, or a tar archive with one JSON member)."""
+def read_json(path, data: bytes | None = None) -> dict:
+    """Read a trace file's JSON (plain, gzip, or a tar archive with one JSON member).
+
+    ``data`` are the file's bytes when they arrived another way (Ray's object store).
+    """
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise TraceError(path, f"cannot read file: {e.strerror or e}") from None
+    if data is None:
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise TraceError(path, f"cannot read file: {e.strerror or e}") from None
     try:
         if data[:2] == b"\x1f\x8b":
             data = gzip.decompress(data)
@@ -93,10 +97,10 @@ def _schema_arg_names(schema: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def load_trace(path, rank: int | None = None) -> Trace:
-    """Load and validate one rank's trace file into a `Trace`."""
+def load_trace(path, rank: int | None = None, data: bytes | None = None) -> Trace:
+    """Load and validate one rank's trace file (or its bytes, named by ``path``) into a `Trace`."""
     path = Path(path)
-    doc = read_json(path)
+    doc = read_json(path, data)
     version = parse_version(path, doc.get("schema"))
     flat = version < (1, 0, 2)
     nodes = doc["nodes"]
@@ -204,14 +208,16 @@ def _build_op(path, parser, raw, flat, index, step, module, rpc_child) -> Op:
     collective = None
     try:
         if name == "record_param_comms":
-            collective = coll.from_record_param_comms(inputs, {} if flat else attrs)
+            collective = coll.from_record_param_comms(inputs, {} if flat else attrs, outputs)
         elif name in coll.C10D_KINDS:
             collective = coll.from_c10d(name, _schema_arg_names(schema), inputs)
             child = rpc_child.get(nid)
             if child is not None:
                 cview = NodeView(child, flat)
+                # outputs too: pre-1.1.0 nodes size the received message only by them
                 rpc = coll.from_record_param_comms(parser.parse_side(cview.side("inputs"), child["id"]),
-                                                   {} if flat else cview.attrs())
+                                                   {} if flat else cview.attrs(),
+                                                   parser.parse_side(cview.side("outputs"), child["id"]))
                 collective = coll.merge(collective, rpc)
     except ValueError as e:
         raise TraceError(path, str(e), nid) from None

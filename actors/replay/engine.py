@@ -1,0 +1,228 @@
+"""The op loop of one rank: iterations, allocation policy, flushing, OOM, timing, report."""
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import torch
+
+from actors.errors import ReplayError
+from actors.replay import plan as planning
+from actors.replay import resolve
+from actors.replay.config import ReplayConfig, parse_bytes
+from actors.replay.memory import MemoryTracker, OutOfMemory, device_capacity
+from actors.replay.report import RankReport
+from actors.replay.tensor_store import TensorStore
+from actors.trace.liveness import compute_liveness
+from actors.trace.model import Trace, TensorArg
+
+
+def pick_device(name: str) -> torch.device:
+    """auto -> cuda (the rank's GPU) when available, else cpu."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise ReplayError("replay.device=cuda but this rank sees no CUDA device")
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(name)
+
+
+class ReplayEngine:
+    """Replays one rank's trace. Collectives go to ``comm`` (a CollectiveReplayer) when given."""
+
+    def __init__(self, trace: Trace, cfg: ReplayConfig, device: torch.device | None = None,
+                 comm=None, rank: int = 0, progress=None):
+        cfg.validate()
+        self.trace = trace
+        self.cfg = cfg
+        self.device = device or pick_device(cfg.device)
+        if self.device.type == "cpu":
+            # Synthetic data fed through optimizers decays into denormals, which slow CPU math
+            # by 100x and would distort timings; the original run's real data has none.
+            torch.set_flush_denormal(True)
+        self.comm = comm
+        self.rank = rank
+        self.progress = progress  # callable(iteration, num_iterations) or None
+        if cfg.mode != "compute" and comm is None and any(op.collective for op in trace.ops):
+            raise ReplayError(f"replay.mode={cfg.mode} needs process groups; this engine has none "
+                              "(use replay.mode=compute for a single-process replay)")
+        self.liveness = compute_liveness(trace.ops, trace.num_storages)
+        self.steps = [planning.compile_step(op, self.device, cfg.mode) for op in trace.ops]
+        self._set_new_bytes()
+        capacity = parse_bytes(cfg.device_memory_capacity) if cfg.device_memory_capacity else None
+        self.memory = MemoryTracker(device_capacity(self.device, capacity), cfg.timeline_max_points)
+        self.store = TensorStore(trace.num_tensors, self.liveness, self.memory, self.device,
+                                 resolve.torch_dtype, planning.index_ranges(self.steps))
+        self.lazy = cfg.allocation.mode == "lazy"
+        threshold = cfg.allocation.device_memory_threshold
+        if threshold < 1 and self.memory.capacity_bytes is None:
+            raise ReplayError("replay.allocation.device_memory_threshold needs a device capacity: "
+                              f"set replay.device_memory_capacity for device {self.device.type}")
+        self.flush_bytes = threshold * self.memory.capacity_bytes if threshold < 1 else None
+        self.op_time_ns = [0] * len(self.steps)
+        self.failures: dict[int, str] = {}  # op index -> reason, disabled after the first failure
+        self.num_shape_mismatches = 0
+        self.num_flushes = 0
+        self.flushed_bytes = 0
+        self.last_op = None
+
+    def _set_new_bytes(self):
+        live = self.liveness
+        for s, first in enumerate(live.storage_first):
+            if first >= 0:
+                self.steps[first].new_bytes += live.storage_bytes[s]
+
+    # --- one op -------------------------------------------------------------------------
+    def _run_compute(self, step) -> None:
+        get = self.store.get
+        args = list(step.template)
+        for pos, t in step.tensor_slots:
+            args[pos] = get(t)
+        for pos, tensors in step.list_slots:
+            args[pos] = [None if t is None else get(t) for t in tensors]
+        n = step.num_positional
+        if len(args) > n:
+            out = step.fn(*args[:n], **dict(zip(step.kwarg_names, args[n:])))
+        else:
+            out = step.fn(*args)
+        self._register_outputs(step.op, out)
+
+    def _register_outputs(self, op, out) -> None:
+        outputs = op.outputs
+        if not outputs:
+            return
+        results = (out,) if not isinstance(out, (tuple, list)) or \
+            (len(outputs) == 1 and type(outputs[0]) is not TensorArg and outputs[0].kind == "tensor_list") \
+            else out
+        register = self.store.register
+        for expected, got in zip(outputs, results):
+            if type(expected) is TensorArg:
+                if isinstance(got, torch.Tensor):
+                    if got.shape != expected.shape or str(got.dtype)[6:] != expected.dtype:
+                        self._mismatch(op, expected, got)
+                    register(expected, got)
+            elif expected.kind == "tensor_list" and isinstance(got, (list, tuple)):
+                for e, g in zip(expected.value, got):
+                    if e is not None and isinstance(g, torch.Tensor):
+                        register(e, g)
+
+    def _mismatch(self, op, expected, got):
+        self.num_shape_mismatches += 1
+        if self.cfg.strict:
+            raise ReplayError(f"rank {self.rank}, node {op.node_id} {op.name}: output "
+                              f"{tuple(got.shape)} {got.dtype} != trace {expected.shape} {expected.dtype}")
+
+    # --- iterations ---------------------------------------------------------------------
+    def _iteration(self) -> tuple[float, float]:
+        """Run every step once; returns (compute seconds, collective seconds)."""
+        store, memory, steps, times = self.store, self.memory, self.steps, self.op_time_ns
+        free_after = self.liveness.free_after
+        comm = self.comm
+        get = store.get if self.cfg.mode == "full" else None
+        compute_ns = comm_ns = 0
+        clock = time.perf_counter_ns
+        for i, step in enumerate(steps):
+            kind = step.kind
+            if kind == "skip" or i in self.failures:
+                continue
+            self.last_op = step.op
+            if self.flush_bytes is not None and memory.held_bytes > self.flush_bytes:
+                self._flush()
+            memory.check(step.new_bytes)
+            t0 = clock()
+            if kind == "compute":
+                try:
+                    self._run_compute(step)
+                except (OutOfMemory, ReplayError, torch.OutOfMemoryError):
+                    raise
+                except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError) as e:
+                    self.failures[i] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                    continue
+                dt = clock() - t0
+                compute_ns += dt
+            else:
+                comm.run(step.op, get)
+                dt = clock() - t0
+                comm_ns += dt
+            times[i] += dt
+            if self.lazy:
+                for s in free_after[i]:
+                    store.free(s)
+            memory.record()
+        if comm is not None:
+            t0 = clock()
+            comm.wait_all()
+            comm_ns += clock() - t0
+        return compute_ns / 1e9, comm_ns / 1e9
+
+    def _flush(self):
+        if self.comm is not None:
+            self.comm.wait_all()
+        self.flushed_bytes += self.store.free_all()
+        self.num_flushes += 1
+
+    def _prepare(self):
+        """pre_allocate: every tensor no replayed op produces exists before the first iteration."""
+        if self.lazy:
+            return
+        live = self.liveness
+        for step in self.steps:
+            if step.kind == "skip":
+                continue
+            for t in step.op.input_tensors():
+                if live.storage_external[t.suid] and self.store.tensors[t.uid] is None:
+                    self.store.materialize(t)
+                    self.store.pin(t.suid)
+
+    def run(self) -> RankReport:
+        """Warm-up and measured iterations; OOM and failures become the report's status."""
+        report = RankReport.start(self)
+        num_iters = self.cfg.warmup_iters + self.cfg.iters
+        try:
+            self._prepare()
+            for it in range(num_iters):
+                t0 = time.perf_counter()
+                compute_s, comm_s = self._iteration()
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                elapsed = time.perf_counter() - t0
+                self.store.free_all()  # back to the pinned (persistent) set
+                if it >= self.cfg.warmup_iters:
+                    report.add_iteration(elapsed, compute_s, comm_s)
+                else:
+                    self.op_time_ns = [0] * len(self.steps)
+                if self.progress is not None:
+                    self.progress(it + 1, num_iters)
+        except OutOfMemory as e:
+            report.set_oom(self.last_op, e.held_bytes, e.requested_bytes)
+        except torch.OutOfMemoryError as e:
+            report.set_oom(self.last_op, self.memory.held_bytes, 0, str(e).splitlines()[0])
+        return report.finish(self)
+
+    def top_ops(self, n: int = 15) -> list[dict]:
+        """Ops by total time over the measured iterations."""
+        total, calls = Counter(), Counter()
+        for step, ns in zip(self.steps, self.op_time_ns):
+            if ns:
+                total[step.op.name] += ns
+                calls[step.op.name] += 1
+        iters = max(1, self.cfg.iters)
+        return [{"name": name, "num_calls": calls[name] * iters, "total_s": ns / 1e9,
+                 "mean_us": ns / 1e3 / (calls[name] * iters)} for name, ns in total.most_common(n)]
+
+    def coverage(self) -> tuple[int, int, Counter]:
+        """(replayed, in scope, skip reasons) counted over the mode's scope."""
+        reasons = Counter()
+        in_scope = replayed = 0
+        for i, step in enumerate(self.steps):
+            if step.reason == "out of scope":
+                continue
+            in_scope += 1
+            reason = step.reason if step.kind == "skip" else self.failures.get(i)
+            if reason:
+                reasons[reason] += 1
+            else:
+                replayed += 1
+        return replayed, in_scope, reasons
+

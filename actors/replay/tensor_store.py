@@ -1,0 +1,90 @@
+"""The replay's tensors: a registry by tensor uid over storages by storage generation (suid).
+
+Tensors the replay has not produced (parameters, inputs, optimizer state, or anything freed
+by a flush) are materialized as views over a storage sized from the trace's liveness, so
+storage sharing, offsets, shapes and strides are preserved. Integer storages that feed index
+ops are filled inside a safe range; everything else gets a cheap constant fill.
+"""
+from __future__ import annotations
+
+import torch
+
+from actors.replay.index_safety import DEFAULT_INT_RANGE, fill_int_tensor
+from actors.replay.memory import MemoryTracker
+from actors.trace.liveness import Liveness
+from actors.trace.model import TensorArg
+
+FLOAT_FILL = 0.0625  # exact in every float format; no NaN/denormal slow paths
+
+
+class TensorStore:
+    """uid -> tensor, suid -> storage base, with memory accounting and freeing by suid."""
+
+    def __init__(self, num_tensors: int, liveness: Liveness, memory: MemoryTracker,
+                 device: torch.device, dtype_of, int_ranges: dict[int, tuple[int, int, bool]]):
+        self.tensors: list = [None] * num_tensors
+        self._bases: dict[int, torch.Tensor] = {}  # suid -> flat tensor we allocated
+        self._on_storage: dict[int, list[int]] = {}  # suid -> uids registered on it
+        self.liveness = liveness
+        self.memory = memory
+        self.device = device
+        self._dtype_of = dtype_of  # dtype name -> torch.dtype
+        self._int_ranges = int_ranges  # suid -> (lo, hi, monotonic) for data feeding index ops
+        self.pinned: set[int] = set()
+        self.num_materialized = 0
+
+    def get(self, t: TensorArg) -> torch.Tensor:
+        """The registered tensor for ``t``, materializing it if the replay does not hold it."""
+        x = self.tensors[t.uid]
+        return x if x is not None else self.materialize(t)
+
+    def materialize(self, t: TensorArg) -> torch.Tensor:
+        base = self._bases.get(t.suid)
+        if base is None:
+            base = self._allocate(t)
+        size, stride = t.shape, t.stride
+        if stride is None:
+            stride = torch.empty(size, device="meta").stride()
+        x = torch.as_strided(base, size, stride, t.offset)
+        self.register(t, x)
+        self.num_materialized += 1
+        return x
+
+    def _allocate(self, t: TensorArg) -> torch.Tensor:
+        nbytes = max(self.liveness.storage_bytes[t.suid], t.extent_elems * t.itemsize)
+        self.memory.check(nbytes)
+        dtype = self._dtype_of(t.dtype)
+        base = torch.empty(-(-nbytes // t.itemsize), dtype=dtype, device=self.device)
+        if self.device.type != "meta":
+            if dtype.is_floating_point or dtype.is_complex:
+                base.fill_(FLOAT_FILL)
+            else:
+                lo, hi, monotonic = self._int_ranges.get(t.suid, (*DEFAULT_INT_RANGE, False))
+                fill_int_tensor(base, lo, hi, monotonic)
+        self._bases[t.suid] = base
+        self.memory.add(t.suid, base.untyped_storage().nbytes())
+        return base
+
+    def register(self, t: TensorArg, x: torch.Tensor) -> None:
+        """Record ``x`` as tensor ``t`` (an op output or a materialized view)."""
+        if self.tensors[t.uid] is None:
+            self._on_storage.setdefault(t.suid, []).append(t.uid)
+        self.tensors[t.uid] = x
+        if t.suid not in self.memory.held:
+            self.memory.add(t.suid, x.untyped_storage().nbytes())
+
+    def free(self, suid: int) -> int:
+        """Drop every tensor on a storage generation; returns the bytes released."""
+        if suid in self.pinned:
+            return 0
+        for uid in self._on_storage.pop(suid, ()):
+            self.tensors[uid] = None
+        self._bases.pop(suid, None)
+        return self.memory.release(suid)
+
+    def free_all(self) -> int:
+        """Free everything not pinned (a flush, or the end of an iteration)."""
+        return sum(self.free(s) for s in list(self._on_storage.keys() | self._bases.keys()))
+
+    def pin(self, suid: int) -> None:
+        self.pinned.add(suid)

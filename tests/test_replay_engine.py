@@ -1,0 +1,166 @@
+"""The single-rank replay engine: allocation policies, flushing, OOM, meta runs, index safety."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from actors.errors import ConfigError, ReplayError
+from actors.replay.config import AllocationConfig, ReplayConfig, parse_bytes
+from actors.replay.engine import ReplayEngine
+from actors.trace import load_trace
+from tests.trace_factory import capture_step
+
+
+@pytest.fixture(scope="module")
+def step_trace(tmp_path_factory):
+    return capture_step(tmp_path_factory.mktemp("et") / "rank-0.et.json")
+
+
+@pytest.fixture(scope="module")
+def rangeless_trace(tmp_path_factory):
+    return capture_step(tmp_path_factory.mktemp("et") / "rank-0.et.json", with_ranges=False)
+
+
+def _cfg(**kw):
+    alloc = AllocationConfig(mode=kw.pop("alloc", "pre_allocate"),
+                             device_memory_threshold=kw.pop("threshold", 1.0))
+    base = dict(mode="compute", device="cpu", iters=2, warmup_iters=1)
+    base.update(kw)
+    return ReplayConfig(allocation=alloc, **base)
+
+
+def _run(path, **kw):
+    engine = ReplayEngine(load_trace(path), _cfg(**kw))
+    return engine, engine.run().to_dict()
+
+
+@pytest.mark.parametrize("alloc", ["pre_allocate", "lazy"])
+def test_full_coverage_no_mismatch(step_trace, alloc):
+    _, r = _run(step_trace, alloc=alloc)
+    assert r["status"] == "ok", r["error"]
+    assert r["coverage"] == 1.0, r["skipped_reasons"]
+    assert r["num_shape_mismatches"] == 0
+    assert len(r["iteration_times_s"]) == 2 and all(t > 0 for t in r["iteration_times_s"])
+    assert r["top_ops"] and r["top_ops"][0]["total_s"] > 0
+
+
+def test_pre_allocate_holds_more_than_lazy(step_trace):
+    _, pre = _run(step_trace, alloc="pre_allocate")
+    _, lazy = _run(step_trace, alloc="lazy")
+    assert pre["peak_memory_bytes"] > lazy["peak_memory_bytes"]
+    # lazy keeps each storage exactly from first to last use: it meets the trace's bound
+    assert lazy["peak_memory_bytes"] <= 1.05 * lazy["liveness_lower_bound_bytes"]
+    assert lazy["peak_memory_bytes"] >= lazy["liveness_lower_bound_bytes"]
+
+
+def test_lazy_frees_right_after_last_use(step_trace):
+    engine = ReplayEngine(load_trace(step_trace), _cfg(alloc="lazy", iters=1))
+    live = engine.liveness
+    seen = []
+    record = engine.memory.record
+
+    def check_after_op():
+        i = engine.last_op.index
+        held = set(engine.memory.held)
+        # nothing is held past its last use, and everything the op used is accounted for
+        stale = {s for s in held if live.storage_last[s] < i}
+        seen.append((i, stale))
+        record()
+
+    engine.memory.record = check_after_op
+    report = engine.run()
+    assert report.status == "ok"
+    assert seen and all(not stale for _, stale in seen)
+    # between iterations only the pinned (persistent) set stays: none in lazy mode
+    assert engine.memory.held_bytes == 0 and not engine.store.pinned
+
+
+def test_pre_allocate_returns_to_pinned_set(step_trace):
+    engine = ReplayEngine(load_trace(step_trace), _cfg(alloc="pre_allocate"))
+    engine.run()
+    pinned = engine.store.pinned
+    assert pinned and set(engine.memory.held) == pinned
+    assert engine.memory.held_bytes == sum(engine.liveness.storage_bytes[s] for s in pinned)
+
+
+def test_threshold_forces_flushes(step_trace):
+    trace = load_trace(step_trace)
+    bound = ReplayEngine(trace, _cfg(alloc="lazy")).liveness.lower_bound_bytes
+    _, r = _run(step_trace, alloc="lazy", threshold=0.1, device_memory_capacity=str(2 * bound))
+    assert r["status"] == "ok", r["error"]
+    assert r["num_flushes"] > 0 and r["flushed_bytes"] > 0
+    assert r["coverage"] == 1.0
+
+
+def test_capacity_below_need_is_oom_naming_node(step_trace):
+    trace = load_trace(step_trace)
+    bound = ReplayEngine(trace, _cfg(alloc="lazy")).liveness.lower_bound_bytes
+    _, r = _run(step_trace, alloc="lazy", device_memory_capacity=str(bound // 2))
+    assert r["status"] == "oom"
+    node_ids = {op.node_id for op in trace.ops}
+    assert r["oom"]["node_id"] in node_ids
+    assert r["oom"]["requested_bytes"] > 0
+    assert f"node {r['oom']['node_id']}" in r["error"]
+
+
+def test_meta_dry_run_same_accounting(step_trace):
+    _, cpu = _run(step_trace, alloc="lazy")
+    _, meta = _run(step_trace, alloc="lazy", device="meta")
+    assert meta["status"] == "ok"
+    assert meta["device"] == "meta"
+    # meta tensors carry sizes but no data: the accounting matches the CPU replay
+    assert meta["peak_memory_bytes"] == pytest.approx(cpu["peak_memory_bytes"], rel=0.02)
+    # only data-dependent ops (.item()) cannot run without data
+    assert all("meta" in reason for reason in meta["skipped_reasons"])
+
+
+def test_index_ops_stay_in_bounds_without_ranges(rangeless_trace):
+    trace = load_trace(rangeless_trace)
+    assert all(op.tensor_ranges is None for op in trace.ops)
+    names = {op.name for op in trace.ops}
+    assert {"aten::embedding", "aten::index_select", "aten::gather"} <= names
+    for alloc in ("pre_allocate", "lazy"):
+        _, r = _run(rangeless_trace, alloc=alloc)
+        assert r["status"] == "ok" and r["coverage"] == 1.0, r["skipped_reasons"]
+
+
+def test_strict_turns_mismatch_into_error(step_trace):
+    trace = load_trace(step_trace)
+    op = next(op for op in trace.ops if op.name == "aten::mm")
+    op.outputs[0].shape = op.outputs[0].shape + (1,)
+    engine = ReplayEngine(trace, _cfg(alloc="lazy"))
+    assert engine.run().to_dict()["num_shape_mismatches"] > 0
+    trace = load_trace(step_trace)
+    op = next(op for op in trace.ops if op.name == "aten::mm")
+    op.outputs[0].shape = op.outputs[0].shape + (1,)
+    with pytest.raises(ReplayError, match=f"node {op.node_id}"):
+        ReplayEngine(trace, _cfg(alloc="lazy", strict=True)).run()
+
+
+def test_bad_config_is_rejected():
+    with pytest.raises(ConfigError, match="device_memory_threshold"):
+        _cfg(alloc="pre_allocate", threshold=0.5).validate()
+    with pytest.raises(ConfigError, match="replay.mode=compute"):
+        _cfg(mode="full", device="meta").validate()
+    with pytest.raises(ConfigError, match="16 parsecs"):
+        parse_bytes("16 parsecs")
+    assert parse_bytes("16GiB") == 16 * 2**30
+
+
+def test_public_gpu_trace_replays_on_meta(public_trace_dir):
+    trace = load_trace(public_trace_dir / "resnet_et.json.gz")
+    assert any(t.device.startswith("cuda") for op in trace.ops for t in op.input_tensors())
+    r = ReplayEngine(trace, ReplayConfig(mode="compute", device="meta", iters=1, warmup_iters=0,
+                                         allocation=AllocationConfig(mode="lazy"))).run().to_dict()
+    assert r["status"] == "ok", r["error"]
+    assert r["coverage"] > 0.95, r["skipped_reasons"]
+    assert r["peak_memory_bytes"] > 0
+
+
+def test_public_gpu_trace_replays_on_cpu(public_trace_dir):
+    trace = load_trace(public_trace_dir / "linear_et.json.gz")
+    r = ReplayEngine(trace, ReplayConfig(mode="compute", device="cpu", iters=1, warmup_iters=0,
+                                         allocation=AllocationConfig(mode="lazy"))).run().to_dict()
+    assert r["status"] == "ok", r["error"]
+    assert r["coverage"] > 0.95, r["skipped_reasons"]
+    assert torch.device(r["device"]).type == "cpu"
