@@ -192,6 +192,8 @@ class ReplayEngine:
                     report.add_iteration(elapsed, compute_s, comm_s)
                 else:
                     self.op_time_ns = [0] * len(self.steps)
+                    if self.comm is not None:
+                        self.comm.stats.reset()
                 if self.progress is not None:
                     self.progress(it + 1, num_iters)
         except OutOfMemory as e:

@@ -1,0 +1,75 @@
+"""The Ray actor of one rank: load its trace, rebuild the process groups, replay, report."""
+from __future__ import annotations
+
+import os
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from actors.errors import TracefleetError
+from actors.rank_base import RankWorkerBase
+from actors.replay.collectives import CollectiveReplayer
+from actors.replay.config import ReplayConfig
+from actors.replay.engine import ReplayEngine, pick_device
+from actors.replay.process_groups import ProcessGroups
+from actors.trace import load_trace
+
+
+class RankActor(RankWorkerBase):
+    """One rank of a replay. The driver wraps it with ``ray.remote`` and pins it to a bundle."""
+
+    def replay(self, trace_path: str, trace_bytes, cfg: ReplayConfig, pg_table: list,
+               group_map: dict | None = None, profile_dir: str | None = None) -> dict:
+        """Replay this rank's trace; never raises: failures come back as a report with a status."""
+        rank = int(os.environ["RANK"])
+        world_size = int(os.environ["WORLD_SIZE"])
+        engine = None
+        try:
+            device = pick_device(cfg.device)
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+            trace = load_trace(trace_path, rank=rank, data=trace_bytes)
+            comm = None
+            if cfg.mode != "compute":
+                backend = "nccl" if device.type == "cuda" else "gloo"
+                dist.init_process_group(backend, rank=rank, world_size=world_size,
+                                        timeout=timedelta(seconds=cfg.collective_timeout_s))
+                groups = ProcessGroups.create(pg_table, rank, world_size, backend,
+                                              cfg.collective_timeout_s, group_map)
+                comm = CollectiveReplayer(groups, device, ops=trace.ops)
+            engine = ReplayEngine(trace, cfg, device=device, comm=comm, rank=rank)
+            if profile_dir:
+                report = self._profiled(engine, Path(profile_dir) / f"rank-{rank}.pt.trace.json")
+            else:
+                report = engine.run()
+            out = report.to_dict()
+            out["node_ip"] = self.node_info()["node_ip"]
+            return out
+        except Exception as e:  # the driver needs a report from every rank, whatever happened
+            return self._failure(rank, engine, e)
+
+    @staticmethod
+    def _profiled(engine, path: Path):
+        from torch.profiler import ProfilerActivity, profile
+        activities = [ProfilerActivity.CPU]
+        if engine.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with profile(activities=activities) as prof:
+            report = engine.run()
+        prof.export_chrome_trace(str(path))
+        return report
+
+    def _failure(self, rank: int, engine, e: Exception) -> dict:
+        op = engine.last_op if engine is not None else None
+        last = f"node {op.node_id} {op.name}" if op is not None else None
+        text = str(e).splitlines()[0] if str(e) else type(e).__name__
+        timed_out = "timed out" in text.lower() or "timeout" in type(e).__name__.lower()
+        detail = "" if isinstance(e, TracefleetError) else "\n" + traceback.format_exc(limit=6)
+        return {"rank": rank, "node_ip": self.node_info()["node_ip"],
+                "status": "timeout" if timed_out else "failed",
+                "error": f"rank {rank}" + (f" at {last}" if last else "") + f": {text}",
+                "last_op": last, "traceback": detail or None}

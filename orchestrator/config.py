@@ -1,0 +1,90 @@
+"""The run's structured config: components' dataclasses composed and registered with Hydra.
+
+Each component owns its dataclass next to its code (``ReplayConfig`` in actors/replay,
+``ClusterConfig`` in orchestrator/cluster); this module composes them, registers one schema per
+config group in Hydra's ConfigStore, and YAML files in ``conf/`` pick and override.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
+
+from actors.errors import ConfigError
+from actors.replay.config import ReplayConfig
+from orchestrator.cluster import ClusterConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = REPO_ROOT / "conf"
+DEMO_TRACES = REPO_ROOT / "demo" / "traces"
+
+
+@dataclass
+class TraceConfig:
+    """Where the rank traces come from."""
+
+    # Folder of rank-<r>.et.json[.gz] (or PARAM's rank-<r>.json[.gz]) files; the world size
+    # is the number of rank files.
+    dir: str = str(DEMO_TRACES / "gpt_dp_4")
+    # path: actors read the files themselves (shared filesystem); object_store: the driver
+    # reads them once and ships the bytes through Ray's object store (no shared filesystem).
+    transfer: str = "path"
+    # gloo traces do not name the group of a collective. When the traces hold several groups of
+    # different membership, map op kinds (or "*") to a pg_name, e.g. {"*": "0"}.
+    group_map: dict[str, str] | None = None
+
+
+@dataclass
+class Zero3Config:
+    """ZeRO-3 parameter fetch/release emulation (strategies arrive with the ZeRO-3 work)."""
+
+    # none: replay the trace's own collectives as recorded.
+    strategy: str = "none"
+
+
+@dataclass
+class ExperimentConfig:
+    """Run-level settings."""
+
+    # A name for the run (shown in the summary).
+    name: str = "replay"
+    # Ranks to run; null = the trace folder's world size. Fewer than the traces have is refused.
+    world_size: int | None = None
+    # Bound on the whole replay (all iterations on every rank), seconds.
+    replay_timeout_s: float = 900.0
+    # Seconds between progress lines while ranks run.
+    progress_interval_s: float = 10.0
+
+
+@dataclass
+class RunConfig:
+    """The root config of ``tracefleet``."""
+
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    zero3: Zero3Config = field(default_factory=Zero3Config)
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+
+    def validate(self) -> None:
+        """Raise ConfigError on inconsistent values (before any cluster work)."""
+        self.replay.validate()
+        if self.trace.transfer not in ("path", "object_store"):
+            raise ConfigError(f"trace.transfer={self.trace.transfer!r}; expected path or object_store")
+        if self.zero3.strategy != "none":
+            raise ConfigError(f"zero3.strategy={self.zero3.strategy!r}; only 'none' is available yet")
+        if self.cluster.placement_strategy not in ("PACK", "SPREAD", "STRICT_SPREAD", "STRICT_PACK"):
+            raise ConfigError(f"cluster.placement_strategy={self.cluster.placement_strategy!r}; "
+                              "expected PACK, SPREAD, STRICT_SPREAD or STRICT_PACK")
+
+
+def register_configs() -> None:
+    """Register the root schema and one schema per group in Hydra's ConfigStore."""
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)
+    cs.store(group="cluster", name="schema", node=ClusterConfig)
+    cs.store(group="trace", name="schema", node=TraceConfig)
+    cs.store(group="replay", name="schema", node=ReplayConfig)
+    cs.store(group="zero3", name="schema", node=Zero3Config)
+    cs.store(group="experiment", name="schema", node=ExperimentConfig)

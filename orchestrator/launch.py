@@ -1,0 +1,84 @@
+"""Run one replay end to end: pre-flight, cluster, one actor per rank, aggregate, write."""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import ray
+
+from actors.rank_actor import RankActor
+from orchestrator import metrics, report
+from orchestrator.cluster import connect, cuda_available_in_cluster
+from orchestrator.config import RunConfig
+from orchestrator.validate import preflight
+from orchestrator.worker_group import WorkerGroup
+
+log = logging.getLogger("tracefleet")
+
+
+def _failed_report(result) -> dict:
+    status = {"timeout": "timeout"}.get(result.kind, "failed")
+    what = {"died": "actor died", "timeout": "did not finish in time"}.get(result.kind, "raised")
+    return {"rank": result.rank, "status": status,
+            "error": f"rank {result.rank} {what}: {result.error}", "last_op": None}
+
+
+def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, console=None) -> dict:
+    """Replay ``cfg.trace.dir`` on a Ray cluster; returns the summary (also written to out_dir)."""
+    cfg.validate()
+    timings = {}
+    t0 = time.perf_counter()
+    pre = preflight(cfg.trace.dir, cfg.experiment.world_size, group_map=cfg.trace.group_map)
+    world_size = pre.world_size
+    timings["preflight_s"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    cluster = connect(cfg.cluster, world_size)
+    timings["cluster_start_s"] = time.perf_counter() - t1
+    use_gpu = cfg.replay.device == "cuda" or (cfg.replay.device == "auto" and cuda_available_in_cluster())
+    group = WorkerGroup(ray.remote(RankActor), world_size, cfg.cluster, use_gpu=use_gpu)
+    try:
+        t2 = time.perf_counter()
+        group.start()
+        timings["actor_start_s"] = time.perf_counter() - t2
+        paths = {r: str(p) for r, p in pre.rank_files.items()}
+        blobs = {r: ray.put(Path(p).read_bytes()) for r, p in paths.items()} \
+            if cfg.trace.transfer == "object_store" else {r: None for r in paths}
+        profile_dir = str(out_dir / "profile") if cfg.replay.profile else None
+        t3 = time.perf_counter()
+        refs = group.execute_async(
+            "replay", args_fn=lambda r: (paths[r], blobs[r], cfg.replay, pre.process_groups,
+                                         cfg.trace.group_map, profile_dir))
+        results = group.wait(refs, timeout_s=cfg.experiment.replay_timeout_s,
+                             on_progress=_progress_printer(world_size, cfg.experiment.progress_interval_s))
+        timings["replay_s"] = time.perf_counter() - t3
+    finally:
+        group.shutdown()
+        cluster.shutdown()
+    t4 = time.perf_counter()
+    rank_reports = [r.value if r.ok else _failed_report(r) for r in results]
+    summary = metrics.aggregate(rank_reports, world_size=world_size, extra={
+        "experiment": cfg.experiment.name, "trace_dir": str(cfg.trace.dir),
+        "mode": cfg.replay.mode, "allocation_mode": cfg.replay.allocation.mode,
+        "device_memory_capacity_bytes": _capacity(rank_reports), "timings_s": timings})
+    report.write_run_outputs(summary, rank_reports, out_dir, config_yaml)
+    timings["aggregation_s"] = time.perf_counter() - t4
+    report.print_summary(summary, console)
+    return summary
+
+
+def _capacity(reports):
+    caps = [r.get("device_memory_capacity_bytes") for r in reports if r.get("device_memory_capacity_bytes")]
+    return min(caps) if caps else None
+
+
+def _progress_printer(world_size: int, interval_s: float):
+    start = time.monotonic()
+    last = [start]
+
+    def on_progress(num_done: int, *_):
+        now = time.monotonic()
+        if now - last[0] >= interval_s or num_done == world_size:
+            last[0] = now
+            log.info("replay: %d/%d ranks finished (%.0f s)", num_done, world_size, now - start)
+    return on_progress
