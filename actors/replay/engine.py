@@ -52,8 +52,10 @@ class ReplayEngine:
         self._set_new_bytes()
         capacity = parse_bytes(cfg.device_memory_capacity) if cfg.device_memory_capacity else None
         self.memory = MemoryTracker(device_capacity(self.device, capacity), cfg.timeline_max_points)
+        ranges = planning.index_ranges(self.steps)
+        planning.add_guards(self.steps, ranges, self.liveness.storage_external)
         self.store = TensorStore(trace.num_tensors, self.liveness, self.memory, self.device,
-                                 resolve.torch_dtype, planning.index_ranges(self.steps))
+                                 resolve.torch_dtype, ranges)
         self.lazy = cfg.allocation.mode == "lazy"
         threshold = cfg.allocation.device_memory_threshold
         if threshold < 1 and self.memory.capacity_bytes is None:
@@ -81,6 +83,8 @@ class ReplayEngine:
             args[pos] = get(t)
         for pos, tensors in step.list_slots:
             args[pos] = [None if t is None else get(t) for t in tensors]
+        for pos, lo, hi in step.guards:
+            args[pos].clamp_(lo, hi)
         n = step.num_positional
         if len(args) > n:
             out = step.fn(*args[:n], **dict(zip(step.kwarg_names, args[n:])))

@@ -34,6 +34,7 @@ class Step:
     kwarg_names: tuple = ()
     schema_args: tuple = ()  # the recorded schema's args (OpSchema.args)
     new_bytes: int = 0  # bytes of storages first used by this op (the OOM check's request)
+    guards: tuple = ()  # (position, lo, hi): index inputs computed in-trace, clamped before use
 
 
 def _convert(value_arg: Arg, schema_type: str, device: torch.device):
@@ -102,11 +103,13 @@ def index_ranges(steps: list[Step]) -> dict[int, tuple[int, int, bool]]:
         op = step.op
         shapes = [a.shape if type(a) is TensorArg else None for a in op.inputs]
         values = [None if type(a) is TensorArg else a.value for a in op.inputs]
+        out_shapes = [a.shape if type(a) is TensorArg else None for a in op.outputs]
         recorded = op.tensor_ranges or {}
         for pos, t in step.tensor_slots:
             if t.dtype in _INT_DTYPES:
                 bounds = index_safety.safe_int_bounds(op.name, step.schema_args, pos, shapes,
-                                                      recorded.get(pos), values)
+                                                      recorded.get(pos), values,
+                                                      output_shapes=out_shapes)
                 if bounds is not None:
                     narrow(t.suid, bounds,
                            index_safety.is_monotonic_input(op.name, step.schema_args, pos))
@@ -114,10 +117,20 @@ def index_ranges(steps: list[Step]) -> dict[int, tuple[int, int, bool]]:
             for j, t in enumerate(tensors):
                 if t is not None and t.dtype in _INT_DTYPES:
                     bounds = index_safety.safe_int_bounds(op.name, step.schema_args, pos, shapes,
-                                                          None, values, element=j)
+                                                          None, values, element=j,
+                                                          output_shapes=out_shapes)
                     if bounds is not None:
                         narrow(t.suid, bounds, False)
     return ranges
 
 
 _INT_DTYPES = {"int64", "int32", "int16", "int8", "uint8"}
+
+
+def add_guards(steps: list[Step], ranges: dict, external: list[bool]) -> None:
+    """Index inputs the replay computes itself (e.g. offsets from a cumsum over synthetic
+    lengths) are not filled by us, so clamp them into bounds before the op reads them."""
+    for step in steps:
+        if step.kind == "compute":
+            step.guards = tuple((pos, *ranges[t.suid][:2]) for pos, t in step.tensor_slots
+                                if t.suid in ranges and not external[t.suid])

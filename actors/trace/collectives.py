@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import orjson
 
+from actors.trace.dtypes import C10_NAME_TO_DTYPE
 from actors.trace.model import Arg, Collective, TensorArg
 
 KINDS = ("all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor",
@@ -64,14 +65,6 @@ RPC_KINDS = {
     "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
     "barrier": "barrier", "send": "send", "recv": "recv", "recvAnySource": "recv",
     "wait": "wait",
-}
-
-# record_param_comms' `dtype` attr uses c10 ScalarType names.
-SCALAR_TYPE_NAMES = {
-    "Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
-    "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",
-    "Bool": "bool", "ComplexFloat": "complex64", "ComplexDouble": "complex128",
-    "Float8_e4m3fn": "float8_e4m3fn", "Float8_e5m2": "float8_e5m2",
 }
 
 _IN_NAMES = ("tensors", "input_tensors", "input", "inputs", "input_tensor", "input_list",
@@ -144,11 +137,12 @@ def _split_attr(value) -> tuple:
     return tuple(value) if isinstance(value, list) else ()
 
 
-def from_record_param_comms(inputs: tuple, attrs: dict) -> Collective:
+def from_record_param_comms(inputs: tuple, attrs: dict, outputs: tuple = ()) -> Collective:
     """Build a Collective from a ``record_param_comms`` node (any schema version).
 
     Inputs are ``[tensors, seq, pg, rank, collective_name, in_split, out_split, ...]``, or
-    ``[seq, pg, rank, "wait", ...]`` for waits. Attributes (1.1.0+) win where present.
+    ``[seq, pg, rank, "wait", ...]`` for waits; ``outputs`` holds the output tensor(s).
+    Attributes (1.1.0+) win where present.
     """
     name_pos = next((i for i, a in enumerate(inputs)
                      if type(a) is Arg and a.kind == "str" and a.value in RPC_KINDS), None)
@@ -164,16 +158,18 @@ def from_record_param_comms(inputs: tuple, attrs: dict) -> Collective:
         pg = next((a for a in inputs if type(a) is Arg and a.kind == "tuple"), None)
         if pg is not None and len(pg.value) == 2 and isinstance(pg.value[0], str):
             pg_name, pg_desc = pg.value
-    if pg_name == "":
-        pg_name = None
+    if pg_name == "":  # waits record an empty group: normalize both fields to "unknown"
+        pg_name = pg_desc = None
     in_splits = _split_attr(attrs["in_split_size"]) if "in_split_size" in attrs else ()
     out_splits = _split_attr(attrs["out_split_size"]) if "out_split_size" in attrs else ()
     if not in_splits and name_pos is not None and len(inputs) > name_pos + 2:
         in_splits = tuple(inputs[name_pos + 1].value or ()) if inputs[name_pos + 1].kind in ("int_list", "list") else ()
         out_splits = tuple(inputs[name_pos + 2].value or ()) if inputs[name_pos + 2].kind in ("int_list", "list") else ()
-    dtype = SCALAR_TYPE_NAMES.get(attrs.get("dtype")) or _first_dtype(tensors)
+    dtype = C10_NAME_TO_DTYPE.get(attrs.get("dtype")) or _first_dtype(tensors)
     in_nelems = attrs.get("in_msg_nelems", _numel(tensors))
-    out_nelems = attrs.get("out_msg_nelems", in_nelems)
+    # Before 1.1.0 there is no out_msg_nelems attr: size the output from the node's output
+    # tensor (an uneven all_to_allv receives a different count than it sends).
+    out_nelems = attrs.get("out_msg_nelems", _numel(outputs) or in_nelems)
     is_wait = kind == "wait"
     return Collective(kind, pg_name=pg_name, pg_desc=pg_desc, dtype=None if is_wait else dtype,
                       in_nelems=0 if is_wait else in_nelems, out_nelems=0 if is_wait else out_nelems,

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import orjson
 
-from actors.errors import TraceError
+from actors.errors import ReplayError, TraceError
 from actors.trace import collectives as coll
 from actors.trace.args import ArgParser
 from actors.trace.model import Op, ProcessGroupInfo, Step, Trace
+from actors.trace.op_schema import parse_schema
 from actors.trace.schema import NodeView, op_schema_of, parse_version
 from actors.trace.tensor_ids import TensorIdAssigner
 
@@ -76,25 +77,11 @@ def rank_from_name(path) -> int | None:
 
 @lru_cache(maxsize=4096)
 def _schema_arg_names(schema: str) -> tuple[str, ...]:
-    """Argument names of an op schema, in order (cheap split; no evaluation)."""
-    start = schema.find("(")
-    end = schema.rfind(") ->")
-    if start < 0 or end < 0:
+    """Argument names of an op schema, in order (() when it does not parse)."""
+    try:
+        return tuple(a.name for a in parse_schema(schema).args)
+    except ReplayError:
         return ()
-    names, depth, token = [], 0, []
-    for ch in schema[start + 1:end] + ",":
-        if ch in "([":
-            depth += 1
-        elif ch in ")]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            decl = "".join(token).split("=")[0].strip()
-            if decl and decl != "*":
-                names.append(decl.split()[-1])
-            token = []
-        else:
-            token.append(ch)
-    return tuple(names)
 
 
 def load_trace(path, rank: int | None = None, data: bytes | None = None) -> Trace:

@@ -8,32 +8,8 @@ the replay on generations keeps an index tensor from ever reading another dtype'
 """
 from __future__ import annotations
 
-from functools import lru_cache
-
 from actors.trace.model import Op, TensorArg
-
-
-@lru_cache(maxsize=8192)
-def fresh_returns(schema: str) -> tuple[bool, ...]:
-    """Per return of an op schema: True when it is a newly allocated tensor (no alias)."""
-    arrow = schema.rfind("->")
-    if arrow < 0:
-        return ()
-    ret = schema[arrow + 2:].strip()
-    if ret.startswith("(") and ret.endswith(")"):
-        ret = ret[1:-1]
-    parts, depth, token = [], 0, []
-    for ch in ret + ",":
-        if ch in "([":
-            depth += 1
-        elif ch in ")]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(token).strip())
-            token = []
-        else:
-            token.append(ch)
-    return tuple(p.startswith("Tensor") and not p.startswith("Tensor(") for p in parts)
+from actors.trace.op_schema import fresh_return_positions
 
 
 class TensorIdAssigner:
@@ -50,7 +26,7 @@ class TensorIdAssigner:
             self._stamp(t, fresh=False)
         # Collective outputs are their (in-place) inputs even where the schema omits the alias.
         fresh = () if op.collective is not None and op.collective.source != "functional" \
-            else fresh_returns(op.schema)
+            else fresh_return_positions(op.schema)
         for i, arg in enumerate(op.outputs):
             is_fresh = fresh[i] if i < len(fresh) else False
             if type(arg) is TensorArg:

@@ -1,0 +1,1 @@
+"""The replay engine: operator resolution, argument materialization, the op loop, memory."""
