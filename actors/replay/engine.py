@@ -63,7 +63,6 @@ class ReplayEngine:
                               f"set replay.device_memory_capacity for device {self.device.type}")
         self.flush_bytes = threshold * self.memory.capacity_bytes if threshold < 1 else None
         self.op_time_ns = [0] * len(self.steps)
-        self.failures: dict[int, str] = {}  # op index -> reason, disabled after the first failure
         self.num_shape_mismatches = 0
         self.num_flushes = 0
         self.flushed_bytes = 0
@@ -75,27 +74,24 @@ class ReplayEngine:
             if first >= 0:
                 self.steps[first].new_bytes += live.storage_bytes[s]
 
-    # --- one op -------------------------------------------------------------------------
-    def _run_compute(self, step) -> None:
+    # --- one op (slow paths; the fast path is inlined in _iteration) ----------------------
+    def _fill_rare(self, step, args) -> dict | None:
+        """Tensor lists, tensors passed by keyword and index guards; returns the kwargs."""
         get = self.store.get
-        args = list(step.template)
-        for pos, t in step.tensor_slots:
-            args[pos] = get(t)
         for pos, tensors in step.list_slots:
             args[pos] = [None if t is None else get(t) for t in tensors]
+        kwargs = step.kwargs
+        if step.kw_tensor_slots:
+            kwargs = dict(kwargs or {})
+            for name, t in step.kw_tensor_slots:
+                kwargs[name] = get(t) if type(t) is TensorArg else \
+                    [None if x is None else get(x) for x in t]
         for pos, lo, hi in step.guards:
             args[pos].clamp_(lo, hi)
-        n = step.num_positional
-        if len(args) > n:
-            out = step.fn(*args[:n], **dict(zip(step.kwarg_names, args[n:])))
-        else:
-            out = step.fn(*args)
-        self._register_outputs(step.op, out)
+        return kwargs
 
     def _register_outputs(self, op, out) -> None:
         outputs = op.outputs
-        if not outputs:
-            return
         results = (out,) if not isinstance(out, (tuple, list)) or \
             (len(outputs) == 1 and type(outputs[0]) is not TensorArg and outputs[0].kind == "tensor_list") \
             else out
@@ -117,43 +113,83 @@ class ReplayEngine:
             raise ReplayError(f"rank {self.rank}, node {op.node_id} {op.name}: output "
                               f"{tuple(got.shape)} {got.dtype} != trace {expected.shape} {expected.dtype}")
 
+    def _before(self, step) -> None:
+        """Flush when held bytes cross the threshold; OOM when the op's new bytes do not fit."""
+        memory = self.memory
+        if self.flush_bytes is not None and memory.held_bytes > self.flush_bytes:
+            self._flush()
+        cap = memory.capacity_bytes
+        if cap is not None and memory.held_bytes + step.new_bytes > cap:
+            raise OutOfMemory(memory.held_bytes, step.new_bytes, cap)
+
+    def _fail(self, step, e: Exception) -> None:
+        """An op that raises is skipped from now on, with its reason counted."""
+        step.kind = "failed"
+        step.reason = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+
     # --- iterations ---------------------------------------------------------------------
     def _iteration(self) -> tuple[float, float]:
         """Run every step once; returns (compute seconds, collective seconds)."""
-        store, memory, steps, times = self.store, self.memory, self.steps, self.op_time_ns
-        free_after = self.liveness.free_after
-        comm = self.comm
+        memory, steps, times = self.memory, self.steps, self.op_time_ns
+        store = self.store
+        tensors, materialize, held = store.tensors, store.materialize, memory.held
+        free_after, lazy, comm = self.liveness.free_after, self.lazy, self.comm
         get = store.get if self.cfg.mode == "full" else None
+        limits = [x for x in (self.flush_bytes, memory.capacity_bytes) if x is not None]
+        guard = min(limits) if limits else float("inf")
         compute_ns = comm_ns = 0
         clock = time.perf_counter_ns
-        for i, step in enumerate(steps):
-            kind = step.kind
-            if kind == "skip" or i in self.failures:
-                continue
-            self.last_op = step.op
-            if self.flush_bytes is not None and memory.held_bytes > self.flush_bytes:
-                self._flush()
-            memory.check(step.new_bytes)
-            t0 = clock()
-            if kind == "compute":
-                try:
-                    self._run_compute(step)
-                except (OutOfMemory, ReplayError, torch.OutOfMemoryError):
-                    raise
-                except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError) as e:
-                    self.failures[i] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        Tensor = torch.Tensor
+        i = -1
+        try:
+            for i, step in enumerate(steps):
+                kind = step.kind
+                if kind == "compute":
+                    if memory.held_bytes + step.new_bytes > guard:
+                        self._before(step)
+                    t0 = clock()
+                    args = step.template.copy()
+                    for pos, t in step.tensor_slots:
+                        x = tensors[t.uid]
+                        args[pos] = x if x is not None else materialize(t)
+                    kwargs = step.kwargs
+                    if step.list_slots or step.kw_tensor_slots or step.guards:
+                        kwargs = self._fill_rare(step, args)
+                    try:
+                        out = step.fn(*args, **kwargs) if kwargs is not None else step.fn(*args)
+                    except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError) as e:
+                        if isinstance(e, torch.OutOfMemoryError):
+                            raise
+                        self._fail(step, e)
+                        continue
+                    single = step.single_out
+                    if single is not None and type(out) is Tensor:
+                        if out.shape != single.shape or out.dtype is not step.out_dtype:
+                            self._mismatch(step.op, single, out)
+                        tensors[single.uid] = out
+                        if single.suid not in held:
+                            memory.add(single.suid, out.untyped_storage().nbytes())
+                    elif step.op.outputs:
+                        self._register_outputs(step.op, out)
+                    dt = clock() - t0
+                    compute_ns += dt
+                elif kind == "collective":
+                    if memory.held_bytes + step.new_bytes > guard:
+                        self._before(step)
+                    t0 = clock()
+                    comm.run(step.op, get)
+                    dt = clock() - t0
+                    comm_ns += dt
+                else:
                     continue
-                dt = clock() - t0
-                compute_ns += dt
-            else:
-                comm.run(step.op, get)
-                dt = clock() - t0
-                comm_ns += dt
-            times[i] += dt
-            if self.lazy:
-                for s in free_after[i]:
-                    store.free(s)
-            memory.record()
+                times[i] += dt
+                if lazy:
+                    for s in free_after[i]:
+                        store.free(s)
+                memory.record()
+        finally:
+            if 0 <= i < len(steps):
+                self.last_op = steps[i].op
         if comm is not None:
             t0 = clock()
             comm.wait_all()
@@ -225,7 +261,7 @@ class ReplayEngine:
             if step.reason == "out of scope":
                 continue
             in_scope += 1
-            reason = step.reason if step.kind == "skip" else self.failures.get(i)
+            reason = step.reason if step.kind in ("skip", "failed") else None
             if reason:
                 reasons[reason] += 1
             else:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from actors.errors import ReplayError
 from actors.replay import index_safety, resolve
 from actors.trace.model import Arg, Op, TensorArg
 
@@ -26,15 +27,37 @@ class Step:
     op: Op
     kind: str
     reason: str = ""  # why skipped
-    fn: object = None  # the torch OpOverload
-    template: list = None  # argument values with tensors left as None
+    fn: object = None  # the overload's C++ callable (skips OpOverload.__call__'s frame)
+    template: list = None  # positional argument values, tensors left as None
+    kwargs: dict = None  # constant keyword arguments (recorded values equal to defaults dropped)
     tensor_slots: tuple = ()  # (position, TensorArg) to fill from the registry
     list_slots: tuple = ()  # (position, tuple[TensorArg | None]) for Tensor[] / Tensor?[] args
-    num_positional: int = 0
-    kwarg_names: tuple = ()
+    kw_tensor_slots: tuple = ()  # (name, TensorArg | tuple) tensors passed by keyword
+    single_out: TensorArg | None = None  # the fast path: exactly one tensor output
+    out_dtype: object = None  # torch dtype expected of single_out
     schema_args: tuple = ()  # the recorded schema's args (OpSchema.args)
     new_bytes: int = 0  # bytes of storages first used by this op (the OOM check's request)
     guards: tuple = ()  # (position, lo, hi): index inputs computed in-trace, clamped before use
+
+
+_LITERALS = {"None": None, "True": True, "False": False, "[]": []}
+
+
+def _is_default(value, default: str | None) -> bool:
+    """Whether a recorded value equals the schema default (then it need not be passed)."""
+    if default is None:
+        return False
+    if default in _LITERALS:
+        lit = _LITERALS[default]
+    else:
+        try:
+            lit = float(default) if any(c in default for c in ".eE") else int(default)
+        except ValueError:
+            return False
+    if isinstance(lit, bool) or isinstance(value, bool):
+        return value is lit
+    return type(value) in (int, float) and type(lit) in (int, float) and value == lit \
+        or value == lit == []
 
 
 def _convert(value_arg: Arg, schema_type: str, device: torch.device):
@@ -68,21 +91,43 @@ def compile_step(op: Op, device: torch.device, mode: str) -> Step:
     schema_args = resolved.schema.args
     if len(op.inputs) > len(schema_args):
         return Step(op, "skip", f"{len(op.inputs)} recorded args for {len(schema_args)} in schema")
-    template, slots, list_slots = [], [], []
+    n = resolved.num_positional
+    template, slots, list_slots, kwargs, kw_slots = [], [], [], {}, []
     for pos, value in enumerate(op.inputs):
+        sarg = schema_args[pos]
+        if type(value) is not TensorArg and value.kind == "object":
+            return Step(op, "skip", "takes an opaque script object")
+        is_tensor = type(value) is TensorArg or value.kind == "tensor_list"
+        if pos >= n:  # keyword-only
+            if is_tensor:
+                kw_slots.append((sarg.name, value if type(value) is TensorArg else value.value))
+            else:
+                converted = _convert(value, sarg.type, device)
+                if not _is_default(converted, sarg.default):
+                    kwargs[sarg.name] = converted
+            continue
         if type(value) is TensorArg:
             template.append(None)
             slots.append((pos, value))
         elif value.kind == "tensor_list":
             template.append(None)
             list_slots.append((pos, value.value))
-        elif value.kind == "object":
-            return Step(op, "skip", "takes an opaque script object")
         else:
-            template.append(_convert(value, schema_args[pos].type, device))
-    return Step(op, "compute", fn=resolved.overload, template=template, tensor_slots=tuple(slots),
-                list_slots=tuple(list_slots), num_positional=resolved.num_positional,
-                kwarg_names=tuple(resolved.kwarg_names), schema_args=tuple(schema_args))
+            template.append(_convert(value, sarg.type, device))
+    outs = op.outputs
+    single = outs[0] if len(outs) == 1 and type(outs[0]) is TensorArg else None
+    return Step(op, "compute", fn=getattr(resolved.overload, "_op", resolved.overload),
+                template=template, kwargs=kwargs or None, tensor_slots=tuple(slots),
+                list_slots=tuple(list_slots), kw_tensor_slots=tuple(kw_slots),
+                single_out=single, out_dtype=_torch_dtype_or_none(single.dtype) if single else None,
+                schema_args=tuple(schema_args))
+
+
+def _torch_dtype_or_none(name):
+    try:
+        return resolve.torch_dtype(name)
+    except ReplayError:
+        return None
 
 
 def index_ranges(steps: list[Step]) -> dict[int, tuple[int, int, bool]]:

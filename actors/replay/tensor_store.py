@@ -24,7 +24,7 @@ class TensorStore:
                  device: torch.device, dtype_of, int_ranges: dict[int, tuple[int, int, bool]]):
         self.tensors: list = [None] * num_tensors
         self._bases: dict[int, torch.Tensor] = {}  # suid -> flat tensor we allocated
-        self._on_storage: dict[int, list[int]] = {}  # suid -> uids registered on it
+        self.uids_by_suid = liveness.uids_by_suid
         self.liveness = liveness
         self.memory = memory
         self.device = device
@@ -67,8 +67,6 @@ class TensorStore:
 
     def register(self, t: TensorArg, x: torch.Tensor) -> None:
         """Record ``x`` as tensor ``t`` (an op output or a materialized view)."""
-        if self.tensors[t.uid] is None:
-            self._on_storage.setdefault(t.suid, []).append(t.uid)
         self.tensors[t.uid] = x
         if t.suid not in self.memory.held:
             self.memory.add(t.suid, x.untyped_storage().nbytes())
@@ -77,14 +75,15 @@ class TensorStore:
         """Drop every tensor on a storage generation; returns the bytes released."""
         if suid in self.pinned:
             return 0
-        for uid in self._on_storage.pop(suid, ()):
-            self.tensors[uid] = None
+        tensors = self.tensors
+        for uid in self.uids_by_suid[suid]:
+            tensors[uid] = None
         self._bases.pop(suid, None)
         return self.memory.release(suid)
 
     def free_all(self) -> int:
         """Free everything not pinned (a flush, or the end of an iteration)."""
-        return sum(self.free(s) for s in list(self._on_storage.keys() | self._bases.keys()))
+        return sum(self.free(s) for s in list(self.memory.held))
 
     def pin(self, suid: int) -> None:
         self.pinned.add(suid)

@@ -19,6 +19,7 @@ class Liveness:
     free_after: list[list[int]]  # per op index: suids whose last use is this op
     live_bytes: list[int]  # per op index: bytes live while the op runs (the bound's curve)
     lower_bound_bytes: int
+    uids_by_suid: list[list[int]]  # per suid: the tensor uids viewing it
 
     def external_bytes(self) -> int:
         return sum(b for b, ext in zip(self.storage_bytes, self.storage_external) if ext)
@@ -30,6 +31,7 @@ def compute_liveness(ops: list[Op], num_storages: int) -> Liveness:
     first = [-1] * num_storages
     last = [-1] * num_storages
     external = [False] * num_storages
+    uids: list[set] = [set() for _ in range(num_storages)]
     for op in ops:
         i = op.index
         for is_input, tensors in ((True, op.input_tensors()), (False, op.output_tensors())):
@@ -40,6 +42,7 @@ def compute_liveness(ops: list[Op], num_storages: int) -> Liveness:
                 nbytes = t.extent_elems * t.itemsize
                 if nbytes > size[s]:
                     size[s] = nbytes
+                uids[s].add(t.uid)
                 if first[s] < 0:
                     first[s] = i
                     external[s] = is_input
@@ -57,4 +60,5 @@ def compute_liveness(ops: list[Op], num_storages: int) -> Liveness:
         live.append(running)
         if running > peak:
             peak = running
-    return Liveness(size, first, last, external, free_after, live, peak)
+    return Liveness(size, first, last, external, free_after, live, peak,
+                    [sorted(u) for u in uids])
