@@ -1,0 +1,73 @@
+"""Base class of every rank actor: placement introspection, rendezvous env, health, teardown.
+
+A plain class on purpose: the driver wraps the concrete subclasses (actors/rank_actor.py,
+actors/capture/actor.py) with ``ray.remote`` and chooses their resources and placement.
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+import ray
+import torch.distributed as dist
+
+
+class RankWorkerBase:
+    """One rank of a worker group. ``setup()`` is called once by the driver before any work."""
+
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    local_world_size: int | None = None
+    node_rank: int | None = None
+    node_ip: str | None = None
+
+    def node_info(self) -> dict:
+        """Where this actor runs: node_ip, node_id, gpu_ids (Ray-assigned), pid, hostname."""
+        ctx = ray.get_runtime_context()
+        self.node_ip = ray.util.get_node_ip_address()
+        return {
+            "node_ip": self.node_ip,
+            "node_id": ctx.get_node_id(),
+            "gpu_ids": [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])],
+            "pid": os.getpid(),
+            "hostname": socket.gethostname(),
+        }
+
+    def find_free_port(self) -> int:
+        """A TCP port free on this node right now (for MASTER_PORT when this is rank 0)."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("", 0))
+            return sock.getsockname()[1]
+
+    def setup(self, rank: int, local_rank: int, world_size: int, local_world_size: int,
+              node_rank: int, master_addr: str, master_port: int) -> None:
+        """Record this actor's place in the group and export the torch.distributed env vars.
+
+        CUDA_VISIBLE_DEVICES is left to Ray (it sets it from the actor's GPU bundle).
+        """
+        self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
+        self.local_world_size, self.node_rank = local_world_size, node_rank
+        os.environ.update({
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(local_world_size),
+            "NODE_RANK": str(node_rank),
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(master_port),
+        })
+
+    def ping(self) -> bool:
+        """Health check: True as soon as the actor can run a method."""
+        return True
+
+    def shutdown(self) -> None:
+        """Release distributed state before the driver kills the actor; subclasses extend."""
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+    def __repr__(self) -> str:
+        # Ray prefixes the actor's log lines with this.
+        return (f"{type(self).__name__}(rank={self.rank}, world={self.world_size}, "
+                f"node={self.node_ip})")

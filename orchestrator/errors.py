@@ -1,0 +1,9 @@
+"""Driver-side project exceptions (rank-side ones live in actors/errors.py)."""
+from actors.errors import TracefleetError
+
+
+class ClusterError(TracefleetError):
+    """Ray could not be reached, or could not give us the resources or actors a run needs.
+
+    The message says what was requested, what the cluster has, and which timeout expired.
+    """

@@ -1,0 +1,271 @@
+"""A group of rank actors on one Ray placement group, ordered and wired like Ray Train.
+
+One bundle per rank is reserved atomically, one actor is pinned to each bundle, ranks are
+ordered by node (the driver's node first, then by IP) and by GPU id within a node, and each
+actor gets RANK/LOCAL_RANK/WORLD_SIZE/LOCAL_WORLD_SIZE/NODE_RANK/MASTER_ADDR/MASTER_PORT.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import ray
+from ray.exceptions import OutOfMemoryError, RayActorError, RayError, RayTaskError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from orchestrator.cluster import ClusterConfig
+from orchestrator.errors import ClusterError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Result:
+    """One rank's outcome of a group call.
+
+    kind: 'ok' (value is set), 'error' (the method raised), 'died' (the actor process is
+    gone), 'timeout' (not done by the deadline), 'aborted' (still running when the grace
+    period after another rank's failure ran out).
+    """
+
+    rank: int
+    kind: str
+    value: Any = None
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.kind == "ok"
+
+
+class WorkerGroup:
+    """``world_size`` actors of ``actor_cls`` (a RankWorkerBase subclass), one per bundle."""
+
+    def __init__(self, actor_cls, world_size: int, cfg: ClusterConfig, use_gpu: bool = False,
+                 actor_kwargs: dict | None = None):
+        if world_size < 1:
+            raise ClusterError(f"world_size={world_size}: expected >= 1")
+        cfg.validate()
+        self._remote_cls = (actor_cls if isinstance(actor_cls, ray.actor.ActorClass)
+                            else ray.remote(actor_cls))
+        self.world_size = world_size
+        self.cfg = cfg
+        self.use_gpu = use_gpu
+        self.actor_kwargs = actor_kwargs or {}
+        self.workers: list = []  # actor handles in rank order
+        self.node_infos: list[dict] = []  # node_info() of each rank, in rank order
+        self.master_addr: str | None = None
+        self.master_port: int | None = None
+        self._actors: list = []  # every actor created, in bundle order (for shutdown)
+        self._pg = None
+
+    @property
+    def bundle(self) -> dict:
+        """The resources reserved for one rank."""
+        if self.use_gpu:
+            return {"GPU": 1, "CPU": self.cfg.cpus_per_rank}
+        return {"CPU": self.cfg.cpus_per_rank}
+
+    @property
+    def placement_group(self):
+        """The group's Ray PlacementGroup (None before start() and after shutdown())."""
+        return self._pg
+
+    def start(self) -> "WorkerGroup":
+        """Reserve the bundles, start the actors, order the ranks and export their env.
+
+        Each phase is bounded by cfg.timeout_s; on failure everything is released and
+        ClusterError is raised.
+        """
+        try:
+            self._reserve()
+            options = {"num_cpus": self.cfg.cpus_per_rank, "num_gpus": 1 if self.use_gpu else 0}
+            for index in range(self.world_size):
+                strategy = PlacementGroupSchedulingStrategy(
+                    placement_group=self._pg, placement_group_bundle_index=index)
+                self._actors.append(self._remote_cls.options(
+                    scheduling_strategy=strategy, **options).remote(**self.actor_kwargs))
+            infos = self._gather([a.node_info.remote() for a in self._actors], "start")
+            order = rank_order(infos, ray.get_runtime_context().get_node_id())
+            self.workers = [self._actors[i] for i in order]
+            self.node_infos = [infos[i] for i in order]
+            self.master_addr = self.node_infos[0]["node_ip"]
+            self.master_port = self._gather([self.workers[0].find_free_port.remote()],
+                                            "find a free port on rank 0")[0]
+            envs = rank_envs(self.node_infos)
+            self._gather([w.setup.remote(**env, master_addr=self.master_addr,
+                                         master_port=self.master_port)
+                          for w, env in zip(self.workers, envs)], "set up")
+        except BaseException:
+            self.shutdown(graceful_timeout_s=0)
+            raise
+        log.info("worker group of %d ranks on %d node(s), master %s:%d", self.world_size,
+                 len({i["node_id"] for i in self.node_infos}), self.master_addr,
+                 self.master_port)
+        return self
+
+    def execute_async(self, method: str, *args, args_fn: Callable[[int], tuple] | None = None,
+                      **kwargs) -> list:
+        """Call ``method`` on every rank; return the object refs in rank order.
+
+        Every rank gets ``*args`` and ``**kwargs``, or ``*args_fn(rank)`` (plus kwargs)
+        when ``args_fn`` is given.
+        """
+        if not self.workers:
+            raise ClusterError("the worker group is not started (call start())")
+        return [getattr(w, method).remote(*(args_fn(rank) if args_fn else args), **kwargs)
+                for rank, w in enumerate(self.workers)]
+
+    def run(self, method: str, *args, timeout_s: float,
+            args_fn: Callable[[int], tuple] | None = None, **kwargs) -> list[Result]:
+        """``wait(execute_async(...), timeout_s)`` with the default grace and polling."""
+        return self.wait(self.execute_async(method, *args, args_fn=args_fn, **kwargs),
+                         timeout_s)
+
+    def wait(self, refs: list, timeout_s: float, poll_s: float = 1.0,
+             on_progress: Callable[[int, int, float], None] | None = None,
+             failure_grace_s: float = 10.0) -> list[Result]:
+        """Collect one Result per rank (refs in rank order); never raises for a rank.
+
+        A failure is seen within ``poll_s``; the ranks still running then get
+        ``failure_grace_s`` more (they may be blocked in a collective with the failed
+        rank) before they are reported 'aborted'. Ranks not done by ``timeout_s`` are
+        'timeout'. ``on_progress(num_done, num_total, elapsed_s)`` is called every poll.
+        A group with a non-ok rank is in an unknown state: shut it down.
+        """
+        start = time.monotonic()
+        deadline = start + timeout_s
+        results: list[Result | None] = [None] * len(refs)
+        pending = {ref: rank for rank, ref in enumerate(refs)}
+        first_failure: Result | None = None
+        grace_end = float("inf")
+        while pending:
+            limit = min(deadline, grace_end)
+            now = time.monotonic()
+            if now >= limit:
+                break
+            ready, _ = ray.wait(list(pending), num_returns=len(pending),
+                                timeout=min(poll_s, limit - now))
+            for ref in ready:
+                rank = pending.pop(ref)
+                results[rank] = _outcome(rank, ref)
+                if not results[rank].ok and first_failure is None:
+                    first_failure = results[rank]
+                    grace_end = time.monotonic() + failure_grace_s
+            if on_progress is not None:
+                on_progress(len(refs) - len(pending), len(refs), time.monotonic() - start)
+        for rank in pending.values():
+            if first_failure is not None and time.monotonic() < deadline:
+                results[rank] = Result(rank, "aborted", error=(
+                    f"rank {rank} still running {failure_grace_s:.1f} s after rank "
+                    f"{first_failure.rank} failed ({first_failure.kind})"))
+            else:
+                results[rank] = Result(rank, "timeout", error=(
+                    f"rank {rank} did not finish within {timeout_s:.1f} s"))
+        return results
+
+    def shutdown(self, graceful_timeout_s: float = 5.0) -> None:
+        """Ask every actor to ``shutdown()`` (bounded), kill them all, free the bundles."""
+        if self._actors and graceful_timeout_s > 0:
+            refs = [a.shutdown.remote() for a in self._actors]
+            ray.wait(refs, num_returns=len(refs), timeout=graceful_timeout_s)
+        for actor in self._actors:
+            ray.kill(actor, no_restart=True)
+        if self._pg is not None:
+            remove_placement_group(self._pg)
+        self._actors, self.workers, self._pg = [], [], None
+
+    def __enter__(self) -> "WorkerGroup":
+        return self if self.workers else self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.shutdown()
+
+    def _reserve(self) -> None:
+        bundles = [dict(self.bundle) for _ in range(self.world_size)]
+        self._pg = placement_group(bundles, strategy=self.cfg.placement_strategy)
+        ready, _ = ray.wait([self._pg.ready()], timeout=self.cfg.timeout_s)
+        if ready:
+            return
+        remove_placement_group(self._pg)
+        self._pg = None
+        keys = sorted(self.bundle)
+        total = {k: ray.cluster_resources().get(k, 0) for k in keys}
+        free = {k: ray.available_resources().get(k, 0) for k in keys}
+        num_nodes = sum(1 for n in ray.nodes() if n["Alive"])
+        raise ClusterError(
+            f"could not reserve {self.world_size} bundles of {self.bundle} "
+            f"(placement_strategy={self.cfg.placement_strategy}) within "
+            f"{self.cfg.timeout_s:.1f} s: the cluster has {total} in total and {free} "
+            f"available on {num_nodes} alive node(s)")
+
+    def _gather(self, refs: list, what: str) -> list:
+        """ray.get bounded by cfg.timeout_s, turning actor failures into ClusterError."""
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.cfg.timeout_s)
+        if len(ready) < len(refs):
+            raise ClusterError(f"{len(refs) - len(ready)} of {len(refs)} rank actors did not "
+                               f"{what} within cluster.timeout_s={self.cfg.timeout_s:.1f} s")
+        try:
+            return ray.get(refs)
+        except RayError as exc:
+            raise ClusterError(f"rank actors failed to {what}: {_first_line(exc)}") from exc
+
+
+def rank_order(infos: list[dict], first_node_id: str | None = None) -> list[int]:
+    """Bundle indices in rank order: node by node (``first_node_id`` first, then by IP and
+    node id), and by GPU id then bundle index within a node, as Ray Train does."""
+    def key(index: int):
+        info = infos[index]
+        gpus = [int(g) for g in info["gpu_ids"] if str(g).isdigit()]
+        return (info["node_id"] != first_node_id, _ip_key(info["node_ip"]), info["node_id"],
+                min(gpus) if gpus else -1, index)
+    return sorted(range(len(infos)), key=key)
+
+
+def rank_envs(infos: list[dict]) -> list[dict]:
+    """rank/local_rank/world_size/local_world_size/node_rank for infos in rank order."""
+    node_ranks: dict[str, int] = {}
+    node_sizes: dict[str, int] = {}
+    for info in infos:
+        node_ranks.setdefault(info["node_id"], len(node_ranks))
+        node_sizes[info["node_id"]] = node_sizes.get(info["node_id"], 0) + 1
+    envs, seen = [], {}
+    for rank, info in enumerate(infos):
+        node = info["node_id"]
+        envs.append({"rank": rank, "local_rank": seen.get(node, 0), "world_size": len(infos),
+                     "local_world_size": node_sizes[node], "node_rank": node_ranks[node]})
+        seen[node] = seen.get(node, 0) + 1
+    return envs
+
+
+def _ip_key(ip: str) -> tuple:
+    try:
+        addr = ipaddress.ip_address(ip)
+        return (addr.version, addr.packed)
+    except ValueError:  # a hostname: order it after every IP, by name
+        return (99, ip.encode())
+
+
+def _outcome(rank: int, ref) -> Result:
+    """The Result of a finished ref (ray.get does not block: the ref is ready)."""
+    try:
+        return Result(rank, "ok", value=ray.get(ref))
+    except RayActorError as exc:
+        return Result(rank, "died", error=f"rank {rank} actor died: {_first_line(exc)}")
+    except OutOfMemoryError as exc:  # Ray's memory monitor killed the actor process
+        return Result(rank, "died", error=f"rank {rank} actor killed by Ray's memory monitor: "
+                                          f"{_first_line(exc)}")
+    except RayTaskError as exc:
+        cause = exc.cause if exc.cause is not None else exc
+        return Result(rank, "error", error=f"{type(cause).__name__}: {cause}")
+    except RayError as exc:
+        return Result(rank, "error", error=f"{type(exc).__name__}: {_first_line(exc)}")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
