@@ -53,6 +53,9 @@ class ExperimentConfig:
     world_size: int | None = None
     # Bound on the whole replay (all iterations on every rank), seconds.
     replay_timeout_s: float = 900.0
+    # After the first rank fails, seconds the others get to finish (they may be blocked in a
+    # collective with it) before they are aborted.
+    failure_grace_s: float = 10.0
     # Seconds between progress lines while ranks run.
     progress_interval_s: float = 10.0
 

@@ -18,14 +18,17 @@ log = logging.getLogger("tracefleet")
 
 
 def _failed_report(result) -> dict:
-    status = {"timeout": "timeout"}.get(result.kind, "failed")
-    what = {"died": "actor died", "timeout": "did not finish in time"}.get(result.kind, "raised")
-    return {"rank": result.rank, "status": status,
-            "error": f"rank {result.rank} {what}: {result.error}", "last_op": None}
+    """A rank that returned no report: its actor died, raised, hung or was aborted."""
+    status = "timeout" if result.kind in ("timeout", "aborted") else "failed"
+    return {"rank": result.rank, "status": status, "error": result.error, "last_op": None}
 
 
-def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, console=None) -> dict:
-    """Replay ``cfg.trace.dir`` on a Ray cluster; returns the summary (also written to out_dir)."""
+def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, console=None,
+               actor_cls=RankActor) -> dict:
+    """Replay ``cfg.trace.dir`` on a Ray cluster; returns the summary (also written to out_dir).
+
+    ``actor_cls`` is the rank actor (tests substitute a subclass that misbehaves).
+    """
     cfg.validate()
     timings = {}
     t0 = time.perf_counter()
@@ -36,7 +39,7 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
     cluster = connect(cfg.cluster, world_size)
     timings["cluster_start_s"] = time.perf_counter() - t1
     use_gpu = cfg.replay.device == "cuda" or (cfg.replay.device == "auto" and cuda_available_in_cluster())
-    group = WorkerGroup(ray.remote(RankActor), world_size, cfg.cluster, use_gpu=use_gpu)
+    group = WorkerGroup(ray.remote(actor_cls), world_size, cfg.cluster, use_gpu=use_gpu)
     try:
         t2 = time.perf_counter()
         group.start()
@@ -50,7 +53,9 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
             "replay", args_fn=lambda r: (paths[r], blobs[r], cfg.replay, pre.process_groups,
                                          cfg.trace.group_map, profile_dir))
         results = group.wait(refs, timeout_s=cfg.experiment.replay_timeout_s,
-                             on_progress=_progress_printer(world_size, cfg.experiment.progress_interval_s))
+                             on_progress=_progress_printer(world_size, cfg.experiment.progress_interval_s),
+                             failure_grace_s=cfg.experiment.failure_grace_s,
+                             is_failure=lambda report: report.get("status") != "ok")
         timings["replay_s"] = time.perf_counter() - t3
     finally:
         group.shutdown()

@@ -128,7 +128,8 @@ class WorkerGroup:
 
     def wait(self, refs: list, timeout_s: float, poll_s: float = 1.0,
              on_progress: Callable[[int, int, float], None] | None = None,
-             failure_grace_s: float = 10.0) -> list[Result]:
+             failure_grace_s: float = 10.0,
+             is_failure: Callable[[Any], bool] | None = None) -> list[Result]:
         """Collect one Result per rank (refs in rank order); never raises for a rank.
 
         A failure is seen within ``poll_s``; the ranks still running then get
@@ -136,6 +137,8 @@ class WorkerGroup:
         rank) before they are reported 'aborted'. Ranks not done by ``timeout_s`` are
         'timeout'. ``on_progress(num_done, num_total, elapsed_s)`` is called every poll.
         A group with a non-ok rank is in an unknown state: shut it down.
+        ``is_failure(value)`` marks a returned value as a failure too (a rank that reports
+        its own failure instead of raising), starting the same grace period.
         """
         start = time.monotonic()
         deadline = start + timeout_s
@@ -153,7 +156,9 @@ class WorkerGroup:
             for ref in ready:
                 rank = pending.pop(ref)
                 results[rank] = _outcome(rank, ref)
-                if not results[rank].ok and first_failure is None:
+                failed = not results[rank].ok or (is_failure is not None and
+                                                  is_failure(results[rank].value))
+                if failed and first_failure is None:
                     first_failure = results[rank]
                     grace_end = time.monotonic() + failure_grace_s
             if on_progress is not None:

@@ -73,3 +73,45 @@ def capture_step(path: Path, with_ranges: bool = True, with_collective: bool = T
         if own_group:
             dist.destroy_process_group()
     return path
+
+
+def _rank_main(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    from torch.profiler import ExecutionTraceObserver
+
+    os.environ["ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world_size)
+    torch.manual_seed(0)
+    model = IndexHeavy()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(rank)
+
+    def step():
+        model(torch.randint(0, 50, (4, 12), generator=gen)).backward()
+        for p in model.parameters():  # data-parallel gradient all-reduce
+            dist.all_reduce(p.grad)
+        gathered = torch.empty(8 * world_size)
+        dist.all_gather_into_tensor(gathered, torch.ones(8))
+        dist.broadcast(gathered, src=0)
+        opt.step()
+        opt.zero_grad()
+
+    step()
+    et = ExecutionTraceObserver()
+    et.register_callback(f"{out_dir}/rank-{rank}.et.json")
+    et.start()
+    with torch.profiler.record_function("ProfilerStep#1"):
+        step()
+    et.stop()
+    et.unregister_callback()
+    dist.destroy_process_group()
+
+
+def capture_ranks(out_dir: Path, world_size: int) -> Path:
+    """A real ``world_size``-rank gloo data-parallel step, one trace per rank, in ``out_dir``."""
+    import torch.multiprocessing as mp
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    mp.spawn(_rank_main, args=(world_size, _free_port(), str(out_dir)), nprocs=world_size)
+    return out_dir

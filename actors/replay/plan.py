@@ -96,7 +96,9 @@ def compile_step(op: Op, device: torch.device, mode: str) -> Step:
     for pos, value in enumerate(op.inputs):
         sarg = schema_args[pos]
         if type(value) is not TensorArg and value.kind == "object":
-            return Step(op, "skip", "takes an opaque script object")
+            if sarg.type.rstrip("?") != "Generator":
+                return Step(op, "skip", f"takes an opaque script object ({sarg.type})")
+            value = Arg("none", None)  # the default generator stands in for the recorded one
         is_tensor = type(value) is TensorArg or value.kind == "tensor_list"
         if pos >= n:  # keyword-only
             if is_tensor:
