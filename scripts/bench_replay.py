@@ -4,7 +4,10 @@
 * replay iteration time (compute mode) / the original model's eager compute time, both in
   this process with one intra-op thread (the capture ran one CPU slot per rank);
 * host overhead per op: replay of a trace of tiny ops / the same overloads called directly;
-* meta dry run time / CPU replay time.
+* meta dry run time / CPU replay time, on the demo and on a wider decoder captured here.
+
+Timed pairs run alternately (eager, replay, eager, ...) and report medians, so a busy
+machine slows both sides alike.
 
     python scripts/bench_replay.py [--traces demo/traces/gpt_dp_4] [--iters 10]
 """
@@ -26,20 +29,42 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from actors.capture.recorder import record_iteration  # noqa: E402
 from actors.capture.workloads import WorkloadConfig, build_workload  # noqa: E402
 from actors.replay.config import AllocationConfig, ReplayConfig  # noqa: E402
 from actors.replay.engine import ReplayEngine  # noqa: E402
 from actors.trace import load_trace  # noqa: E402
 
 
+def _cfg(alloc="lazy", device="cpu", iters=3, warmup=1):
+    return ReplayConfig(mode="compute", device=device, iters=iters, warmup_iters=warmup,
+                        allocation=AllocationConfig(mode=alloc))
+
+
 def _replay(path, alloc="lazy", device="cpu", iters=3, warmup=1):
-    cfg = ReplayConfig(mode="compute", device=device, iters=iters, warmup_iters=warmup,
-                       allocation=AllocationConfig(mode=alloc))
     t0 = time.perf_counter()
-    report = ReplayEngine(load_trace(path), cfg).run().to_dict()
+    report = ReplayEngine(load_trace(path), _cfg(alloc, device, iters, warmup)).run().to_dict()
     report["wall_s"] = time.perf_counter() - t0
     assert report["status"] == "ok", report["error"]
     return report
+
+
+def interleaved(fn_a, fn_b, repeats: int) -> tuple[float, float]:
+    """Median seconds of fn_a and fn_b, called alternately so load changes hit both alike."""
+    a, b = [], []
+    for _ in range(repeats):
+        a.append(fn_a())
+        b.append(fn_b())
+    return statistics.median(a), statistics.median(b)
+
+
+def _engine_iteration(engine):
+    """A callable timing one replay iteration of ``engine`` (compute mode, one iteration)."""
+    def once():
+        report = engine.run()
+        assert report.status == "ok", report.error
+        return report.iteration_times_s[-1]
+    return once
 
 
 def memory_ratios(rank_files):
@@ -58,27 +83,58 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def eager_compute_s(workload: dict, iters: int) -> float:
-    """The captured model's own iteration on one rank (world of 1: the all-reduce is a no-op)."""
-    cfg = WorkloadConfig(**workload)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
-                            world_size=1)
-    try:
-        w = build_workload(cfg, rank=0, world_size=1)
-        for _ in range(3):
-            w.step(w.next_batch())
-        times = []
-        for _ in range(iters):
-            batch = w.next_batch()
-            t0 = time.perf_counter()
-            w.step(batch)
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-    finally:
+class _World1:
+    """A one-rank gloo group, so the captured workloads build outside a worker group."""
+
+    def __enter__(self):
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
+                                world_size=1)
+
+    def __exit__(self, *exc):
         dist.destroy_process_group()
 
 
-def tiny_op_overhead(num_ops: int = 3000, iters: int = 5) -> float:
+def _eager_iteration(workload):
+    """A callable timing one training step of the original model (world of 1: the
+    gradient all-reduce is a no-op, like the collectives a compute-mode replay skips)."""
+    def once():
+        batch = workload.next_batch()
+        t0 = time.perf_counter()
+        workload.step(batch)
+        return time.perf_counter() - t0
+    for _ in range(3):
+        once()
+    return once
+
+
+def replay_vs_eager(rank_file, workload: dict, repeats: int) -> tuple[float, float]:
+    """(eager s, replay s) per iteration of the demo decoder, measured alternately."""
+    engine = ReplayEngine(load_trace(rank_file), _cfg("pre_allocate", iters=1, warmup=0))
+    replay = _engine_iteration(engine)
+    replay()  # warm-up (and the one iteration that checks output shapes)
+    return interleaved(_eager_iteration(build_workload(WorkloadConfig(**workload), 0, 1)),
+                       replay, repeats)
+
+
+def _capture_large(out_path: Path, workload: dict) -> None:
+    """Record one step of a wider decoder: compute-bound, where a meta dry run pays off."""
+    w = build_workload(WorkloadConfig(**{**workload, "d_model": 512, "n_layers": 4,
+                                         "seq_len": 256, "batch_size": 8}), 0, 1)
+    w.step(w.next_batch())
+    record_iteration(w.step, w.next_batch(), w.model, step_index=1, out_path=str(out_path))
+
+
+def meta_vs_cpu(trace_path, repeats: int) -> tuple[float, float]:
+    """(meta s, cpu s) per replay iteration of one trace, measured alternately."""
+    trace = load_trace(trace_path)
+    engines = [ReplayEngine(trace, _cfg("lazy", device, iters=1, warmup=0)) for device in ("meta", "cpu")]
+    runs = [_engine_iteration(e) for e in engines]
+    for run in runs:
+        run()
+    return interleaved(*runs, repeats)
+
+
+def tiny_op_overhead(num_ops: int = 3000, iters: int = 15) -> float:
     """Replay time of a trace of tiny ops / calling the same overloads directly in a loop."""
     from torch.profiler import ExecutionTraceObserver
     a, b = torch.ones(16), torch.full((16,), 2.0)
@@ -90,6 +146,11 @@ def tiny_op_overhead(num_ops: int = 3000, iters: int = 5) -> float:
             x = ops[i % 3](x, b)
         return x
 
+    def direct():
+        t0 = time.perf_counter()
+        program()
+        return time.perf_counter() - t0
+
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "tiny.et.json"
         et = ExecutionTraceObserver()
@@ -98,13 +159,12 @@ def tiny_op_overhead(num_ops: int = 3000, iters: int = 5) -> float:
         program()
         et.stop()
         et.unregister_callback()
-        replay = _replay(path, "pre_allocate", iters=iters, warmup=1)
-    direct = []
-    for _ in range(iters + 1):
-        t0 = time.perf_counter()
-        program()
-        direct.append(time.perf_counter() - t0)
-    return replay["iteration_time_s"] / statistics.median(direct[1:])
+        engine = ReplayEngine(load_trace(path), _cfg("pre_allocate", iters=1, warmup=0))
+    replay = _engine_iteration(engine)
+    replay()
+    direct()
+    replay_s, direct_s = interleaved(replay, direct, iters)
+    return replay_s / direct_s
 
 
 def main():
@@ -117,20 +177,26 @@ def main():
     rank_files = sorted(folder.glob("rank-*.et.json*"))
     meta = json.loads((folder / "meta.json").read_text())
     lazy_vs_bound, pre_vs_lazy = memory_ratios(rank_files)
-    eager_s = eager_compute_s(meta["workload"], args.iters)
-    cpu = _replay(rank_files[0], "pre_allocate", iters=args.iters, warmup=2)
-    meta_run = _replay(rank_files[0], "lazy", device="meta", iters=1, warmup=0)
-    cpu_once = _replay(rank_files[0], "lazy", iters=1, warmup=0)
+    with _World1():
+        eager_s, replay_s = replay_vs_eager(rank_files[0], meta["workload"], args.iters)
+        meta_s, cpu_s = meta_vs_cpu(rank_files[0], args.iters)
+        with tempfile.TemporaryDirectory() as tmp:
+            large = Path(tmp) / "large.et.json.gz"
+            _capture_large(large, meta["workload"])
+            large_meta_s, large_cpu_s = meta_vs_cpu(large, max(3, args.iters // 3))
     print(json.dumps({
         "traces": str(folder), "num_ranks": len(rank_files),
         "lazy_peak_over_bound_max": round(lazy_vs_bound, 4),
         "pre_allocate_peak_over_lazy_peak_min": round(pre_vs_lazy, 3),
-        "eager_compute_s": round(eager_s, 5), "replay_compute_s": round(cpu["iteration_time_s"], 5),
-        "replay_over_eager": round(cpu["iteration_time_s"] / eager_s, 3),
+        "eager_compute_s": round(eager_s, 5), "replay_compute_s": round(replay_s, 5),
+        "replay_over_eager": round(replay_s / eager_s, 3),
         "eager_iteration_s_from_meta": meta.get("iteration_time_s"),
         "host_overhead_tiny_ops": round(tiny_op_overhead(), 3),
-        "meta_dry_run_s": round(meta_run["wall_s"], 3), "cpu_replay_s": round(cpu_once["wall_s"], 3),
-        "meta_over_cpu": round(meta_run["wall_s"] / cpu_once["wall_s"], 3),
+        "demo_meta_iteration_s": round(meta_s, 5), "demo_cpu_iteration_s": round(cpu_s, 5),
+        "demo_meta_over_cpu": round(meta_s / cpu_s, 3),
+        "large_meta_iteration_s": round(large_meta_s, 5),
+        "large_cpu_iteration_s": round(large_cpu_s, 5),
+        "large_meta_over_cpu": round(large_meta_s / large_cpu_s, 4),
         "torch": torch.__version__, "threads": torch.get_num_threads(),
     }))
 

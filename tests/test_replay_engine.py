@@ -59,18 +59,18 @@ def test_lazy_frees_right_after_last_use(step_trace):
     engine = ReplayEngine(load_trace(step_trace), _cfg(alloc="lazy", iters=1))
     live = engine.liveness
     seen = []
-    record = engine.memory.record
+    sample = engine.memory.sample  # stride 1 while the timeline has room: after every op
     executed = itertools.cycle([i for i, s in enumerate(engine.steps) if s.kind == "compute"])
 
-    def check_after_op():  # called once after every executed op, in order
+    def check_after_op(tick):  # called once after every executed op, in order
         i = next(executed)
         held = set(engine.memory.held)
         # nothing is held past its last use, and everything the op used is accounted for
         stale = {s for s in held if live.storage_last[s] < i}
         seen.append((i, stale))
-        record()
+        return sample(tick)
 
-    engine.memory.record = check_after_op
+    engine.memory.sample = check_after_op
     report = engine.run()
     assert report.status == "ok"
     assert seen and all(not stale for _, stale in seen)

@@ -54,6 +54,7 @@ class ReplayEngine:
         self.memory = MemoryTracker(device_capacity(self.device, capacity), cfg.timeline_max_points)
         ranges = planning.index_ranges(self.steps)
         planning.add_guards(self.steps, ranges, self.liveness.storage_external)
+        planning.set_fast_path(self.steps)
         self.store = TensorStore(trace.num_tensors, self.liveness, self.memory, self.device,
                                  resolve.torch_dtype, ranges)
         self.lazy = cfg.allocation.mode == "lazy"
@@ -67,6 +68,7 @@ class ReplayEngine:
         self.num_flushes = 0
         self.flushed_bytes = 0
         self.last_op = None
+        self.num_iterations_run = 0
 
     def _set_new_bytes(self):
         live = self.liveness
@@ -90,7 +92,7 @@ class ReplayEngine:
             args[pos].clamp_(lo, hi)
         return kwargs
 
-    def _register_outputs(self, op, out) -> None:
+    def _register_outputs(self, op, out, check: bool) -> None:
         outputs = op.outputs
         results = (out,) if not isinstance(out, (tuple, list)) or \
             (len(outputs) == 1 and type(outputs[0]) is not TensorArg and outputs[0].kind == "tensor_list") \
@@ -99,7 +101,8 @@ class ReplayEngine:
         for expected, got in zip(outputs, results):
             if type(expected) is TensorArg:
                 if isinstance(got, torch.Tensor):
-                    if got.shape != expected.shape or str(got.dtype)[6:] != expected.dtype:
+                    if check and (got.shape != expected.shape
+                                  or str(got.dtype)[6:] != expected.dtype):
                         self._mismatch(op, expected, got)
                     register(expected, got)
             elif expected.kind == "tensor_list" and isinstance(got, (list, tuple)):
@@ -122,14 +125,24 @@ class ReplayEngine:
         if cap is not None and memory.held_bytes + step.new_bytes > cap:
             raise OutOfMemory(memory.held_bytes, step.new_bytes, cap)
 
+    def _check_single(self, step, out) -> None:
+        single = step.single_out
+        if out.shape != single.shape or out.dtype is not step.out_dtype:
+            self._mismatch(step.op, single, out)
+
     def _fail(self, step, e: Exception) -> None:
         """An op that raises is skipped from now on, with its reason counted."""
         step.kind = "failed"
+        step.fast = None
         step.reason = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
 
     # --- iterations ---------------------------------------------------------------------
     def _iteration(self) -> tuple[float, float]:
-        """Run every step once; returns (compute seconds, collective seconds)."""
+        """Run every step once; returns (compute seconds, collective seconds).
+
+        Output shapes and dtypes are checked in the first iteration only: they follow from
+        the input shapes, which do not change, so later checks would only cost time.
+        """
         memory, steps, times = self.memory, self.steps, self.op_time_ns
         store = self.store
         tensors, materialize, held = store.tensors, store.materialize, memory.held
@@ -137,63 +150,95 @@ class ReplayEngine:
         get = store.get if self.cfg.mode == "full" else None
         limits = [x for x in (self.flush_bytes, memory.capacity_bytes) if x is not None]
         guard = min(limits) if limits else float("inf")
+        check = self.num_iterations_run == 0
+        errors = (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError)
         compute_ns = comm_ns = 0
         clock = time.perf_counter_ns
         Tensor = torch.Tensor
+        tick, next_sample = memory.tick, memory.next_sample
         i = -1
+        # One clock read per op: an op's time runs from the end of the previous one, so the
+        # replay's own bookkeeping is charged to the op it serves.
+        last = clock()
         try:
-            for i, step in enumerate(steps):
-                kind = step.kind
-                if kind == "compute":
+            for i, fast in enumerate([step.fast for step in steps]):
+                if fast is not None:  # the common case, kept free of attribute lookups
+                    fn, args, slots, kwargs, out_uid, out_suid, new_bytes = fast
+                    if memory.held_bytes + new_bytes > guard:
+                        self._before(steps[i])
+                    args = args.copy()
+                    for pos, uid, t in slots:
+                        x = tensors[uid]
+                        args[pos] = x if x is not None else materialize(t)
+                    try:
+                        out = fn(*args, **kwargs) if kwargs is not None else fn(*args)
+                    except errors as e:
+                        if isinstance(e, torch.OutOfMemoryError):
+                            raise
+                        self._fail(steps[i], e)
+                        continue
+                    if type(out) is Tensor:
+                        tensors[out_uid] = out
+                        if out_suid not in held:  # MemoryTracker.add, inlined
+                            nbytes = out.untyped_storage().nbytes()
+                            held[out_suid] = nbytes
+                            memory.held_bytes += nbytes
+                            if memory.held_bytes > memory.peak_bytes:
+                                memory.peak_bytes = memory.held_bytes
+                        if check:
+                            self._check_single(steps[i], out)
+                    else:
+                        self._register_outputs(steps[i].op, out, check)
+                    now = clock()
+                    dt = now - last
+                    compute_ns += dt
+                elif steps[i].kind == "compute":
+                    step = steps[i]
                     if memory.held_bytes + step.new_bytes > guard:
                         self._before(step)
-                    t0 = clock()
                     args = step.template.copy()
                     for pos, t in step.tensor_slots:
                         x = tensors[t.uid]
                         args[pos] = x if x is not None else materialize(t)
-                    kwargs = step.kwargs
-                    if step.list_slots or step.kw_tensor_slots or step.guards:
-                        kwargs = self._fill_rare(step, args)
+                    kwargs = self._fill_rare(step, args)
                     try:
                         out = step.fn(*args, **kwargs) if kwargs is not None else step.fn(*args)
-                    except (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError) as e:
+                    except errors as e:
                         if isinstance(e, torch.OutOfMemoryError):
                             raise
                         self._fail(step, e)
                         continue
-                    single = step.single_out
-                    if single is not None and type(out) is Tensor:
-                        if out.shape != single.shape or out.dtype is not step.out_dtype:
-                            self._mismatch(step.op, single, out)
-                        tensors[single.uid] = out
-                        if single.suid not in held:
-                            memory.add(single.suid, out.untyped_storage().nbytes())
-                    elif step.op.outputs:
-                        self._register_outputs(step.op, out)
-                    dt = clock() - t0
+                    self._register_outputs(step.op, out, check)
+                    now = clock()
+                    dt = now - last
                     compute_ns += dt
-                elif kind == "collective":
+                elif steps[i].kind == "collective":
+                    step = steps[i]
                     if memory.held_bytes + step.new_bytes > guard:
                         self._before(step)
-                    t0 = clock()
                     comm.run(step.op, get)
-                    dt = clock() - t0
+                    now = clock()
+                    dt = now - last
                     comm_ns += dt
                 else:
                     continue
+                last = now
                 times[i] += dt
                 if lazy:
                     for s in free_after[i]:
                         store.free(s)
-                memory.record()
+                tick += 1
+                if tick == next_sample:
+                    next_sample = memory.sample(tick)
         finally:
+            memory.tick, memory.next_sample = tick, next_sample
             if 0 <= i < len(steps):
                 self.last_op = steps[i].op
         if comm is not None:
             t0 = clock()
             comm.wait_all()
             comm_ns += clock() - t0
+        self.num_iterations_run += 1
         return compute_ns / 1e9, comm_ns / 1e9
 
     def _flush(self):

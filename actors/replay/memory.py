@@ -41,7 +41,8 @@ class MemoryTracker:
         self.peak_bytes = 0
         self._max_points = max(16, max_points)
         self._stride = 1
-        self._tick = 0
+        self.tick = 0  # ops run so far (the timeline's x axis)
+        self.next_sample = 1
         self.timeline: list[tuple[int, int]] = []
 
     def check(self, requested_bytes: int) -> None:
@@ -63,15 +64,17 @@ class MemoryTracker:
         self.held_bytes -= nbytes
         return nbytes
 
-    def record(self) -> None:
-        """One timeline sample per op; halves the resolution whenever the buffer fills."""
-        self._tick += 1
-        if self._tick % self._stride:
-            return
-        self.timeline.append((self._tick, self.held_bytes))
+    def sample(self, tick: int) -> int:
+        """Record held bytes at op ``tick``; returns the next tick to sample.
+
+        The op loop calls this only every ``stride`` ops; the stride doubles (and the kept
+        points halve) whenever the buffer fills, so the timeline stays bounded.
+        """
+        self.timeline.append((tick, self.held_bytes))
         if len(self.timeline) >= self._max_points:
             self.timeline = self.timeline[::2]
             self._stride *= 2
+        return tick + self._stride
 
     def utilization(self) -> float:
         return self.held_bytes / self.capacity_bytes if self.capacity_bytes else 0.0

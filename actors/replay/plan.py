@@ -38,6 +38,9 @@ class Step:
     schema_args: tuple = ()  # the recorded schema's args (OpSchema.args)
     new_bytes: int = 0  # bytes of storages first used by this op (the OOM check's request)
     guards: tuple = ()  # (position, lo, hi): index inputs computed in-trace, clamped before use
+    # The op loop's fast path, set by `set_fast_path` for plain single-output ops:
+    # (fn, template, ((position, uid, TensorArg), ...), kwargs, out uid, out suid, new_bytes).
+    fast: tuple | None = None
 
 
 _LITERALS = {"None": None, "True": True, "False": False, "[]": []}
@@ -181,3 +184,14 @@ def add_guards(steps: list[Step], ranges: dict, external: list[bool]) -> None:
         if step.kind == "compute":
             step.guards = tuple((pos, *ranges[t.suid][:2]) for pos, t in step.tensor_slots
                                 if t.suid in ranges and not external[t.suid])
+
+
+def set_fast_path(steps: list[Step]) -> None:
+    """Flatten plain compute steps (tensor positionals, one tensor out, no guards) into the
+    tuple the op loop unpacks, sparing it a dozen attribute lookups per op."""
+    for step in steps:
+        single = step.single_out
+        plain = not (step.list_slots or step.kw_tensor_slots or step.guards)
+        if step.kind == "compute" and single is not None and plain:
+            step.fast = (step.fn, step.template, tuple((p, t.uid, t) for p, t in step.tensor_slots),
+                         step.kwargs, single.uid, single.suid, step.new_bytes)
