@@ -8,29 +8,29 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from actors.errors import TracefleetError
+from orchestrator.cli import pop_debug_flag, user_errors
 from orchestrator.config import CONF_DIR, register_configs
 
 register_configs()
+_debug = False
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="tracefleet", version_base="1.3")
 def _app(cfg: DictConfig) -> None:
     from orchestrator.launch import run_replay  # keeps `--help` fast
 
-    try:
+    with user_errors("tracefleet", _debug):
         run_cfg = OmegaConf.to_object(cfg)
         summary = run_replay(run_cfg, Path(HydraConfig.get().runtime.output_dir),
                              OmegaConf.to_yaml(cfg))
-    except TracefleetError as e:
-        print(f"tracefleet: error: {e}", file=sys.stderr)
-        sys.exit(2)
     if summary["status"] != "ok":
         sys.exit(1)
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point (``--debug`` shows tracebacks of user errors)."""
+    global _debug
+    _debug = pop_debug_flag(sys.argv)
     _app()
 
 
