@@ -1,0 +1,201 @@
+"""`tracefleet-capture`: train a workload on a Ray worker group and record one ET per rank.
+
+Writes ``rank-<r>.et.json.gz`` for every rank and ``meta.json`` (world size, workload
+knobs, versions, eager iteration times measured without the observer) into ``out_dir``.
+Examples::
+
+    tracefleet-capture world_size=4 out_dir=demo/traces/gpt_dp_4
+    tracefleet-capture workload.kind=gpt_zero3 workload.leaf_modules=true world_size=2
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from actors.capture import trace_file_name
+from actors.capture.workloads import WorkloadConfig, validate as validate_workload
+from actors.errors import ConfigError, TracefleetError
+from orchestrator.cluster import ClusterConfig
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+TRANSFERS = ("path", "object_store")
+
+
+@dataclass
+class CaptureConfig:
+    """The root config of ``tracefleet-capture``."""
+
+    # The model and how it is trained (see actors/capture/workloads.py).
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    # Where the rank actors run (shared with `tracefleet`).
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    # Number of ranks (one Ray actor each).
+    world_size: int = 4
+    # Iterations run before timing (not recorded): allocator, DeepSpeed and gloo warm-up.
+    warmup_iters: int = 3
+    # Iterations timed without the observer; each rank reports their median.
+    timing_iters: int = 5
+    # torch intra-op threads per rank; 0 keeps the default (Ray sets OMP_NUM_THREADS from
+    # cluster.cpus_per_rank).
+    num_threads: int = 0
+    # Also mark each module's backward with begin/end marker nodes (adds autograd hook ops).
+    module_backward_ranges: bool = True
+    # Timeout of one gloo collective on the ranks, seconds.
+    dist_timeout_s: float = 300.0
+    # Bound on the whole capture on every rank, seconds (a cold DeepSpeed op build takes ~90 s).
+    capture_timeout_s: float = 900.0
+    # Folder for the rank traces and meta.json (relative paths are taken from the cwd).
+    out_dir: str = "${hydra:runtime.output_dir}/traces"
+    # Replace rank traces already in out_dir (otherwise refuse, so no stale rank is mixed in).
+    overwrite: bool = False
+    # path: ranks write into out_dir (shared filesystem); object_store: ranks send the bytes
+    # back through Ray and the driver writes them.
+    transfer: str = "path"
+
+    def validate(self) -> None:
+        """Raise ConfigError on inconsistent values (before any cluster work)."""
+        validate_workload(self.workload)
+        if self.world_size < 1:
+            raise ConfigError(f"world_size={self.world_size}: expected >= 1")
+        if self.warmup_iters < 0 or self.timing_iters < 1:
+            raise ConfigError(f"warmup_iters={self.warmup_iters} must be >= 0 and "
+                              f"timing_iters={self.timing_iters} >= 1")
+        if self.transfer not in TRANSFERS:
+            raise ConfigError(f"transfer={self.transfer!r}: expected one of {', '.join(TRANSFERS)}")
+        self.cluster.validate()
+
+    def rank_cfg(self) -> dict:
+        """What each rank's run_capture reads."""
+        return {"workload": dataclasses.asdict(self.workload), "warmup_iters": self.warmup_iters,
+                "timing_iters": self.timing_iters, "num_threads": self.num_threads,
+                "dist_timeout_s": self.dist_timeout_s,
+                "module_backward_ranges": self.module_backward_ranges}
+
+
+def register_configs() -> None:
+    """Register the capture schema (and the cluster group's schema) in Hydra's ConfigStore."""
+    cs = ConfigStore.instance()
+    cs.store(name="capture_schema", node=CaptureConfig)
+    cs.store(group="cluster", name="schema", node=ClusterConfig)
+
+
+def prepare_out_dir(out_dir: str, overwrite: bool) -> None:
+    """Create out_dir; refuse (or with overwrite, delete) rank traces already there."""
+    os.makedirs(out_dir, exist_ok=True)
+    stale = sorted(glob.glob(os.path.join(out_dir, "rank-*.et.json*")))
+    if stale and not overwrite:
+        raise ConfigError(f"out_dir={out_dir} already holds {len(stale)} rank trace(s) "
+                          f"({os.path.basename(stale[0])}, ...); pass overwrite=true or "
+                          "choose another out_dir")
+    for path in stale:
+        os.remove(path)
+
+
+def run_capture_job(cfg: CaptureConfig) -> dict:
+    """Capture ``cfg.world_size`` rank traces into cfg.out_dir; returns the meta dict."""
+    import ray  # keeps `--help` fast
+
+    from actors.capture.actor import CaptureActor
+    from orchestrator.cluster import connect
+    from orchestrator.worker_group import WorkerGroup
+
+    cfg.validate()
+    out_dir = os.path.abspath(cfg.out_dir)
+    prepare_out_dir(out_dir, cfg.overwrite)
+    start = time.perf_counter()
+    handle = connect(cfg.cluster, cfg.world_size)
+    try:
+        group = WorkerGroup(ray.remote(CaptureActor), cfg.world_size, cfg.cluster)
+        try:
+            group.start()
+            results = group.run("capture", cfg.rank_cfg(), out_dir,
+                                cfg.transfer == "object_store", timeout_s=cfg.capture_timeout_s)
+        finally:
+            group.shutdown()
+    finally:
+        handle.shutdown()
+    failed = [r for r in results if not r.ok]
+    if failed:
+        details = "; ".join(f"rank {r.rank} {r.kind}: {r.error}" for r in failed)
+        raise TracefleetError(f"capture failed on {len(failed)} of {cfg.world_size} rank(s): "
+                              f"{details}")
+    ranks = [r.value for r in results]
+    for info in ranks:
+        if "trace_bytes" in info:
+            info["path"] = os.path.join(out_dir, trace_file_name(info["rank"]))
+            with open(info["path"], "wb") as f:
+                f.write(info.pop("trace_bytes"))
+        elif not os.path.exists(info["path"]):
+            raise TracefleetError(
+                f"rank {info['rank']} wrote {info['path']} on {info['hostname']}, but the "
+                "driver cannot see it: use a shared out_dir or transfer=object_store")
+    meta = build_meta(cfg, ranks, out_dir, time.perf_counter() - start)
+    with open(os.path.join(out_dir, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=2)
+    return meta
+
+
+def build_meta(cfg: CaptureConfig, ranks: list[dict], out_dir: str, wall_s: float) -> dict:
+    """meta.json: the capture's settings, versions and eager timings (rank order)."""
+    first = ranks[0]
+    rank_times_s = [r["iteration_time_s"] for r in ranks]
+    meta = {
+        "world_size": cfg.world_size,
+        "workload": dataclasses.asdict(cfg.workload),
+        "num_params": first["num_params"],
+        "torch_version": first["torch_version"],
+        "iteration_time_s": statistics.median(rank_times_s),
+        "rank_iteration_time_s": rank_times_s,
+        "warmup_iters": cfg.warmup_iters,
+        "timing_iters": cfg.timing_iters,
+        "module_backward_ranges": cfg.module_backward_ranges,
+        "captured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "capture_wall_s": wall_s,
+        "ranks": [{"rank": r["rank"], "file": os.path.relpath(r["path"], out_dir),
+                   "file_bytes": r["file_bytes"], "hostname": r["hostname"],
+                   "num_threads": r["num_threads"], "iteration_time_s": r["iteration_time_s"],
+                   "iteration_times_s": r["iteration_times_s"]} for r in ranks],
+    }
+    for key in ("deepspeed_version", "shm_comm_op", "ds_config"):
+        if key in first:
+            meta[key] = first[key]
+    return meta
+
+
+register_configs()
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="capture", version_base="1.3")
+def _app(cfg: DictConfig) -> None:
+    try:
+        capture_cfg = OmegaConf.to_object(cfg)
+        meta = run_capture_job(capture_cfg)
+    except TracefleetError as e:
+        print(f"tracefleet-capture: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    out_dir = os.path.abspath(capture_cfg.out_dir)
+    total_kib = sum(r["file_bytes"] for r in meta["ranks"]) / 1024
+    print(f"tracefleet-capture: wrote {meta['world_size']} rank traces ({total_kib:.0f} KiB) "
+          f"and meta.json to {out_dir}; eager iteration "
+          f"{meta['iteration_time_s'] * 1e3:.1f} ms (median over ranks)")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    _app()
+
+
+if __name__ == "__main__":
+    main()
