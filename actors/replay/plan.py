@@ -111,7 +111,12 @@ def compile_step(op: Op, device: torch.device, mode: str) -> Step:
                 if not _is_default(converted, sarg.default):
                     kwargs[sarg.name] = converted
             continue
-        if type(value) is TensorArg:
+        if type(value) is TensorArg and pos > 0 and _wrapped_number(op, value, sarg.type):
+            # e.g. DeepSpeed's loss * scale: a Python float reaches the op as a 0-dim float64
+            # tensor that, being a wrapped number, did not promote the float32 result. A real
+            # float64 tensor would, so pass a number as the caller did.
+            template.append(1.0)
+        elif type(value) is TensorArg:
             template.append(None)
             slots.append((pos, value))
         elif value.kind == "tensor_list":
@@ -126,6 +131,18 @@ def compile_step(op: Op, device: torch.device, mode: str) -> Step:
                 list_slots=tuple(list_slots), kw_tensor_slots=tuple(kw_slots),
                 single_out=single, out_dtype=_torch_dtype_or_none(single.dtype) if single else None,
                 schema_args=tuple(schema_args))
+
+
+def _wrapped_number(op: Op, value: TensorArg, schema_type: str) -> bool:
+    """A 0-dim float64 input next to 0-dim lower-precision floats whose op still returned a
+    lower-precision float: only a wrapped Python number leaves the result unpromoted."""
+    outs = op.outputs
+    if not (value.shape == () and value.dtype == "float64" and schema_type == "Tensor"
+            and len(outs) == 1 and type(outs[0]) is TensorArg
+            and outs[0].dtype in ("float32", "float16", "bfloat16")):
+        return False
+    others = [t for t in op.input_tensors() if t is not value]
+    return bool(others) and all(t.shape == () and t.dtype == outs[0].dtype for t in others)
 
 
 def _torch_dtype_or_none(name):

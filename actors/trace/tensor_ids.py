@@ -22,19 +22,24 @@ class TensorIdAssigner:
         self.num_storages = 0
 
     def assign(self, op: Op) -> None:
-        for t in op.input_tensors():
+        inputs = op.input_tensors()
+        for t in inputs:
             self._stamp(t, fresh=False)
+        # An output on a storage one of the op's own inputs lives on is a view of it, whatever
+        # the schema says (composite ops such as unflatten_dense_tensors return views without
+        # alias annotations): the allocator cannot hand out a storage that is still in use.
+        input_storages = {t.storage_id for t in inputs if t.storage_id}
         # Collective outputs are their (in-place) inputs even where the schema omits the alias.
         fresh = () if op.collective is not None and op.collective.source != "functional" \
             else fresh_return_positions(op.schema)
         for i, arg in enumerate(op.outputs):
             is_fresh = fresh[i] if i < len(fresh) else False
             if type(arg) is TensorArg:
-                self._stamp(arg, is_fresh)
+                self._stamp(arg, is_fresh and arg.storage_id not in input_storages)
             elif arg.kind == "tensor_list":
                 for t in arg.value:
                     if t is not None:
-                        self._stamp(t, is_fresh)
+                        self._stamp(t, is_fresh and t.storage_id not in input_storages)
 
     def _stamp(self, t: TensorArg, fresh: bool) -> None:
         current = self._storage.get(t.storage_id)
@@ -43,7 +48,7 @@ class TensorIdAssigner:
             self._storage[t.storage_id] = current
             self.num_storages += 1
         t.suid = current[0]
-        key = (t.tensor_id, t.suid, t.offset, t.numel, t.itemsize)
+        key = (t.tensor_id, t.suid, t.offset, t.numel, t.itemsize, t.shape, t.stride)
         uid = self._uids.get(key)
         if uid is None:
             uid = self._uids[key] = self.num_tensors
