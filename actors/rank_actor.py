@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -31,7 +32,9 @@ class RankActor(RankWorkerBase):
             device = pick_device(cfg.device)
             if device.type == "cuda":
                 torch.cuda.set_device(device)
+            t0 = time.perf_counter()
             trace = load_trace(trace_path, rank=rank, data=trace_bytes)
+            t1 = time.perf_counter()
             comm = None
             if cfg.mode != "compute":
                 backend = "nccl" if device.type == "cuda" else "gloo"
@@ -40,16 +43,24 @@ class RankActor(RankWorkerBase):
                 groups = ProcessGroups.create(pg_table, rank, world_size, backend,
                                               cfg.collective_timeout_s, group_map)
                 comm = CollectiveReplayer(groups, device, ops=trace.ops)
+            t2 = time.perf_counter()
             engine = ReplayEngine(trace, cfg, device=device, comm=comm, rank=rank)
             if profile_dir:
                 report = self._profiled(engine, Path(profile_dir) / f"rank-{rank}.pt.trace.json")
             else:
                 report = engine.run()
             out = report.to_dict()
-            out["node_ip"] = self.node_info()["node_ip"]
-            return out
+            # The driver splits its replay window with these (launch.replay_phases).
+            out["timings_s"] = {"trace_load_s": t1 - t0, "rendezvous_s": t2 - t1,
+                                "replay_s": time.perf_counter() - t2}
+            return {**out, **self._where()}
         except Exception as e:  # the driver needs a report from every rank, whatever happened
             return self._failure(rank, engine, e)
+
+    def _where(self) -> dict:
+        """The node this rank ran on (two nodes may share an IP: the node id tells them apart)."""
+        info = self.node_info()
+        return {"node_ip": info["node_ip"], "node_id": info["node_id"]}
 
     @staticmethod
     def _profiled(engine, path: Path):
@@ -69,7 +80,7 @@ class RankActor(RankWorkerBase):
         text = str(e).splitlines()[0] if str(e) else type(e).__name__
         timed_out = "timed out" in text.lower() or "timeout" in type(e).__name__.lower()
         detail = "" if isinstance(e, TracefleetError) else "\n" + traceback.format_exc(limit=6)
-        return {"rank": rank, "node_ip": self.node_info()["node_ip"],
+        return {"rank": rank, **self._where(),
                 "status": "timeout" if timed_out else "failed",
                 "error": f"rank {rank}" + (f" at {last}" if last else "") + f": {text}",
                 "last_op": last, "traceback": detail or None}

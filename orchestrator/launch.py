@@ -30,7 +30,7 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
     ``actor_cls`` is the rank actor (tests substitute a subclass that misbehaves).
     """
     cfg.validate()
-    timings = {}
+    timings = {}  # phase -> seconds; see replay_phases() for the split of the replay window
     t0 = time.perf_counter()
     pre = preflight(cfg.trace.dir, cfg.experiment.world_size, group_map=cfg.trace.group_map)
     world_size = pre.world_size
@@ -44,11 +44,12 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
         t2 = time.perf_counter()
         group.start()
         timings["actor_start_s"] = time.perf_counter() - t2
+        t3 = time.perf_counter()
         paths = {r: str(p) for r, p in pre.rank_files.items()}
         blobs = {r: ray.put(Path(p).read_bytes()) for r, p in paths.items()} \
             if cfg.trace.transfer == "object_store" else {r: None for r in paths}
+        ship_s = time.perf_counter() - t3
         profile_dir = str(out_dir / "profile") if cfg.replay.profile else None
-        t3 = time.perf_counter()
         refs = group.execute_async(
             "replay", args_fn=lambda r: (paths[r], blobs[r], cfg.replay, pre.process_groups,
                                          cfg.trace.group_map, profile_dir))
@@ -56,20 +57,44 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
                              on_progress=_progress_printer(world_size, cfg.experiment.progress_interval_s),
                              failure_grace_s=cfg.experiment.failure_grace_s,
                              is_failure=lambda report: report.get("status") != "ok")
-        timings["replay_s"] = time.perf_counter() - t3
+        replay_window_s = time.perf_counter() - t3
     finally:
+        t_down = time.perf_counter()
         group.shutdown()
         cluster.shutdown()
+        teardown_s = time.perf_counter() - t_down
     t4 = time.perf_counter()
     rank_reports = [r.value if r.ok else _failed_report(r) for r in results]
+    timings.update(replay_phases(replay_window_s, ship_s, rank_reports), teardown_s=teardown_s)
     summary = metrics.aggregate(rank_reports, world_size=world_size, extra={
         "experiment": cfg.experiment.name, "trace_dir": str(cfg.trace.dir),
         "mode": cfg.replay.mode, "allocation_mode": cfg.replay.allocation.mode,
         "device_memory_capacity_bytes": _capacity(rank_reports), "timings_s": timings})
     report.write_run_outputs(summary, rank_reports, out_dir, config_yaml)
-    timings["aggregation_s"] = time.perf_counter() - t4
     report.print_summary(summary, console)
+    timings["aggregation_s"] = time.perf_counter() - t4
+    timings["total_s"] = time.perf_counter() - t0
+    report.write_summary(summary, out_dir)  # again, now with every phase's time
+    log.info("timings: %s", ", ".join(f"{k} {v:.2f}" for k, v in timings.items()))
     return summary
+
+
+def replay_phases(window_s: float, ship_s: float, rank_reports: list[dict]) -> dict:
+    """Split the driver's replay window (from shipping the traces to the last report) into
+    trace_load_s, rendezvous_s and replay_s, using the ranks' own ``timings_s``.
+
+    Every rank waits in the rendezvous for the slowest loader, so the slowest rank's load
+    (plus the driver's object-store put) is the load phase, the rendezvous phase ends when
+    the last rank has its process groups, and the rest of the window is the replay. Ranks
+    that sent no timings (failed before replaying) are left out.
+    """
+    ranks = [r["timings_s"] for r in rank_reports if r.get("timings_s")]
+    load_s = max((t["trace_load_s"] for t in ranks), default=0.0)
+    ready_s = max((t["trace_load_s"] + t["rendezvous_s"] for t in ranks), default=0.0)
+    trace_load_s = min(ship_s + load_s, window_s)
+    rendezvous_s = min(ready_s - load_s, window_s - trace_load_s)
+    return {"trace_load_s": trace_load_s, "rendezvous_s": rendezvous_s,
+            "replay_s": window_s - trace_load_s - rendezvous_s}
 
 
 def _capacity(reports):

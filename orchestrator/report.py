@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numbers
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -186,6 +187,14 @@ def plot_iteration_times(summary: dict, rank_reports: list[dict], path: Path) ->
     return True
 
 
+def write_summary(summary: dict, out_dir: Path) -> Path:
+    """Write (or rewrite) ``summary.json`` in ``out_dir``; returns its path."""
+    path = Path(out_dir) / "summary.json"
+    path.write_bytes(orjson.dumps(summary, default=str,
+                                  option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    return path
+
+
 def write_run_outputs(summary: dict, rank_reports: list[dict], out_dir: Path,
                       config_yaml: str | None) -> dict[str, Path]:
     """Write every file of a run directory (see the module docstring); returns name -> path.
@@ -197,10 +206,7 @@ def write_run_outputs(summary: dict, rank_reports: list[dict], out_dir: Path,
     out_dir.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
 
-    path = out_dir / "summary.json"
-    path.write_bytes(orjson.dumps(summary, default=str,
-                                  option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
-    written["summary"] = path
+    written["summary"] = write_summary(summary, out_dir)
 
     frame = ranks_frame(summary)
     written["ranks_csv"] = out_dir / "ranks.csv"
@@ -291,7 +297,8 @@ def _footer(summary: dict) -> str:
 
 def print_summary(summary: dict, console: Console | None = None) -> None:
     """Print the per-rank table, the collectives table (if any) and a one-line footer."""
-    console = console or Console()
+    # Logs and CI capture are not terminals: rich would fold the tables to 80 columns.
+    console = console or Console(width=None if sys.stdout.isatty() else 132)
     console.print(_ranks_table(summary))
     if summary.get("collectives"):
         console.print(_collectives_table(summary["collectives"]))

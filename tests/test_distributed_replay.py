@@ -54,8 +54,14 @@ def _cfg(trace_dir, **replay):
                      experiment=ExperimentConfig(replay_timeout_s=120, failure_grace_s=3))
 
 
+PHASES = ("preflight_s", "cluster_start_s", "actor_start_s", "trace_load_s", "rendezvous_s",
+          "replay_s", "teardown_s", "aggregation_s")
+
+
 def test_two_rank_full_replay_writes_outputs(ray_session, traces2, tmp_path):
+    t0 = time.perf_counter()
     summary = run_replay(_cfg(traces2, alloc="lazy"), tmp_path)
+    wall_s = time.perf_counter() - t0
     assert summary["status"] == "ok", summary["error"]
     assert summary["world_size"] == 2 and summary["coverage"] == 1.0
     assert summary["iteration_time_s"] > 0 and summary["peak_memory_bytes"] > 0
@@ -66,6 +72,13 @@ def test_two_rank_full_replay_writes_outputs(ray_session, traces2, tmp_path):
     assert on_disk["status"] == "ok" and len(on_disk["ranks"]) == 2
     for name in ("ranks.csv", "ranks.parquet", "memory/rank-0.csv", "memory/rank-1.csv"):
         assert (tmp_path / name).stat().st_size > 0
+    # Phase timings: disjoint intervals of the run, so they add up to at most its total, and
+    # the replay phase holds every measured iteration of the slowest rank.
+    timings = on_disk["timings_s"]
+    assert all(timings[phase] > 0 for phase in PHASES), timings
+    assert sum(timings[phase] for phase in PHASES) <= timings["total_s"] <= wall_s
+    assert timings["replay_s"] >= max(sum(r["iteration_times_s"]) for r in on_disk["ranks"])
+    assert all(r["timings_s"]["trace_load_s"] > 0 for r in on_disk["ranks"])
 
 
 def test_four_rank_full_replay(ray_session, traces4, tmp_path):
