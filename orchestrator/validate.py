@@ -35,6 +35,7 @@ from actors.trace.collectives import KINDS
 
 _RANK_FILE = re.compile(r"^rank-(\d+)(?:\.et)?\.json(?:\.gz)?$")
 _NOT_IN_SEQUENCE = frozenset({"wait", "send", "recv"})
+_IN_PROCESS_BYTES = 8 << 20  # total file bytes loaded without worker processes
 _MAX_WORKERS = 8
 
 
@@ -99,7 +100,9 @@ def load_rank_traces(rank_files: dict[int, Path], num_workers: int | None = None
     ``timeout_s`` bounds the whole load (TraceError naming the files still loading).
     """
     if num_workers is None:
-        num_workers = min(len(rank_files), os.cpu_count() or 1, _MAX_WORKERS)
+        # Small folders load faster here than a spawned worker takes to import torch.
+        small = sum(path.stat().st_size for path in rank_files.values()) < _IN_PROCESS_BYTES
+        num_workers = 1 if small else min(len(rank_files), os.cpu_count() or 1, _MAX_WORKERS)
     if num_workers <= 1 or len(rank_files) == 1:
         return [_load(path, rank) for rank, path in rank_files.items()]
     # spawn, not fork: the driver may already hold Ray's threads
