@@ -17,6 +17,10 @@ from actors.trace.liveness import compute_liveness
 from actors.trace.model import Trace, TensorArg
 
 
+# What a replayed op may raise on synthetic data; the op is then skipped with its reason.
+_OP_ERRORS = (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError)
+
+
 def pick_device(name: str) -> torch.device:
     """auto -> cuda (the rank's GPU) when available, else cpu."""
     if name == "auto":
@@ -125,6 +129,26 @@ class ReplayEngine:
         if cap is not None and memory.held_bytes + step.new_bytes > cap:
             raise OutOfMemory(memory.held_bytes, step.new_bytes, cap)
 
+    def _run_general(self, step, check: bool, guard: float) -> bool:
+        """An op off the fast path (tensor lists, keyword tensors, index guards, several
+        outputs); False when it raised and is skipped from now on."""
+        if self.memory.held_bytes + step.new_bytes > guard:
+            self._before(step)
+        args = step.template.copy()
+        get = self.store.get
+        for pos, t in step.tensor_slots:
+            args[pos] = get(t)
+        kwargs = self._fill_rare(step, args)
+        try:
+            out = step.fn(*args, **kwargs) if kwargs is not None else step.fn(*args)
+        except _OP_ERRORS as e:
+            if isinstance(e, torch.OutOfMemoryError):
+                raise
+            self._fail(step, e)
+            return False
+        self._register_outputs(step.op, out, check)
+        return True
+
     def _check_single(self, step, out) -> None:
         single = step.single_out
         if out.shape != single.shape or out.dtype is not step.out_dtype:
@@ -151,7 +175,6 @@ class ReplayEngine:
         limits = [x for x in (self.flush_bytes, memory.capacity_bytes) if x is not None]
         guard = min(limits) if limits else float("inf")
         check = self.num_iterations_run == 0
-        errors = (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError)
         compute_ns = comm_ns = 0
         clock = time.perf_counter_ns
         Tensor = torch.Tensor
@@ -172,7 +195,7 @@ class ReplayEngine:
                         args[pos] = x if x is not None else materialize(t)
                     try:
                         out = fn(*args, **kwargs) if kwargs is not None else fn(*args)
-                    except errors as e:
+                    except _OP_ERRORS as e:
                         if isinstance(e, torch.OutOfMemoryError):
                             raise
                         self._fail(steps[i], e)
@@ -193,22 +216,8 @@ class ReplayEngine:
                     dt = now - last
                     compute_ns += dt
                 elif steps[i].kind == "compute":
-                    step = steps[i]
-                    if memory.held_bytes + step.new_bytes > guard:
-                        self._before(step)
-                    args = step.template.copy()
-                    for pos, t in step.tensor_slots:
-                        x = tensors[t.uid]
-                        args[pos] = x if x is not None else materialize(t)
-                    kwargs = self._fill_rare(step, args)
-                    try:
-                        out = step.fn(*args, **kwargs) if kwargs is not None else step.fn(*args)
-                    except errors as e:
-                        if isinstance(e, torch.OutOfMemoryError):
-                            raise
-                        self._fail(step, e)
+                    if not self._run_general(steps[i], check, guard):
                         continue
-                    self._register_outputs(step.op, out, check)
                     now = clock()
                     dt = now - last
                     compute_ns += dt
