@@ -187,3 +187,14 @@ def test_raising_rank_names_rank_and_op(ray_session, traces2, tmp_path):
     rank1 = summary["ranks"][1]
     assert rank1["status"] == "failed"
     assert f"node {node['id']} aten::mm" in rank1["error"]
+
+
+def test_profile_writes_a_chrome_trace_per_rank(ray_session, traces2, tmp_path):
+    summary = run_replay(_cfg(traces2, iters=1, warmup_iters=0, profile=True), tmp_path)
+    assert summary["status"] == "ok", summary["error"]
+    for rank in (0, 1):
+        doc = json.loads((tmp_path / "profile" / f"rank-{rank}.pt.trace.json").read_text())
+        names = {event.get("name") for event in doc["traceEvents"]}
+        # the replayed operators and the gloo all-reduce show up in the profile
+        assert "aten::mm" in names or "aten::addmm" in names
+        assert any("allreduce" in str(n) for n in names)
