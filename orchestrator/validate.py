@@ -76,14 +76,6 @@ def discover_rank_files(trace_dir) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
-def _load_or_none(path: Path, rank: int) -> Trace | None:
-    """Pool worker: exceptions are reported by reloading in the driver (they may not pickle)."""
-    try:
-        return load_trace(path, rank=rank)
-    except Exception:  # the driver reloads this file to raise the real error
-        return None
-
-
 def _load(path: Path, rank: int) -> Trace:
     try:
         return load_trace(path, rank=rank)
@@ -107,15 +99,14 @@ def load_rank_traces(rank_files: dict[int, Path], num_workers: int | None = None
         return [_load(path, rank) for rank, path in rank_files.items()]
     # spawn, not fork: the driver may already hold Ray's threads
     pool = ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("spawn"))
-    futures = {rank: pool.submit(_load_or_none, path, rank) for rank, path in rank_files.items()}
+    futures = {rank: pool.submit(_load, path, rank) for rank, path in rank_files.items()}
     try:
         done, late = wait(futures.values(), timeout=timeout_s)
         if late:
             names = [rank_files[r].name for r, f in futures.items() if f in late]
             raise TraceError(names[0], f"loading {len(names)} trace file(s) ({', '.join(names)}) "
                                        f"took longer than {timeout_s:g} s")
-        traces = [fut.result() for fut in futures.values()]
-        return [t if t is not None else _load(rank_files[r], r) for r, t in zip(futures, traces)]
+        return [fut.result() for fut in futures.values()]  # re-raises a worker's TraceError
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 

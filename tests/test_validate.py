@@ -179,3 +179,11 @@ def test_public_nccl_traces(tmp_path):
         (tmp_path / "dlrm_pytorch_et" / f"dlrm_eg_{r}.json").rename(dlrm / f"rank-{r}.json")
     res = preflight(dlrm, 8)  # uneven all_to_allv splits cross-checked over 8 ranks
     assert res.world_size == 8 and res.num_collectives == {"0": 8}
+
+
+def test_a_broken_file_in_the_process_pool_names_the_file(good, tmp_path):
+    copy_ranks(good, tmp_path)
+    broken = tmp_path / "rank-1.et.json"
+    broken.write_bytes(broken.read_bytes()[:-200])  # truncated mid-write
+    with pytest.raises(TraceError, match="rank-1.et.json"):
+        preflight(tmp_path, 2, num_workers=2)

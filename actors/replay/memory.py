@@ -18,6 +18,9 @@ class OutOfMemory(Exception):
         self.requested_bytes = requested_bytes
         self.capacity_bytes = capacity_bytes
 
+    def __reduce__(self):  # the custom __init__ needs its own arguments to unpickle
+        return type(self), (self.held_bytes, self.requested_bytes, self.capacity_bytes)
+
 
 def device_capacity(device: torch.device, configured: int | None) -> int | None:
     """The configured capacity, else the GPU's memory (cuda) or physical RAM (cpu); None on meta."""

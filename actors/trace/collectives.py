@@ -72,6 +72,7 @@ _IN_NAMES = ("tensors", "input_tensors", "input", "inputs", "input_tensor", "inp
 _OUT_NAMES = ("output_tensors", "output", "outputs", "output_tensor", "output_lists")
 _ROOT_NAMES = ("root_rank", "rootRank", "src", "root")
 _PEER_NAMES = ("dstRank", "srcRank", "dst")
+_ASYNC_NAMES = ("async_op", "asyncOp")
 
 
 def is_collective_op(name: str) -> bool:
@@ -103,29 +104,47 @@ def _int_value(arg):
     return arg.value if type(arg) is Arg and arg.kind == "int" else None
 
 
-def from_c10d(name: str, arg_names: list[str], inputs: tuple) -> Collective:
-    """Build a Collective from a ``c10d::*`` / ``_c10d_functional::*`` op's arguments."""
+def from_c10d(name: str, arg_names: list[str], inputs: tuple, outputs: tuple = ()) -> Collective:
+    """Build a Collective from a ``c10d::*`` / ``_c10d_functional::*`` op's arguments.
+
+    Sizes come from the arguments the op schema names (``input_tensors``, ``output``, ...);
+    an op without an output argument (functional collectives return their result) is sized
+    by its recorded ``outputs``.
+    """
     kind = C10D_KINDS[name]
+    functional = name.startswith("_c10d_functional::")
     by_name = dict(zip(arg_names, inputs))
+    group = by_name.get("group_name")
+    pg_name = group.value if group is not None and group.kind == "str" else None
+    if kind == "wait":  # completes a call; carries no message of its own (as record_param_comms)
+        return Collective(kind, pg_name=pg_name, source="functional" if functional else "c10d")
     ins = [by_name[n] for n in _IN_NAMES if n in by_name]
     outs = [by_name[n] for n in _OUT_NAMES if n in by_name]
     in_nelems = _numel(ins[:1])
-    out_nelems = _numel(outs[:1]) if outs else in_nelems
+    out_nelems = _numel(outs[:1]) if outs else (_numel(outputs) or in_nelems)
     root = next((_int_value(by_name[n]) for n in _ROOT_NAMES + _PEER_NAMES if n in by_name), None)
     splits = {}
     for key in ("input_split_sizes", "output_split_sizes"):
         a = by_name.get(key)
         splits[key] = tuple(a.value) if a is not None and a.kind in ("int_list", "list") else ()
-    pg_name = None
-    group = by_name.get("group_name")
-    if group is not None and group.kind == "str":
-        pg_name = group.value
     group_size = _int_value(by_name["group_size"]) if "group_size" in by_name else None
-    source = "functional" if name.startswith("_c10d_functional::") else "c10d"
-    return Collective(kind, pg_name=pg_name, dtype=_first_dtype(ins or outs),
+    # On a non-root rank, scatter's input list is empty: the dtype is then the output's.
+    dtype = _first_dtype(ins[:1]) or _first_dtype(outs[:1]) or _first_dtype(outputs)
+    async_op = True if functional else _async_arg(by_name)
+    return Collective(kind, pg_name=pg_name, dtype=dtype,
                       in_nelems=in_nelems, out_nelems=out_nelems,
                       in_splits=splits["input_split_sizes"], out_splits=splits["output_split_sizes"],
-                      group_size=group_size, root=root, source=source)
+                      group_size=group_size, root=root, async_op=async_op,
+                      source="functional" if functional else "c10d")
+
+
+def _async_arg(by_name: dict):
+    """The op's recorded ``async_op``/``asyncOp`` flag (newer c10d schemas), else None."""
+    for key in _ASYNC_NAMES:
+        a = by_name.get(key)
+        if a is not None and a.kind == "bool":
+            return bool(a.value)
+    return None
 
 
 def _split_attr(value) -> tuple:
@@ -180,28 +199,54 @@ def from_record_param_comms(inputs: tuple, attrs: dict, outputs: tuple = ()) -> 
                       source="record_param_comms")
 
 
-def merge(c10d: Collective, rpc: Collective) -> Collective:
-    """A c10d op with its record_param_comms child: the op names the kind, the child the rest."""
+def merge(c10d: Collective, rpc: Collective, rpc_has_counts: bool) -> Collective:
+    """A c10d op with its record_param_comms child: the op names the kind, the child the rest.
+
+    ``rpc_has_counts``: the child carries ``in_msg_nelems``/``out_msg_nelems`` attrs (1.1.0+).
+    Without them its counts are guesses from its own tensors (older schemas may record no
+    output, and an all_gather or uneven all_to_allv receives a different count than it
+    sends), so the c10d op's named input/output arguments win when they size anything.
+    """
     rpc.kind = c10d.kind
     rpc.root = c10d.root
+    rpc.async_op = c10d.async_op
     if not rpc.in_splits and not rpc.out_splits:
         rpc.in_splits, rpc.out_splits = c10d.in_splits, c10d.out_splits
-    if not rpc.in_nelems:
+    c10d_sized = c10d.in_nelems or c10d.out_nelems
+    if not rpc.in_nelems or (not rpc_has_counts and c10d_sized):
         rpc.in_nelems, rpc.out_nelems = c10d.in_nelems, c10d.out_nelems
     rpc.dtype = rpc.dtype or c10d.dtype
     return rpc
 
 
-def link_functional_waits(ops) -> None:
-    """Functional collectives complete via ``wait_tensor`` on their output tensor, not a seq."""
+def link_waits(ops) -> None:
+    """Pair calls with the waits that complete them and settle every call's ``async_op``.
+
+    record_param_comms calls and waits share a ``seq``; functional collectives complete via
+    ``wait_tensor`` on their output tensor (keyed by its uid, so run after id assignment).
+    A call whose trace records no ``async_op`` flag is async iff a later wait completes it.
+    """
+    pending: dict = {}  # seq -> the latest call issued with it
     for op in ops:
         c = op.collective
-        if c is None or c.source != "functional":
+        if c is None:
             continue
-        tensors = op.input_tensors() if c.kind == "wait" else op.output_tensors()
-        if not tensors:
+        if c.source == "functional":
+            tensors = op.input_tensors() if c.kind == "wait" else op.output_tensors()
+            if tensors:
+                key = ("uid", tensors[0].uid)
+                if c.kind == "wait":
+                    c.wait_seq = key
+                else:
+                    c.seq = key
+        if c.kind != "wait":
+            if c.seq is not None:
+                pending[c.seq] = c
             continue
-        if c.kind == "wait":
-            c.wait_seq = ("uid", tensors[0].uid)
-        else:
-            c.seq = ("uid", tensors[0].uid)
+        call = pending.pop(c.wait_seq, None)
+        if call is not None and call.async_op is None:
+            call.async_op = True
+    for op in ops:
+        c = op.collective
+        if c is not None and c.kind != "wait" and c.async_op is None:
+            c.async_op = False

@@ -8,6 +8,7 @@ they only contribute the enclosing module name and step window.
 from __future__ import annotations
 
 import bisect
+import gc
 import gzip
 import re
 import tarfile
@@ -22,7 +23,7 @@ from actors.trace import collectives as coll
 from actors.trace.args import ArgParser
 from actors.trace.model import Op, ProcessGroupInfo, Step, Trace
 from actors.trace.op_schema import parse_schema
-from actors.trace.schema import NodeView, op_schema_of, parse_version
+from actors.trace.schema import NodeView, OpSchemaReader, parse_version
 from actors.trace.tensor_ids import TensorIdAssigner
 
 PG_INIT = "## process_group:init ##"
@@ -30,6 +31,7 @@ STEP_PREFIX = "ProfilerStep#"
 _RANK_IN_NAME = re.compile(r"rank-?(\d+)")
 # Annotation frames that are not module boundaries.
 _NOT_MODULE = ("[pytorch|profiler", "autograd::engine", STEP_PREFIX, "## process_group")
+_WAIT_TENSOR = "_c10d_functional::wait_tensor"
 
 
 def read_json(path, data: bytes | None = None) -> dict:
@@ -53,6 +55,9 @@ def read_json(path, data: bytes | None = None) -> dict:
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError as e:
+        if data and e.pos >= len(data):
+            raise TraceError(path, f"truncated JSON: the data ends at byte {len(data)} inside the "
+                                   "document (was the file cut while being written or copied?)") from None
         raise TraceError(path, f"invalid JSON ({e}); expected an Execution Trace JSON object") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
         raise TraceError(path, "expected a JSON object with a 'nodes' list")
@@ -86,11 +91,23 @@ def _schema_arg_names(schema: str) -> tuple[str, ...]:
 
 def load_trace(path, rank: int | None = None, data: bytes | None = None) -> Trace:
     """Load and validate one rank's trace file (or its bytes, named by ``path``) into a `Trace`."""
-    path = Path(path)
+    # Parsing and building create millions of small containers, none in a reference cycle;
+    # left on, the cyclic GC rescans the growing heap over and over (2-3x the load time).
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _load_trace(Path(path), rank, data)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _load_trace(path: Path, rank: int | None, data: bytes | None) -> Trace:
     doc = read_json(path, data)
     version = parse_version(path, doc.get("schema"))
     flat = version < (1, 0, 2)
-    nodes = doc["nodes"]
+    nodes = doc.pop("nodes")  # _build_ops frees the raw nodes as it goes (peak memory)
+    num_nodes = len(nodes)
     try:
         nodes.sort(key=lambda n: n["id"])
     except (KeyError, TypeError):
@@ -100,8 +117,8 @@ def load_trace(path, rank: int | None = None, data: bytes | None = None) -> Trac
     assigner = TensorIdAssigner()
     for op in ops:
         assigner.assign(op)
-    coll.link_functional_waits(ops)
-    return Trace(path=str(path), schema=doc["schema"], num_nodes=len(nodes), ops=ops,
+    coll.link_waits(ops)
+    return Trace(path=str(path), schema=doc["schema"], num_nodes=num_nodes, ops=ops,
                  process_groups=pgs, steps=steps, num_tensors=assigner.num_tensors,
                  num_storages=assigner.num_storages,
                  rank=rank if rank is not None else rank_from_name(path),
@@ -110,32 +127,42 @@ def load_trace(path, rank: int | None = None, data: bytes | None = None) -> Trac
 
 
 def _build_ops(path, nodes: list, flat: bool):
-    """Select top-level ops in id order and build them; returns (ops, pgs, steps, num_outside)."""
+    """Select top-level ops in id order and build them; returns (ops, pgs, steps, num_outside).
+
+    Empties ``nodes``: once the ops are selected the other raw nodes are dropped, and each
+    selected one right after its op is built, so the raw JSON and the model never peak together.
+    """
     # Per node id: (inside an op?, step index, module name). Parents precede children in id order.
     ctx: dict[int, tuple[bool, int, str]] = {}
-    top_level: list[tuple[dict, int, str]] = []
+    top_level: list = []  # [raw node, step, module] per selected op
     rpc_child: dict[int, dict] = {}
-    top_ids: set[int] = set()
+    top_names: dict[int, str] = {}  # node id -> name of each selected op
     step_names: list[str] = []
     step_spans: list[list[int]] = []  # [first id, last id] of each ProfilerStep subtree
     pgs: list[ProcessGroupInfo] = []
+    schema_of = OpSchemaReader(flat)
     for raw in nodes:
         try:
             nid = raw["id"]
             name = raw["name"]
             parent = raw["parent"] if flat else raw["ctrl_deps"]
+            is_op = name == "record_param_comms" or bool(schema_of(raw))
         except KeyError as e:
             raise TraceError(path, f"node is missing required field {e.args[0]!r}",
                              raw.get("id")) from None
+        except (TypeError, AttributeError):
+            raise TraceError(path, "malformed node; expected an object with 'attrs' as a list of "
+                                   "{name, type, value}", raw.get("id")) from None
         inside, step, module = ctx.get(parent, (False, -1, ""))
         if step >= 0:
             step_spans[step][1] = nid
-        is_op = name == "record_param_comms" or bool(op_schema_of(raw, flat))
         if is_op:
-            if not inside:
-                top_level.append((raw, step, module))
-                top_ids.add(nid)
-            elif name == "record_param_comms" and parent in top_ids:
+            if not inside or (name == _WAIT_TENSOR and top_names.get(parent) in coll.C10D_KINDS):
+                # The observer's parent links are unreliable around collectives: a functional
+                # wait_tensor (always a call of its own) can show up under the collective it waits for.
+                top_level.append([raw, step, module])
+                top_names[nid] = name
+            elif name == "record_param_comms" and parent in top_names:
                 rpc_child[parent] = raw
             ctx[nid] = (True, step, module)
             continue
@@ -148,37 +175,37 @@ def _build_ops(path, nodes: list, flat: bool):
         elif not name.startswith(_NOT_MODULE):
             module = name
         ctx[nid] = (inside, step, module)
+    nodes.clear()
+    del ctx
+    num_outside = 0
     if step_names:  # honour ProfilerStep windows: ops outside them are set-up, not iterations
-        top_level = _assign_steps(top_level, step_spans)
+        _assign_steps(top_level, step_spans)
         kept = [t for t in top_level if t[1] >= 0]
         num_outside = len(top_level) - len(kept)
         top_level = kept
-    else:
-        num_outside = 0
     parser = ArgParser(path)
     ops: list[Op] = []
-    for raw, step, module in top_level:
-        ops.append(_build_op(path, parser, raw, flat, len(ops), step, module, rpc_child))
-    steps = []
-    for i, name in enumerate(step_names):
-        idx = [op.index for op in ops if op.step == i]
-        if idx:
-            steps.append(Step(name, idx[0], idx[-1] + 1))
+    bounds: dict[int, list[int]] = {}  # step -> [first op index, end]
+    for i, (raw, step, module) in enumerate(top_level):
+        top_level[i] = None
+        ops.append(_build_op(path, parser, raw, flat, i, step, module, rpc_child))
+        if step >= 0:
+            # steps cover disjoint, increasing id spans, so each one's ops are contiguous
+            bounds.setdefault(step, [i, i])[1] = i + 1
+    steps = [Step(step_names[k], first, end) for k, (first, end) in sorted(bounds.items())]
     return ops, pgs, steps, num_outside
 
 
-def _assign_steps(top_level, spans):
+def _assign_steps(top_level, spans) -> None:
     """Ops of other threads (autograd, comm hooks) sit outside the step's subtree but inside its
     id span: ids are handed out on op entry, across threads, in time order."""
     starts = [span[0] for span in spans]
-    out = []
-    for raw, step, module in top_level:
-        if step < 0:
-            k = bisect.bisect_right(starts, raw["id"]) - 1
-            if k >= 0 and raw["id"] <= spans[k][1]:
-                step = k
-        out.append((raw, step, module))
-    return out
+    for entry in top_level:
+        if entry[1] < 0:
+            nid = entry[0]["id"]
+            k = bisect.bisect_right(starts, nid) - 1
+            if k >= 0 and nid <= spans[k][1]:
+                entry[1] = k
 
 
 def _build_op(path, parser, raw, flat, index, step, module, rpc_child) -> Op:
@@ -197,15 +224,15 @@ def _build_op(path, parser, raw, flat, index, step, module, rpc_child) -> Op:
         if name == "record_param_comms":
             collective = coll.from_record_param_comms(inputs, {} if flat else attrs, outputs)
         elif name in coll.C10D_KINDS:
-            collective = coll.from_c10d(name, _schema_arg_names(schema), inputs)
+            collective = coll.from_c10d(name, _schema_arg_names(schema), inputs, outputs)
             child = rpc_child.get(nid)
             if child is not None:
                 cview = NodeView(child, flat)
-                # outputs too: pre-1.1.0 nodes size the received message only by them
+                cattrs = {} if flat else cview.attrs()
                 rpc = coll.from_record_param_comms(parser.parse_side(cview.side("inputs"), child["id"]),
-                                                   {} if flat else cview.attrs(),
+                                                   cattrs,
                                                    parser.parse_side(cview.side("outputs"), child["id"]))
-                collective = coll.merge(collective, rpc)
+                collective = coll.merge(collective, rpc, rpc_has_counts="in_msg_nelems" in cattrs)
     except ValueError as e:
         raise TraceError(path, str(e), nid) from None
     ranges = attrs.get("tensor_range")

@@ -131,11 +131,11 @@ class Collective:
 
     __slots__ = ("kind", "pg_name", "pg_desc", "dtype", "in_nelems", "out_nelems",
                  "in_splits", "out_splits", "rank_start", "rank_stride", "group_size",
-                 "seq", "wait_seq", "root", "source")
+                 "seq", "wait_seq", "root", "async_op", "source")
 
     def __init__(self, kind, *, pg_name=None, pg_desc=None, dtype=None, in_nelems=0,
                  out_nelems=0, in_splits=(), out_splits=(), rank_start=None, rank_stride=None,
-                 group_size=None, seq=None, wait_seq=None, root=None, source=""):
+                 group_size=None, seq=None, wait_seq=None, root=None, async_op=None, source=""):
         self.kind = kind  # see actors.trace.collectives.KINDS
         self.pg_name = pg_name
         self.pg_desc = pg_desc
@@ -150,6 +150,9 @@ class Collective:
         self.seq = seq  # sequence number of an async call (record_param_comms)
         self.wait_seq = wait_seq  # for kind "wait": the seq it completes
         self.root = root
+        # Issued async: the trace's async_op flag, else whether a later wait completes it
+        # (settled at load time; None only for waits).
+        self.async_op = async_op
         self.source = source  # "record_param_comms" | "c10d" | "functional"
 
     @property

@@ -55,11 +55,27 @@ class NodeView:
         return {a["name"]: a["value"] for a in self.raw.get("attrs", ())}
 
 
-def op_schema_of(raw: dict, flat: bool) -> str:
-    """The op_schema string of a raw node ('' when absent), read without building attrs."""
-    if flat:
-        return raw.get("op_schema") or ""
-    for a in raw.get("attrs", ()):
-        if a["name"] == "op_schema":
-            return a["value"] or ""
-    return ""
+class OpSchemaReader:
+    """A node's ``op_schema`` ('' when absent), read without building its attrs dict.
+
+    Nodes of one trace list their attrs in one order, so the position found last is tried first.
+    """
+
+    __slots__ = ("flat", "pos")
+
+    def __init__(self, flat: bool):
+        self.flat = flat
+        self.pos = 0
+
+    def __call__(self, raw: dict) -> str:
+        if self.flat:
+            return raw.get("op_schema") or ""
+        attrs = raw.get("attrs", ())
+        pos = self.pos
+        if pos < len(attrs) and attrs[pos]["name"] == "op_schema":
+            return attrs[pos]["value"] or ""
+        for pos, a in enumerate(attrs):
+            if a["name"] == "op_schema":
+                self.pos = pos
+                return a["value"] or ""
+        return ""
