@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from actors.capture import trace_file_name
 from actors.capture.workloads import WorkloadConfig, validate as validate_workload
 from actors.errors import ConfigError, TracefleetError
+from orchestrator.cli import pop_debug_flag, user_errors
 from orchestrator.cluster import ClusterConfig
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -175,16 +176,14 @@ def build_meta(cfg: CaptureConfig, ranks: list[dict], out_dir: str, wall_s: floa
 
 
 register_configs()
+_debug = False
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="capture", version_base="1.3")
 def _app(cfg: DictConfig) -> None:
-    try:
+    with user_errors("tracefleet-capture", _debug):
         capture_cfg = OmegaConf.to_object(cfg)
         meta = run_capture_job(capture_cfg)
-    except TracefleetError as e:
-        print(f"tracefleet-capture: error: {e}", file=sys.stderr)
-        sys.exit(2)
     out_dir = os.path.abspath(capture_cfg.out_dir)
     total_kib = sum(r["file_bytes"] for r in meta["ranks"]) / 1024
     print(f"tracefleet-capture: wrote {meta['world_size']} rank traces ({total_kib:.0f} KiB) "
@@ -193,7 +192,9 @@ def _app(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point (``--debug`` shows tracebacks of user errors)."""
+    global _debug
+    _debug = pop_debug_flag(sys.argv)
     _app()
 
 
