@@ -15,7 +15,15 @@ from pathlib import Path
 
 import pytest
 
-SHARED_DIR = Path(__file__).resolve().parents[1].parent / "shared"
+def _shared_dir() -> Path:
+    """$TRACEFLEET_SHARED_DIR, else ``shared/`` beside the checkout, else the workplace's."""
+    candidates = [Path(os.environ["TRACEFLEET_SHARED_DIR"])] if "TRACEFLEET_SHARED_DIR" in os.environ \
+        else []
+    candidates += [Path(__file__).resolve().parents[1].parent / "shared", Path("/work/shared")]
+    return next((c for c in candidates if c.is_dir()), candidates[0])
+
+
+SHARED_DIR = _shared_dir()
 PUBLIC_TRACE_DIR = SHARED_DIR / "traces" / "public" / "param"
 DLRM_ARCHIVE = "dlrm_pytorch_et.tar.gz"
 DLRM_WORLD_SIZE = 8
@@ -77,7 +85,7 @@ os._exit(0)
 
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
-    """``<repo>/../shared`` (skips the test when it is absent)."""
+    """The shared data folder (skips the test when it is absent)."""
     if not SHARED_DIR.is_dir():
         pytest.skip(f"shared data folder {SHARED_DIR} is absent")
     return SHARED_DIR

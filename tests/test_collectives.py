@@ -406,10 +406,10 @@ def test_full_mode_buffer_structure_must_match_the_group():
         CollectiveReplayer(fake_groups(), torch.device("cpu")).run(op, lambda t: torch.zeros(t.shape))
 
 
-def test_public_nccl_trace_replays_on_one_rank(tmp_path):
+def test_public_nccl_trace_replays_on_one_rank(tmp_path, public_trace_dir):
     """resnet_et (DDP, NCCL shape): broadcasts are async and end at their recorded waits."""
     from actors.trace import load_trace
-    trace = load_trace("/work/shared/traces/public/param/resnet_et.json.gz")
+    trace = load_trace(public_trace_dir / "resnet_et.json.gz")
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
     try:
         groups = ProcessGroups.create(trace.process_groups, 0, 1, "gloo", timeout_s=30)
