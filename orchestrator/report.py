@@ -120,6 +120,18 @@ def _write_memory_timelines(rank_reports: list[dict], memory_dir: Path) -> list[
     return paths
 
 
+def timeline_scale(peak: int, bound: int | None, capacity: int | None) -> tuple[float, str, bool]:
+    """(bytes per y unit, unit name, capacity off the scale) for the memory timeline.
+
+    A capacity far above the curves (host RAM on cpu) would flatten them: it is named in the
+    title instead of drawn.
+    """
+    far_capacity = bool(capacity) and capacity > 4 * max(peak, bound or 0)
+    drawn = (peak, bound) if far_capacity else (peak, bound, capacity)
+    scale, unit = _byte_unit(max((v for v in drawn if v), default=0))
+    return scale, unit, far_capacity
+
+
 def plot_memory_timeline(summary: dict, rank_reports: list[dict], path: Path) -> bool:
     """Bytes held over op index, one line per rank, with the liveness bound and capacity.
 
@@ -132,7 +144,7 @@ def plot_memory_timeline(summary: dict, rank_reports: list[dict], path: Path) ->
     bound = summary.get("liveness_lower_bound_bytes")
     capacity = summary.get("device_memory_capacity_bytes")
     peak = max(b for _, tl in timelines for _, b in tl)
-    scale, unit = _byte_unit(max((v for v in (peak, bound, capacity) if v), default=0))
+    scale, unit, far_capacity = timeline_scale(peak, bound, capacity)
     fig = Figure(figsize=(10, 5), dpi=100)
     ax = fig.add_subplot()
     for rank, timeline in timelines:
@@ -142,12 +154,15 @@ def plot_memory_timeline(summary: dict, rank_reports: list[dict], path: Path) ->
     if bound:
         ax.axhline(bound / scale, color="black", linestyle="--", linewidth=1,
                    label=f"liveness lower bound ({human_bytes(bound)})")
-    if capacity:
+    if capacity and not far_capacity:
         ax.axhline(capacity / scale, color="red", linestyle=":", linewidth=1.2,
                    label=f"capacity ({human_bytes(capacity)})")
     ax.set_xlabel("op index")
     ax.set_ylabel(f"bytes held ({unit})")
-    ax.set_title(f"Memory timeline ({len(timelines)} ranks, status {summary.get('status')})")
+    title = f"Memory timeline ({len(timelines)} ranks, status {summary.get('status')})"
+    if far_capacity:
+        title += f"; capacity {human_bytes(capacity)} off the scale"
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     if len(timelines) <= MAX_LEGEND_RANKS:
         ax.legend(fontsize="small", loc="upper left")

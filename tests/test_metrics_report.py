@@ -8,7 +8,8 @@ import pytest
 from rich.console import Console
 
 from orchestrator.metrics import aggregate, worst_status
-from orchestrator.report import flatten_rank, human_bytes, print_summary, write_run_outputs
+from orchestrator.report import (flatten_rank, human_bytes, print_summary, timeline_scale,
+                                 write_run_outputs)
 
 MiB = 1 << 20
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -222,3 +223,12 @@ def test_print_summary_rows_footer_and_error():
 ])
 def test_human_bytes(num_bytes, expected):
     assert human_bytes(num_bytes) == expected
+
+
+def test_timeline_scale_keeps_the_curves_readable():
+    MiB, GiB = 1 << 20, 1 << 30
+    # host RAM as capacity: the axis follows the 26 MiB peak and the capacity is only named
+    assert timeline_scale(26 * MiB, 8 * MiB, 24 * GiB) == (MiB, "MiB", True)
+    # an emulated capacity near the peak is drawn and sets the axis unit
+    assert timeline_scale(900 * MiB, 800 * MiB, 2 * GiB) == (GiB, "GiB", False)
+    assert timeline_scale(3 * MiB, None, None) == (MiB, "MiB", False)
