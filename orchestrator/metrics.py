@@ -48,9 +48,17 @@ def _one_line(text: str) -> str:
 
 
 def _rank_error(report: dict) -> str:
-    where = f" at {report['last_op']}" if report.get("last_op") else ""
-    what = f": {_one_line(report['error'])}" if report.get("error") else ""
-    return f"rank {report['rank']} {report.get('status', 'failed')}{where}{what}"
+    """``rank R <status> at <last op>: <error>``, naming the rank and the op only once."""
+    head = f"rank {report['rank']} {report.get('status', 'failed')}"
+    error = _one_line(report["error"]) if report.get("error") else ""
+    own = f"rank {report['rank']} "
+    if error.startswith(own):  # rank actors already name themselves
+        error = error[len(own):]
+        if error.startswith("at "):
+            return f"{head} {error}"
+    last = report.get("last_op")
+    where = f" at {last}" if last and last not in error else ""
+    return f"{head}{where}: {error}" if error else f"{head}{where}"
 
 
 def _error_message(bad: list[dict], world_size: int, run_error: str | None) -> str | None:

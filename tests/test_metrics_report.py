@@ -232,3 +232,18 @@ def test_timeline_scale_keeps_the_curves_readable():
     # an emulated capacity near the peak is drawn and sets the axis unit
     assert timeline_scale(900 * MiB, 800 * MiB, 2 * GiB) == (GiB, "GiB", False)
     assert timeline_scale(3 * MiB, None, None) == (MiB, "MiB", False)
+
+
+def test_rank_errors_name_the_rank_and_op_once():
+    reports = [
+        {"rank": 0, "status": "oom", "last_op": "node 419 aten::linear",
+         "error": "out of memory at node 419 aten::linear: 4173312 B held, 197120 B requested"},
+        {"rank": 1, "status": "failed", "last_op": "node 7 aten::mm",
+         "error": "rank 1 at node 7 aten::mm: shapes cannot be multiplied"},
+        {"rank": 2, "status": "failed", "last_op": "node 9 aten::cat", "error": "boom"},
+    ]
+    err = aggregate(reports, world_size=3)["error"]
+    assert "rank 0 oom: out of memory at node 419 aten::linear: 4173312 B held" in err
+    assert "rank 1 failed at node 7 aten::mm: shapes cannot be multiplied" in err
+    assert "rank 2 failed at node 9 aten::cat: boom" in err
+    assert err.count("node 419") == err.count("node 7 ") == 1
