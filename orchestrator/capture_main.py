@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from actors.capture import trace_file_name
 from actors.capture.workloads import WorkloadConfig, validate as validate_workload
 from actors.errors import ConfigError, TracefleetError
-from orchestrator.cli import pop_debug_flag, user_errors
+from orchestrator.cli import run_app, user_errors
 from orchestrator.cluster import ClusterConfig
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -176,12 +176,11 @@ def build_meta(cfg: CaptureConfig, ranks: list[dict], out_dir: str, wall_s: floa
 
 
 register_configs()
-_debug = False
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="capture", version_base="1.3")
 def _app(cfg: DictConfig) -> None:
-    with user_errors("tracefleet-capture", _debug):
+    with user_errors("tracefleet-capture"):
         capture_cfg = OmegaConf.to_object(cfg)
         meta = run_capture_job(capture_cfg)
     out_dir = os.path.abspath(capture_cfg.out_dir)
@@ -193,9 +192,7 @@ def _app(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console-script entry point (``--debug`` shows tracebacks of user errors)."""
-    global _debug
-    _debug = pop_debug_flag(sys.argv)
-    _app()
+    run_app(_app)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from actors.errors import TracefleetError
 
 DEBUG_FLAG = "--debug"
+_debug = False  # set by run_app from the command line
 
 
 def pop_debug_flag(argv: list[str]) -> bool:
@@ -17,13 +18,20 @@ def pop_debug_flag(argv: list[str]) -> bool:
     return True
 
 
+def run_app(app) -> None:
+    """Console-script body: take ``--debug`` off argv (Hydra would reject it), run ``app``."""
+    global _debug
+    _debug = pop_debug_flag(sys.argv)
+    app()
+
+
 @contextmanager
-def user_errors(prog: str, debug: bool):
+def user_errors(prog: str):
     """Print a TracefleetError as ``prog: error: ...`` and exit 2; re-raise under --debug."""
     try:
         yield
     except TracefleetError as e:
-        if debug:
+        if _debug:
             raise
         print(f"{prog}: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -8,18 +8,17 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator.cli import pop_debug_flag, user_errors
+from orchestrator.cli import run_app, user_errors
 from orchestrator.config import CONF_DIR, register_configs
 
 register_configs()
-_debug = False
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="tracefleet", version_base="1.3")
 def _app(cfg: DictConfig) -> None:
     from orchestrator.launch import run_replay  # keeps `--help` fast
 
-    with user_errors("tracefleet", _debug):
+    with user_errors("tracefleet"):
         run_cfg = OmegaConf.to_object(cfg)
         summary = run_replay(run_cfg, Path(HydraConfig.get().runtime.output_dir),
                              OmegaConf.to_yaml(cfg))
@@ -29,9 +28,7 @@ def _app(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Console-script entry point (``--debug`` shows tracebacks of user errors)."""
-    global _debug
-    _debug = pop_debug_flag(sys.argv)
-    _app()
+    run_app(_app)
 
 
 if __name__ == "__main__":
