@@ -14,7 +14,6 @@ import glob
 import json
 import os
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone

@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 
 ENTRY = [sys.executable, "-c", "from orchestrator.main import main; main()"]
 
