@@ -198,3 +198,17 @@ def test_profile_writes_a_chrome_trace_per_rank(ray_session, traces2, tmp_path):
         # the replayed operators and the gloo all-reduce show up in the profile
         assert "aten::mm" in names or "aten::addmm" in names
         assert any("allreduce" in str(n) for n in names)
+
+
+def test_compute_mode_needs_no_process_group(ray_session, traces2, tmp_path):
+    summary = run_replay(_cfg(traces2, mode="compute", alloc="lazy"), tmp_path)
+    assert summary["status"] == "ok", summary["error"]
+    on_disk = orjson.loads((tmp_path / "summary.json").read_bytes())
+    for key in ("status", "coverage", "peak_memory_bytes", "liveness_lower_bound_bytes",
+                "num_flushes", "iteration_time_s", "error", "ranks"):
+        assert key in on_disk, key
+    assert on_disk["error"] is None and on_disk["coverage"] == 1.0
+    for rank in summary["ranks"]:
+        # collectives are out of scope: nothing ran on a process group
+        assert rank["comm_time_s"] == 0 and not rank["collectives"]
+        assert rank["num_in_scope"] < rank["num_ops"] and rank["compute_time_s"] > 0
