@@ -15,6 +15,7 @@ from pathlib import Path
 from actors.errors import ConfigError, TracefleetError
 from actors.trace import load_trace
 from actors.trace.stats import trace_stats
+from orchestrator.units import human_bytes
 from orchestrator.validate import discover_rank_files
 
 EXIT_USER_ERROR = 2
@@ -53,18 +54,6 @@ def cross_rank(per_file: list[dict]) -> dict:
                                           for s in per_file]),
             "param_bytes": span([s["params"]["bytes"] for s in per_file]),
             "lower_bound_bytes": span([s["memory"]["lower_bound_bytes"] for s in per_file])}
-
-
-def human_bytes(num_bytes: int) -> str:
-    """``1536`` -> ``"1.5 KiB"`` (binary units)."""
-    if num_bytes < 1024:
-        return f"{num_bytes} B"
-    value = num_bytes / 1024
-    for unit in ("KiB", "MiB", "GiB"):
-        if value < 1024:
-            return f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
 
 
 def _print_human(report: dict) -> None:

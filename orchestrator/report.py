@@ -24,26 +24,11 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-_BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+from orchestrator.units import byte_unit, human_bytes
+
 _MiB = 1 << 20
 MAX_LEGEND_RANKS = 16  # past this a legend hides the plot
 _STATUS_STYLE = {"ok": "green", "oom": "magenta", "timeout": "yellow", "failed": "red"}
-
-
-def _byte_unit(num_bytes: float) -> tuple[int, str]:
-    """The largest binary unit (divisor, name) that keeps ``num_bytes`` at 1 or more."""
-    power = 0
-    while power < len(_BYTE_UNITS) - 1 and abs(num_bytes) >= 1024 ** (power + 1):
-        power += 1
-    return 1024 ** power, _BYTE_UNITS[power]
-
-
-def human_bytes(num_bytes: float | None) -> str:
-    """``1536`` -> ``"1.5 KiB"`` (binary units); ``None`` -> ``"-"``."""
-    if num_bytes is None:
-        return "-"
-    scale, unit = _byte_unit(num_bytes)
-    return f"{num_bytes:.0f} B" if scale == 1 else f"{num_bytes / scale:.1f} {unit}"
 
 
 def _column_key(name) -> str:
@@ -128,7 +113,7 @@ def timeline_scale(peak: int, bound: int | None, capacity: int | None) -> tuple[
     """
     far_capacity = bool(capacity) and capacity > 4 * max(peak, bound or 0)
     drawn = (peak, bound) if far_capacity else (peak, bound, capacity)
-    scale, unit = _byte_unit(max((v for v in drawn if v), default=0))
+    scale, unit = byte_unit(max((v for v in drawn if v), default=0))
     return scale, unit, far_capacity
 
 

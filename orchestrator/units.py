@@ -1,0 +1,20 @@
+"""Byte counts for people: binary units shared by the run report and tracefleet-inspect."""
+from __future__ import annotations
+
+_BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def byte_unit(num_bytes: float) -> tuple[int, str]:
+    """The largest binary unit (divisor, name) that keeps ``num_bytes`` at 1 or more."""
+    power = 0
+    while power < len(_BYTE_UNITS) - 1 and abs(num_bytes) >= 1024 ** (power + 1):
+        power += 1
+    return 1024 ** power, _BYTE_UNITS[power]
+
+
+def human_bytes(num_bytes: float | None) -> str:
+    """``1536`` -> ``"1.5 KiB"`` (binary units); ``None`` -> ``"-"``."""
+    if num_bytes is None:
+        return "-"
+    scale, unit = byte_unit(num_bytes)
+    return f"{num_bytes:.0f} B" if scale == 1 else f"{num_bytes / scale:.1f} {unit}"
