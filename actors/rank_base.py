@@ -12,6 +12,13 @@ import ray
 import torch.distributed as dist
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now ("" = every interface of this machine)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
 class RankWorkerBase:
     """One rank of a worker group. ``setup()`` is called once by the driver before any work."""
 
@@ -36,9 +43,7 @@ class RankWorkerBase:
 
     def find_free_port(self) -> int:
         """A TCP port free on this node right now (for MASTER_PORT when this is rank 0)."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("", 0))
-            return sock.getsockname()[1]
+        return free_port("")
 
     def setup(self, rank: int, local_rank: int, world_size: int, local_world_size: int,
               node_rank: int, master_addr: str, master_port: int) -> None:

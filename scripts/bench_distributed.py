@@ -18,7 +18,6 @@ import dataclasses
 import io
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from actors.rank_actor import RankActor  # noqa: E402
+from actors.rank_base import free_port  # noqa: E402
 from actors.replay.collectives import CollectiveReplayer, torch_dtype  # noqa: E402
 from actors.replay.comm_metrics import CommStats, message_bytes  # noqa: E402
 from actors.replay.config import ReplayConfig  # noqa: E402
@@ -53,12 +53,6 @@ RUN_TIMEOUT_S = 900
 # A constant, not torch.device() in CommsBenchRank.replay: cloudpickle takes `torch` + `.ops`
 # in one function for the submodule torch.ops, which cannot be pickled.
 CPU = torch.device("cpu")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def end_to_end(trace_dir: Path, work: Path, name: str) -> dict:
@@ -138,7 +132,7 @@ def capture_comms(work: Path) -> Path:
 
     out = work / "comms_4"
     out.mkdir()
-    mp.spawn(_capture_comms_rank, args=(COMM_WORLD_SIZE, _free_port(), str(out)),
+    mp.spawn(_capture_comms_rank, args=(COMM_WORLD_SIZE, free_port(), str(out)),
              nprocs=COMM_WORLD_SIZE)
     return out
 

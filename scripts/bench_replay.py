@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -31,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from actors.capture.recorder import record_iteration  # noqa: E402
 from actors.capture.workloads import WorkloadConfig, build_workload  # noqa: E402
+from actors.rank_base import free_port  # noqa: E402
 from actors.replay.config import AllocationConfig, ReplayConfig  # noqa: E402
 from actors.replay.engine import ReplayEngine  # noqa: E402
 from actors.trace import load_trace  # noqa: E402
@@ -77,17 +77,11 @@ def memory_ratios(rank_files):
     return max(lazy_vs_bound), min(pre_vs_lazy)
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class _World1:
     """A one-rank gloo group, so the captured workloads build outside a worker group."""
 
     def __enter__(self):
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0,
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
                                 world_size=1)
 
     def __exit__(self, *exc):

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 import pytest
+
+from actors.rank_base import free_port
+
 
 def _shared_dir() -> Path:
     """$TRACEFLEET_SHARED_DIR, else ``shared/`` beside the checkout, else the workplace's."""
@@ -115,12 +117,6 @@ def dlrm_rank_dir(public_trace_dir, tmp_path_factory) -> Path:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def gloo_trace_dir(tmp_path_factory) -> Path:
     """A 2-rank gloo capture (``rank-0.json``, ``rank-1.json``, schema 1.1.1 with tensor ranges):
@@ -130,7 +126,7 @@ def gloo_trace_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("gloo")
     script = out / "capture.py"
     script.write_text(_GLOO_CAPTURE)
-    port = str(_free_port())
+    port = str(free_port())
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, str(script), str(r), str(GLOO_WORLD_SIZE), port, str(out)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -10,6 +9,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+
+from actors.rank_base import free_port
 
 
 class IndexHeavy(nn.Module):
@@ -29,12 +30,6 @@ class IndexHeavy(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1), tokens.flatten()) + picked.mean()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def capture_step(path: Path, with_ranges: bool = True, with_collective: bool = True) -> Path:
     """Record one training step of `IndexHeavy` (after one warm-up step) into ``path``."""
     from torch.profiler import ExecutionTraceObserver
@@ -48,7 +43,7 @@ def capture_step(path: Path, with_ranges: bool = True, with_collective: bool = T
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     own_group = with_collective and not dist.is_initialized()
     if own_group:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}",
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}",
                                 rank=0, world_size=1)
 
     def step():
@@ -120,5 +115,5 @@ def capture_ranks(out_dir: Path, world_size: int) -> Path:
     import torch.multiprocessing as mp
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_rank_main, args=(world_size, _free_port(), str(out_dir)), nprocs=world_size)
+    mp.spawn(_rank_main, args=(world_size, free_port(), str(out_dir)), nprocs=world_size)
     return out_dir
