@@ -35,11 +35,12 @@ sys.path.insert(0, str(ROOT))
 
 from actors.rank_actor import RankActor  # noqa: E402
 from actors.rank_base import free_port  # noqa: E402
-from actors.replay.collectives import CollectiveReplayer, torch_dtype  # noqa: E402
+from actors.replay.collectives import CollectiveReplayer  # noqa: E402
 from actors.replay.comm_metrics import CommStats, message_bytes  # noqa: E402
 from actors.replay.config import ReplayConfig  # noqa: E402
 from actors.replay.engine import ReplayEngine  # noqa: E402
 from actors.replay.process_groups import ProcessGroups  # noqa: E402
+from actors.replay.resolve import torch_dtype_or_none  # noqa: E402
 from actors.trace import load_trace  # noqa: E402
 from orchestrator.cluster import ClusterConfig  # noqa: E402
 from orchestrator.config import DEMO_TRACES, ExperimentConfig, RunConfig, TraceConfig  # noqa: E402
@@ -143,7 +144,7 @@ def _raw_calls(trace, world_size: int) -> list:
     calls = []
     for op in trace.collectives:
         c = op.collective
-        dtype = torch_dtype(c.dtype or next(t.dtype for t in op.input_tensors()))
+        dtype = torch_dtype_or_none(c.dtype or next(t.dtype for t in op.input_tensors()))
         nbytes = message_bytes(c.kind, c.in_nelems, c.out_nelems, dtype.itemsize, world_size)
         if c.kind == "all_reduce":
             t = torch.zeros(c.in_nelems, dtype=dtype)

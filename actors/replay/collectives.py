@@ -28,6 +28,7 @@ from actors.errors import ReplayError
 from actors.replay.comm_metrics import (CommStats, buffer_sizes, check_group_fit, element_splits,
                                         message_bytes)
 from actors.replay.process_groups import ProcessGroups
+from actors.replay.resolve import torch_dtype_or_none
 from actors.trace.model import Arg, Op, TensorArg
 
 # c10d ops whose first argument is the output (list) and second the input (list).
@@ -40,12 +41,6 @@ _IN_PLACE = frozenset({"all_reduce", "all_reduce_coalesced", "broadcast", "reduc
                        "recv"})
 _AG_ONE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _RS_ONE = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-
-def torch_dtype(name: str | None) -> torch.dtype | None:
-    """``"float32"`` -> ``torch.float32`` (None if unknown); attribute lookup only."""
-    value = getattr(torch, name, None) if name else None
-    return value if isinstance(value, torch.dtype) else None
 
 
 def _flat(arg) -> list[TensorArg]:
@@ -71,7 +66,7 @@ class CollectiveReplayer:
     """Replays collective ops on ``groups``; per-kind stats in ``self.stats`` (CommStats)."""
 
     def __init__(self, groups: ProcessGroups, device: torch.device,
-                 dtype_from_name: Callable[[str], torch.dtype | None] = torch_dtype,
+                 dtype_from_name: Callable[[str], torch.dtype | None] = torch_dtype_or_none,
                  ops: Sequence[Op] = (), cuda_sync_timing: bool = True):
         self.groups = groups
         self.device = torch.device(device)

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import torch
 
-from actors.errors import ReplayError
 from actors.replay import index_safety, resolve
 from actors.trace.model import Arg, Op, TensorArg
 
@@ -129,7 +128,7 @@ def compile_step(op: Op, device: torch.device, mode: str) -> Step:
     return Step(op, "compute", fn=getattr(resolved.overload, "_op", resolved.overload),
                 template=template, kwargs=kwargs or None, tensor_slots=tuple(slots),
                 list_slots=tuple(list_slots), kw_tensor_slots=tuple(kw_slots),
-                single_out=single, out_dtype=_torch_dtype_or_none(single.dtype) if single else None,
+                single_out=single, out_dtype=resolve.torch_dtype_or_none(single.dtype) if single else None,
                 schema_args=tuple(schema_args))
 
 
@@ -143,13 +142,6 @@ def _wrapped_number(op: Op, value: TensorArg, schema_type: str) -> bool:
         return False
     others = [t for t in op.input_tensors() if t is not value]
     return bool(others) and all(t.shape == () and t.dtype == outs[0].dtype for t in others)
-
-
-def _torch_dtype_or_none(name):
-    try:
-        return resolve.torch_dtype(name)
-    except ReplayError:
-        return None
 
 
 def index_ranges(steps: list[Step]) -> dict[int, tuple[int, int, bool]]:

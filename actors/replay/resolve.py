@@ -171,10 +171,16 @@ def _bind(name: str, parsed: OpSchema, overload) -> ResolvedOp | Unresolved:
     return ResolvedOp(overload, parsed, num_positional, tuple(names[num_positional:]))
 
 
+def torch_dtype_or_none(name: str | None) -> torch.dtype | None:
+    """The torch.dtype for a dtype name such as "float32"; None if missing or unknown."""
+    value = getattr(torch, name, None) if name else None
+    return value if isinstance(value, torch.dtype) else None
+
+
 def torch_dtype(name: str) -> torch.dtype:
     """The torch.dtype for a dtype name such as "float32"."""
-    dtype = getattr(torch, name, None)
-    if not isinstance(dtype, torch.dtype):
+    dtype = torch_dtype_or_none(name)
+    if dtype is None:
         raise ReplayError(f"dtype {name!r} is not available in torch {torch.__version__}")
     return dtype
 
