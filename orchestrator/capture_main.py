@@ -25,12 +25,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from actors.capture import trace_file_name
 from actors.capture.workloads import WorkloadConfig, validate as validate_workload
+from orchestrator.config import Transfer
 from actors.errors import ConfigError, TracefleetError
 from orchestrator.cli import run_app, user_errors
 from orchestrator.cluster import ClusterConfig
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
-TRANSFERS = ("path", "object_store")
 
 
 @dataclass
@@ -62,7 +62,7 @@ class CaptureConfig:
     overwrite: bool = False
     # path: ranks write into out_dir (shared filesystem); object_store: ranks send the bytes
     # back through Ray and the driver writes them.
-    transfer: str = "path"
+    transfer: Transfer = Transfer.path
 
     def validate(self) -> None:
         """Raise ConfigError on inconsistent values (before any cluster work)."""
@@ -72,8 +72,6 @@ class CaptureConfig:
         if self.warmup_iters < 0 or self.timing_iters < 1:
             raise ConfigError(f"warmup_iters={self.warmup_iters} must be >= 0 and "
                               f"timing_iters={self.timing_iters} >= 1")
-        if self.transfer not in TRANSFERS:
-            raise ConfigError(f"transfer={self.transfer!r}: expected one of {', '.join(TRANSFERS)}")
         self.cluster.validate()
 
     def rank_cfg(self) -> dict:

@@ -7,7 +7,9 @@ from contextlib import contextmanager
 from actors.errors import TracefleetError
 
 DEBUG_FLAG = "--debug"
+USER_ERROR_EXIT = 2
 _debug = False  # set by run_app from the command line
+_task_started = False  # set when Hydra has composed the config and runs the task
 
 
 def pop_debug_flag(argv: list[str]) -> bool:
@@ -19,19 +21,30 @@ def pop_debug_flag(argv: list[str]) -> bool:
 
 
 def run_app(app) -> None:
-    """Console-script body: take ``--debug`` off argv (Hydra would reject it), run ``app``."""
+    """Console-script body: take ``--debug`` off argv (Hydra would reject it), run ``app``.
+
+    Hydra reports a config it cannot compose (a typo in a choice, an unknown key) and exits
+    1 before the task starts; that is a user error, so it exits 2 like the others.
+    """
     global _debug
     _debug = pop_debug_flag(sys.argv)
-    app()
+    try:
+        app()
+    except SystemExit as e:
+        if e.code == 1 and not _task_started:
+            sys.exit(USER_ERROR_EXIT)
+        raise
 
 
 @contextmanager
 def user_errors(prog: str):
     """Print a TracefleetError as ``prog: error: ...`` and exit 2; re-raise under --debug."""
+    global _task_started
+    _task_started = True
     try:
         yield
     except TracefleetError as e:
         if _debug:
             raise
         print(f"{prog}: error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(USER_ERROR_EXIT)

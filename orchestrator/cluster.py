@@ -9,12 +9,22 @@ from dataclasses import dataclass
 
 import ray
 
+from actors.choices import Choice
 from actors.errors import ConfigError
 from orchestrator.errors import ClusterError
 
 log = logging.getLogger(__name__)
 
-PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+class PlacementStrategy(Choice):
+    """Ray placement-group strategies for the rank bundles."""
+
+    PACK = "PACK"
+    SPREAD = "SPREAD"
+    STRICT_PACK = "STRICT_PACK"
+    STRICT_SPREAD = "STRICT_SPREAD"
+
 
 # Ray 2.60 clusters use token authentication by default; a driver joining one by address
 # must opt in and hold the cluster's token.
@@ -37,7 +47,7 @@ class ClusterConfig:
     num_cpus: int | None = None
     # Ray placement-group strategy for the rank bundles: PACK, SPREAD, STRICT_PACK or
     # STRICT_SPREAD.
-    placement_strategy: str = "PACK"
+    placement_strategy: PlacementStrategy = PlacementStrategy.PACK
     # Bound in seconds for each start-up phase: placement, actor start, rendezvous.
     timeout_s: float = 120.0
     # Logical CPUs reserved for each rank actor (its placement bundle).
@@ -50,12 +60,12 @@ class ClusterConfig:
     # Stream the actors' stdout/stderr to the driver.
     log_to_driver: bool = True
 
+    def __post_init__(self):
+        self.placement_strategy = PlacementStrategy.coerce(self.placement_strategy,
+                                                           "cluster.placement_strategy")
+
     def validate(self) -> None:
         """Raise ConfigError on a value Ray would reject later with a less clear message."""
-        if self.placement_strategy not in PLACEMENT_STRATEGIES:
-            raise ConfigError(
-                f"cluster.placement_strategy={self.placement_strategy!r}: expected one of "
-                f"{', '.join(PLACEMENT_STRATEGIES)}")
         if not self.timeout_s > 0:
             raise ConfigError(f"cluster.timeout_s={self.timeout_s}: expected > 0")
         if not self.cpus_per_rank > 0:

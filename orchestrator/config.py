@@ -11,13 +11,26 @@ from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 
-from actors.errors import ConfigError
+from actors.choices import Choice
 from actors.replay.config import ReplayConfig
 from orchestrator.cluster import ClusterConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
 DEMO_TRACES = REPO_ROOT / "demo" / "traces"
+
+
+class Transfer(Choice):
+    """How rank traces reach the actors."""
+
+    path = "path"  # actors read the files themselves (shared filesystem)
+    object_store = "object_store"  # the driver ships the bytes through Ray's object store
+
+
+class Zero3Strategy(Choice):
+    """ZeRO-3 parameter fetch/release emulation."""
+
+    none = "none"  # replay the trace's own collectives as recorded
 
 
 @dataclass
@@ -29,10 +42,13 @@ class TraceConfig:
     dir: str = str(DEMO_TRACES / "gpt_dp_4")
     # path: actors read the files themselves (shared filesystem); object_store: the driver
     # reads them once and ships the bytes through Ray's object store (no shared filesystem).
-    transfer: str = "path"
+    transfer: Transfer = Transfer.path
     # gloo traces do not name the group of a collective. When the traces hold several groups of
     # different membership, map op kinds (or "*") to a pg_name, e.g. {"*": "0"}.
     group_map: dict[str, str] | None = None
+
+    def __post_init__(self):
+        self.transfer = Transfer.coerce(self.transfer, "trace.transfer")
 
 
 @dataclass
@@ -40,7 +56,10 @@ class Zero3Config:
     """ZeRO-3 parameter fetch/release emulation (strategies arrive with the ZeRO-3 work)."""
 
     # none: replay the trace's own collectives as recorded.
-    strategy: str = "none"
+    strategy: Zero3Strategy = Zero3Strategy.none
+
+    def __post_init__(self):
+        self.strategy = Zero3Strategy.coerce(self.strategy, "zero3.strategy")
 
 
 @dataclass
@@ -73,13 +92,7 @@ class RunConfig:
     def validate(self) -> None:
         """Raise ConfigError on inconsistent values (before any cluster work)."""
         self.replay.validate()
-        if self.trace.transfer not in ("path", "object_store"):
-            raise ConfigError(f"trace.transfer={self.trace.transfer!r}; expected path or object_store")
-        if self.zero3.strategy != "none":
-            raise ConfigError(f"zero3.strategy={self.zero3.strategy!r}; only 'none' is available yet")
-        if self.cluster.placement_strategy not in ("PACK", "SPREAD", "STRICT_SPREAD", "STRICT_PACK"):
-            raise ConfigError(f"cluster.placement_strategy={self.cluster.placement_strategy!r}; "
-                              "expected PACK, SPREAD, STRICT_SPREAD or STRICT_PACK")
+        self.cluster.validate()
 
 
 def register_configs() -> None:

@@ -192,7 +192,7 @@ class WorkerGroup:
 
     def _reserve(self) -> None:
         bundles = [dict(self.bundle) for _ in range(self.world_size)]
-        self._pg = placement_group(bundles, strategy=self.cfg.placement_strategy)
+        self._pg = placement_group(bundles, strategy=str(self.cfg.placement_strategy))
         ready, _ = ray.wait([self._pg.ready()], timeout=self.cfg.timeout_s)
         if ready:
             return

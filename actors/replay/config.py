@@ -4,26 +4,55 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from actors.choices import Choice
 from actors.errors import ConfigError
 
-MODES = ("full", "compute", "comms")
-ALLOCATION_MODES = ("pre_allocate", "lazy")
-DEVICES = ("auto", "cpu", "cuda", "meta")
+
+class ReplayMode(Choice):
+    """What a rank replays."""
+
+    full = "full"  # operators and collectives
+    compute = "compute"  # operators only
+    comms = "comms"  # collectives only
+
+
+class Device(Choice):
+    """Where the replay's tensors live."""
+
+    auto = "auto"  # cuda when the rank has a GPU, else cpu
+    cpu = "cpu"
+    cuda = "cuda"
+    meta = "meta"  # shapes only: no compute, no memory, same accounting
+
+
+class AllocationMode(Choice):
+    """How the replay holds tensor memory (see the README's side-by-side table)."""
+
+    pre_allocate = "pre_allocate"  # the reference replayer: inputs up front, intermediates to the end
+    lazy = "lazy"  # every storage from first to last use, parameters included
+    faithful = "faithful"  # like the original: persistent storages kept, the rest freed at last use
 
 
 @dataclass
 class AllocationConfig:
     """How the replayer holds tensor memory."""
 
-    # pre_allocate: tensors no replayed op produces are allocated before the first iteration
-    # and kept; intermediates live until the end of the iteration (the reference replayer's
-    # behaviour). lazy: every storage is allocated at first use and freed right after its
-    # last use (liveness computed once from the trace).
-    mode: str = "pre_allocate"
-    # Fraction of device capacity in (0, 1]. In lazy mode, before an op, if held bytes /
-    # capacity exceed it, outstanding collectives are completed and every held storage is
-    # freed (later uses regenerate it). 1.0 disables flushing.
+    # pre_allocate: storages no replayed op produces (parameters, optimizer state, inputs)
+    # are allocated before the first iteration and kept; every intermediate lives until the
+    # end of the iteration (the reference replayer's behaviour). lazy: every storage is
+    # allocated at first use and freed right after its last use, parameters included (they
+    # are re-created every iteration). faithful: what the original run did: storages alive
+    # before the iteration (first seen as inputs) are allocated up front and kept across
+    # iterations; every other storage is freed right after its last use.
+    mode: AllocationMode = AllocationMode.pre_allocate
+    # Fraction of device capacity in (0, 1]. Before an op, if the bytes held plus the bytes
+    # the op needs would cross threshold x capacity, outstanding collectives are completed
+    # and held storages are flushed (lazy: all of them; faithful: all but the persistent
+    # ones); later uses re-materialize them. 1.0 disables flushing.
     device_memory_threshold: float = 1.0
+
+    def __post_init__(self):
+        self.mode = AllocationMode.coerce(self.mode, "replay.allocation.mode")
 
 
 @dataclass
@@ -31,10 +60,10 @@ class ReplayConfig:
     """What a rank replays and how."""
 
     # full: operators and collectives; compute: operators only; comms: collectives only.
-    mode: str = "full"
+    mode: ReplayMode = ReplayMode.full
     # auto picks cuda when the rank has a GPU, else cpu. meta runs every op on meta tensors:
     # no compute and no memory, same accounting (dry runs of models larger than the machine).
-    device: str = "auto"
+    device: Device = Device.auto
     allocation: AllocationConfig = field(default_factory=AllocationConfig)
     # Device capacity for memory accounting, e.g. "16GiB". null: the GPU's total memory on
     # cuda, physical RAM on cpu, unlimited on meta. Smaller values emulate a smaller GPU.
@@ -43,6 +72,18 @@ class ReplayConfig:
     warmup_iters: int = 1
     # Measured iterations.
     iters: int = 3
+    # Measure the peak of real allocations, op temporaries included. cpu: one extra untimed
+    # iteration first, under the torch profiler's allocator events (the timed iterations run
+    # without it); cuda: the caching allocator's peak stats in every timed iteration (free).
+    # meta cannot measure: the accounted peak is reported alone.
+    measure_memory: bool = True
+    # Time every op (the top-ops table); off, only collectives and whole iterations are timed,
+    # which keeps the op loop's host overhead low.
+    per_op_timing: bool = False
+    # Reproduce the CPU time the original spent between consecutive ops (Python, framework
+    # hooks), read from the profiler trace recorded at capture (rank-<r>.kineto.json.gz),
+    # by busy-waiting before each op. For framework-heavy runs (DeepSpeed ZeRO-3).
+    host_gaps: bool = False
     # Turn output shape/dtype mismatches into errors instead of counting them.
     strict: bool = False
     # Write a torch profiler trace per rank (Perfetto/TensorBoard-viewable) into the run dir.
@@ -51,26 +92,27 @@ class ReplayConfig:
     timeline_max_points: int = 2000
     # Bound on one collective (and the process-group rendezvous), seconds.
     collective_timeout_s: float = 120.0
+    # cuda: synchronize the device around every collective so its time is the transfer's
+    # own. Off by default: it removes the original's compute/communication overlap.
+    cuda_sync_collectives: bool = False
+
+    def __post_init__(self):
+        self.mode = ReplayMode.coerce(self.mode, "replay.mode")
+        self.device = Device.coerce(self.device, "replay.device")
 
     def validate(self) -> None:
-        """Raise ConfigError on values outside their domain."""
-        if self.mode not in MODES:
-            raise ConfigError(f"replay.mode={self.mode!r}; expected one of {MODES}")
-        if self.device not in DEVICES:
-            raise ConfigError(f"replay.device={self.device!r}; expected one of {DEVICES}")
-        if self.allocation.mode not in ALLOCATION_MODES:
-            raise ConfigError(f"replay.allocation.mode={self.allocation.mode!r}; "
-                              f"expected one of {ALLOCATION_MODES}")
+        """Raise ConfigError on values outside their domain or inconsistent with each other."""
         t = self.allocation.device_memory_threshold
         if not 0 < t <= 1:
             raise ConfigError(f"replay.allocation.device_memory_threshold={t}; expected a fraction in (0, 1]")
-        if t < 1 and self.allocation.mode != "lazy":
+        if t < 1 and self.allocation.mode == AllocationMode.pre_allocate:
             raise ConfigError("replay.allocation.device_memory_threshold < 1 needs "
-                              "replay.allocation.mode=lazy (pre-allocated memory is never flushed)")
+                              "replay.allocation.mode=lazy or faithful (pre-allocated memory "
+                              "is never flushed)")
         if self.iters < 1 or self.warmup_iters < 0:
             raise ConfigError(f"replay.iters={self.iters}, replay.warmup_iters={self.warmup_iters}; "
                               "expected iters >= 1 and warmup_iters >= 0")
-        if self.device == "meta" and self.mode != "compute":
+        if self.device == Device.meta and self.mode != ReplayMode.compute:
             raise ConfigError(f"replay.device=meta runs operators only; set replay.mode=compute "
                               f"(got replay.mode={self.mode})")
         if self.device_memory_capacity is not None:
@@ -81,14 +123,14 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
-def parse_bytes(text) -> int:
-    """Parse '16GiB', '512MB', '1e9' or an int into bytes."""
+def parse_bytes(text, key: str = "replay.device_memory_capacity") -> int:
+    """Parse '16GiB', '512MB', '1e9' or an int into bytes (``key`` names the setting in errors)."""
     if isinstance(text, (int, float)):
         return int(text)
     m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
-        raise ConfigError(f"replay.device_memory_capacity={text!r}; expected a size like '16GiB' or '512MB'")
+        raise ConfigError(f"{key}={text!r}; expected a size like '16GiB' or '512MB'")
     try:
         return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     except ValueError:
-        raise ConfigError(f"replay.device_memory_capacity={text!r}; bad number") from None
+        raise ConfigError(f"{key}={text!r}; bad number") from None

@@ -238,7 +238,7 @@ def _build_op(path, parser, raw, flat, index, step, module, rpc_child) -> Op:
     ranges = attrs.get("tensor_range")
     tensor_ranges = _parse_ranges(ranges) if ranges else None
     return Op(index, nid, name, schema, inputs, outputs, tensor_ranges, module, step,
-              collective, attrs.get("tid", 0))
+              collective, attrs.get("tid", 0), attrs.get("rf_id"))
 
 
 def _parse_ranges(value) -> dict | None:

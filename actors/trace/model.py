@@ -83,10 +83,10 @@ class Op:
     """One top-level operator in execution order (its nested children are not replayed)."""
 
     __slots__ = ("index", "node_id", "name", "schema", "inputs", "outputs", "tensor_ranges",
-                 "module", "step", "collective", "tid")
+                 "module", "step", "collective", "tid", "rf_id")
 
     def __init__(self, index, node_id, name, schema, inputs, outputs, tensor_ranges, module,
-                 step, collective, tid):
+                 step, collective, tid, rf_id=None):
         self.index = index  # position in Trace.ops
         self.node_id = node_id
         self.name = name  # e.g. "aten::addmm"
@@ -98,6 +98,9 @@ class Op:
         self.step = step  # index into Trace.steps, or -1 outside any ProfilerStep window
         self.collective = collective  # Collective | None
         self.tid = tid  # recording thread (autograd runs on its own thread)
+        # record-function id: the profiler (Kineto) trace of the same iteration carries it as
+        # args["Record function id"] on the op's cpu_op event (None in traces without it)
+        self.rf_id = rf_id
 
     def input_tensors(self):
         """Every TensorArg among the inputs, lists flattened."""
