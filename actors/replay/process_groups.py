@@ -143,6 +143,13 @@ class ProcessGroups:
                               f"{name!r} (ranks {list(self._members[name])})")
         return handle
 
+    def handle(self, name: str):
+        """The ProcessGroup handle of group ``name`` (ReplayError if this rank is not in it)."""
+        if name not in self._handles:
+            raise ReplayError(f"rank {self.rank} holds no process group {name!r} "
+                              f"(its groups: {sorted(self._handles)})")
+        return self._handles[name]
+
     def members(self, name: str) -> tuple[int, ...]:
         """Global ranks of group ``name``, in group-rank order."""
         return self._members[name]
