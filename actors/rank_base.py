@@ -28,6 +28,7 @@ class RankWorkerBase:
     local_world_size: int | None = None
     node_rank: int | None = None
     node_ip: str | None = None
+    device_index: int | None = None  # the rank's GPU among the node's visible ones
 
     def node_info(self) -> dict:
         """Where this actor runs: node_ip, node_id, gpu_ids (Ray-assigned), pid, hostname."""
@@ -46,13 +47,18 @@ class RankWorkerBase:
         return free_port("")
 
     def setup(self, rank: int, local_rank: int, world_size: int, local_world_size: int,
-              node_rank: int, master_addr: str, master_port: int) -> None:
+              node_rank: int, master_addr: str, master_port: int,
+              cuda_visible_devices: str | None = None, device_index: int | None = None) -> None:
         """Record this actor's place in the group and export the torch.distributed env vars.
 
-        CUDA_VISIBLE_DEVICES is left to Ray (it sets it from the actor's GPU bundle).
+        On GPU nodes the driver passes every GPU of the node (``cuda_visible_devices``) and
+        this rank's index among them; this must run before CUDA is initialized here.
         """
         self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
         self.local_world_size, self.node_rank = local_world_size, node_rank
+        if cuda_visible_devices is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
+            self.device_index = device_index
         os.environ.update({
             "RANK": str(rank),
             "LOCAL_RANK": str(local_rank),

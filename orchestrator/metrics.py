@@ -20,6 +20,7 @@ STATUS_PRECEDENCE = ("oom", "failed", "timeout")  # worst first; "ok" only if ev
 MAX_RANKS_IN_ERROR = 4  # name this many failing ranks in full, summarize the rest
 MAX_RANK_ERROR_CHARS = 200
 
+_BULKY = ("memory_timeline",)  # per-rank series written to files of their own (memory/)
 _COLLECTIVE_SUM_FIELDS = ("num_calls", "bytes")
 _COLLECTIVE_MEDIAN_FIELDS = ("time_s", "algbw_gbps", "busbw_gbps")
 
@@ -104,11 +105,27 @@ def _merge_counts(reports: list[dict], key: str) -> dict[str, int]:
     return dict(sorted(total.items(), key=lambda kv: -kv[1]))
 
 
-def _cuda_memory(reports: list[dict]) -> dict | None:
-    rows = _values(reports, "cuda_memory")
-    if not rows:
+def slowest_iteration_s(ranks: list[dict]) -> float | None:
+    """The step time of a synchronous job: per iteration the slowest rank's time, then the
+    median over iterations (iterations every reporting rank finished)."""
+    series = [r["iteration_times_s"] for r in ranks if r.get("iteration_times_s")]
+    if not series:
         return None
-    return {k: max(_values(rows, k), default=None) for k in ("allocated_peak", "reserved_peak")}
+    n = min(len(s) for s in series)
+    return median(max(s[k] for s in series) for k in range(n))
+
+
+def _memory(ranks: list[dict]) -> dict:
+    """Max over ranks of each memory figure; the headline peak is the largest rank peak
+    (each rank's measured figure where it has one), with that rank's source."""
+    top = max((r for r in ranks if r.get("peak_memory_bytes") is not None),
+              key=lambda r: r["peak_memory_bytes"], default={})
+    return {"measured_peak_bytes": max(_values(ranks, "measured_peak_bytes"), default=None),
+            "accounted_peak_bytes": max(_values(ranks, "accounted_peak_bytes"), default=None),
+            "peak_memory_bytes": top.get("peak_memory_bytes"),
+            "peak_memory_source": top.get("peak_memory_source", "accounted") if top else None,
+            "memory_measure_method": next(iter(_values(ranks, "memory_measure_method")), None),
+            "persistent_bytes": max(_values(ranks, "persistent_bytes"), default=None)}
 
 
 def _first_oom(reports: list[dict]) -> dict | None:
@@ -120,7 +137,7 @@ def _first_oom(reports: list[dict]) -> dict | None:
 
 def _rank_rows(rank_reports: list[dict], world_size: int, missing_status: str) -> list[dict]:
     """Per-rank rows in rank order without the bulky memory timeline; placeholders for silent ranks."""
-    rows = {r["rank"]: {k: v for k, v in r.items() if k != "memory_timeline"} for r in rank_reports}
+    rows = {r["rank"]: {k: v for k, v in r.items() if k not in _BULKY} for r in rank_reports}
     for rank in range(world_size):
         if rank not in rows:
             rows[rank] = {"rank": rank, "status": missing_status,
@@ -156,7 +173,9 @@ def aggregate(rank_reports: list[dict], *, world_size: int, run_status_override:
         "world_size": world_size,
         "error": _error_message(bad, world_size, error),
         "num_ranks_by_status": status_counts,
-        "iteration_time_s": _median_or_none(list(rank_medians.values())),
+        # the headline: a synchronous step ends when its slowest rank does
+        "iteration_time_s": slowest_iteration_s(ranks),
+        "iteration_time_median_s": _median_or_none(list(rank_medians.values())),
         "iteration_time_stats_s": {
             "min": fastest,
             "median": _median_or_none(list(rank_medians.values())),
@@ -166,7 +185,7 @@ def aggregate(rank_reports: list[dict], *, world_size: int, run_status_override:
         "skew": skew,
         "compute_time_s": _median_or_none(_values(ranks, "compute_time_s")),
         "comm_time_s": _median_or_none(_values(ranks, "comm_time_s")),
-        "peak_memory_bytes": max(_values(ranks, "peak_memory_bytes"), default=None),
+        **_memory(ranks),
         "liveness_lower_bound_bytes": max(_values(ranks, "liveness_lower_bound_bytes"), default=None),
         "num_flushes": sum(_values(ranks, "num_flushes")),
         "flushed_bytes": sum(_values(ranks, "flushed_bytes")),
@@ -174,8 +193,9 @@ def aggregate(rank_reports: list[dict], *, world_size: int, run_status_override:
         "coverage": min(_values(ranks, "coverage"), default=None),
         "num_shape_mismatches": sum(_values(ranks, "num_shape_mismatches")),
         "skipped_reasons": _merge_counts(ranks, "skipped_reasons"),
+        "translated_ops": _merge_counts(ranks, "translated_ops"),
+        "standin_ops": _merge_counts(ranks, "standin_ops"),
         "collectives": _merge_collectives(ranks),
-        "cuda_memory": _cuda_memory(ranks),
         "num_oom_ranks": sum(1 for r in ranks if r.get("status") == "oom"),
         "oom": _first_oom(ranks),
         "ranks": ranks,

@@ -97,6 +97,9 @@ class WorkerGroup:
             self.master_port = self._gather([self.workers[0].find_free_port.remote()],
                                             "find a free port on rank 0")[0]
             envs = rank_envs(self.node_infos)
+            if self.use_gpu:
+                for env, devices in zip(envs, shared_visible_devices(self.node_infos)):
+                    env.update(devices)
             self._gather([w.setup.remote(**env, master_addr=self.master_addr,
                                          master_port=self.master_port)
                           for w, env in zip(self.workers, envs)], "set up")
@@ -245,6 +248,27 @@ def rank_envs(infos: list[dict]) -> list[dict]:
                      "local_world_size": node_sizes[node], "node_rank": node_ranks[node]})
         seen[node] = seen.get(node, 0) + 1
     return envs
+
+
+def shared_visible_devices(infos: list[dict]) -> list[dict]:
+    """Per rank (infos in rank order): every GPU of its node visible, as Ray Train's torch
+    backend does (``share_cuda_visible_devices``), and the rank's own GPU's index among them.
+
+    Ray isolates each GPU actor to its own device; NCCL then cannot use peer-to-peer inside
+    the node and takes slower paths, which would distort the comms figures.
+    """
+    node_gpus: dict[str, list[str]] = {}
+    for info in infos:
+        node_gpus.setdefault(info["node_id"], []).extend(str(g) for g in info["gpu_ids"])
+    for node, gpus in node_gpus.items():
+        node_gpus[node] = sorted(set(gpus), key=lambda g: (not g.isdigit(), int(g) if g.isdigit() else 0, g))
+    out = []
+    for info in infos:
+        gpus = node_gpus[info["node_id"]]
+        own = str(info["gpu_ids"][0]) if info["gpu_ids"] else None
+        out.append({"cuda_visible_devices": ",".join(gpus),
+                    "device_index": gpus.index(own) if own is not None else None})
+    return out
 
 
 def _ip_key(ip: str) -> tuple:

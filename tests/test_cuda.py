@@ -30,9 +30,13 @@ def test_compute_replay_on_cuda_reports_allocator_stats():
     report = _engine(mode="lazy").run().to_dict()
     assert report["status"] == "ok", report["error"]
     assert report["coverage"] == 1.0 and report["num_shape_mismatches"] == 0
-    stats = report["cuda_memory"]
-    # the caching allocator saw at least the storages the replay held at its peak
-    assert stats["allocated_peak"] >= report["peak_memory_bytes"] > 0
+    assert report["memory_measure_method"] == "cuda_allocator_stats"
+    stats = report["memory_measure"]
+    assert len(stats["allocated_peak_bytes_per_iteration"]) == 2  # every timed iteration
+    # the caching allocator held at least the storages the replay accounted at its peak
+    assert report["measured_peak_bytes"] == stats["allocated_peak_bytes"]
+    assert stats["reserved_peak_bytes"] >= report["measured_peak_bytes"] >= report["accounted_peak_bytes"] > 0
+    assert report["peak_memory_source"] == "measured"
 
 
 def test_emulated_small_gpu_is_an_oom_result():
@@ -62,3 +66,5 @@ def test_two_rank_nccl_replay(tmp_path):
     assert summary["status"] == "ok", summary["error"]
     assert all(r["device"].startswith("cuda") for r in summary["ranks"])
     assert summary["collectives"]["all_reduce"]["num_calls"] > 0
+    # one node: both ranks see both GPUs (NCCL peer-to-peer) and use different ones
+    assert sorted(r["device"] for r in summary["ranks"]) == ["cuda:0", "cuda:1"]

@@ -27,6 +27,8 @@ def ok_report(rank: int, iter_s: float, peak_mib: int = 100, bound_mib: int = 80
         "iteration_times_s": [iter_s * 0.9, iter_s, iter_s * 1.2], "iteration_time_s": iter_s,
         "compute_time_s": iter_s * 0.7, "comm_time_s": iter_s * 0.3,
         "peak_memory_bytes": peak_mib * MiB, "liveness_lower_bound_bytes": bound_mib * MiB,
+        "measured_peak_bytes": peak_mib * MiB, "accounted_peak_bytes": (peak_mib - 10) * MiB,
+        "peak_memory_source": "measured",
         "num_flushes": rank, "flushed_bytes": rank * MiB, "oom": None,
         "collectives": {
             "all_reduce": {"num_calls": 10, "bytes": 1000, "time_s": 0.01 * (rank + 1),
@@ -36,7 +38,7 @@ def ok_report(rank: int, iter_s: float, peak_mib: int = 100, bound_mib: int = 80
         },
         "memory_timeline": [[i, (i % 17) * MiB] for i in range(num_points)],
         "top_ops": [{"name": "aten::mm", "num_calls": 30, "total_s": 0.5, "mean_us": 16.6}],
-        "cuda_memory": None,
+        "memory_measure": {"num_allocator_events": 42},
     }
 
 
@@ -46,7 +48,9 @@ def test_aggregate_statistics_straggler_and_skew():
                ok_report(2, 0.20, peak_mib=200, coverage=0.95)]
     s = aggregate(reports, world_size=3)
     assert s["status"] == "ok" and s["error"] is None and s["world_size"] == 3
-    assert s["iteration_time_s"] == pytest.approx(0.20)
+    # the headline is the slowest rank per iteration (0.27, 0.30, 0.36), median over iterations
+    assert s["iteration_time_s"] == pytest.approx(0.30)
+    assert s["iteration_time_median_s"] == pytest.approx(0.20)
     assert s["iteration_time_stats_s"] == pytest.approx({"min": 0.10, "median": 0.20, "max": 0.30})
     assert s["straggler_rank"] == 1
     assert s["skew"] == pytest.approx(3.0)
@@ -64,6 +68,28 @@ def test_aggregate_statistics_straggler_and_skew():
     assert [r["rank"] for r in s["ranks"]] == [0, 1, 2]
     assert all("memory_timeline" not in r for r in s["ranks"])
     assert "memory_timeline" in reports[0], "aggregate must not mutate the input reports"
+
+
+def test_slowest_iteration_uses_iterations_every_rank_finished():
+    fast, slow = ok_report(0, 0.1), ok_report(1, 0.2)
+    fast["iteration_times_s"] = [0.1, 0.5, 0.1, 0.1]  # one hiccup on the fast rank
+    slow["iteration_times_s"] = [0.2, 0.2, 0.2]  # and one iteration fewer
+    s = aggregate([fast, slow], world_size=2)
+    assert s["iteration_time_s"] == pytest.approx(0.2)  # median of (0.2, 0.5, 0.2)
+
+
+def test_memory_figures_measured_beside_accounted():
+    measured = {**ok_report(0, 0.1), "measured_peak_bytes": 150 * MiB,
+                "accounted_peak_bytes": 100 * MiB, "peak_memory_bytes": 150 * MiB,
+                "memory_measure_method": "cpu_profiler_allocator_events"}
+    meta = {**ok_report(1, 0.1), "measured_peak_bytes": None, "accounted_peak_bytes": 120 * MiB,
+            "peak_memory_bytes": 120 * MiB, "peak_memory_source": "accounted"}
+    s = aggregate([measured, meta], world_size=2)
+    assert s["measured_peak_bytes"] == 150 * MiB and s["accounted_peak_bytes"] == 120 * MiB
+    assert s["peak_memory_bytes"] == 150 * MiB and s["peak_memory_source"] == "measured"
+    only_meta = aggregate([meta], world_size=1)
+    assert only_meta["measured_peak_bytes"] is None
+    assert only_meta["peak_memory_source"] == "accounted"
 
 
 @pytest.mark.parametrize("statuses, expected", [
@@ -101,7 +127,8 @@ def test_partial_failure_keeps_measurements_and_names_failed_ranks():
                "last_op": "node 77 c10d::allreduce_"}
     s = aggregate([ok_report(0, 0.1), crashed, oom, ok_report(3, 0.3)], world_size=5)
     assert s["status"] == "oom"
-    assert s["iteration_time_s"] == pytest.approx(0.2)  # the two ok ranks' medians
+    assert s["iteration_time_s"] == pytest.approx(0.3)  # the slowest of the two ok ranks
+    assert s["iteration_time_median_s"] == pytest.approx(0.2)  # their medians' median
     assert s["straggler_rank"] == 3 and s["skew"] == pytest.approx(3.0)
     assert s["peak_memory_bytes"] == 900 * MiB  # measured by the OOM rank, not lost
     assert s["num_oom_ranks"] == 1
@@ -208,12 +235,14 @@ def test_print_summary_rows_footer_and_error():
     text = console.export_text()
     lines = text.splitlines()
     row0 = next(line for line in lines if "10.0.0.0" in line and " ok " in line)
-    assert row0.split()[3:] == ["100.0", "70.0", "30.0", "100.0", "80.0", "0", "100.0"]
+    # iteration, compute, comm ms; measured, accounted, bound MiB; flushes; coverage %
+    assert row0.split()[3:] == ["100.0", "70.0", "30.0", "100.0", "90.0", "80.0", "0", "100.0"]
     assert any(line.split()[:4] == ["1", "10.0.0.0", "ok", "250.0"] for line in lines)
     assert any(" oom " in line and "2" in line for line in lines)
     assert "all_reduce" in text and "all_gather" in text
     assert "straggler rank 1 (skew 2.50x)" in text
     assert "status oom" in text
+    assert "peak 100.0 MiB measured, 90.0 MiB accounted" in text
     assert "rank 2 oom at node 9 aten::cat: needs [1 GiB] more" in text
 
 

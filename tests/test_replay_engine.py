@@ -32,19 +32,30 @@ def _cfg(**kw):
     return ReplayConfig(allocation=alloc, **base)
 
 
+def _held(engine) -> set[int]:
+    return {s for s, nbytes in enumerate(engine.memory.held) if nbytes}
+
+
 def _run(path, **kw):
     engine = ReplayEngine(load_trace(path), _cfg(**kw))
     return engine, engine.run().to_dict()
 
 
-@pytest.mark.parametrize("alloc", ["pre_allocate", "lazy"])
+@pytest.mark.parametrize("alloc", ["pre_allocate", "lazy", "faithful"])
 def test_full_coverage_no_mismatch(step_trace, alloc):
     _, r = _run(step_trace, alloc=alloc)
     assert r["status"] == "ok", r["error"]
     assert r["coverage"] == 1.0, r["skipped_reasons"]
     assert r["num_shape_mismatches"] == 0
     assert len(r["iteration_times_s"]) == 2 and all(t > 0 for t in r["iteration_times_s"])
+    assert r["top_ops"] == []  # per-op timing is off unless asked
+
+
+def test_per_op_timing_fills_top_ops(step_trace):
+    _, r = _run(step_trace, alloc="lazy", per_op_timing=True)
     assert r["top_ops"] and r["top_ops"][0]["total_s"] > 0
+    iteration_s = sum(r["iteration_times_s"])
+    assert sum(op["total_s"] for op in r["top_ops"]) <= iteration_s
 
 
 def test_pre_allocate_holds_more_than_lazy(step_trace):
@@ -65,7 +76,7 @@ def test_lazy_frees_right_after_last_use(step_trace):
 
     def check_after_op(tick):  # called once after every executed op, in order
         i = next(executed)
-        held = set(engine.memory.held)
+        held = _held(engine)
         # nothing is held past its last use, and everything the op used is accounted for
         stale = {s for s in held if live.storage_last[s] < i}
         seen.append((i, stale))
@@ -83,7 +94,7 @@ def test_pre_allocate_returns_to_pinned_set(step_trace):
     engine = ReplayEngine(load_trace(step_trace), _cfg(alloc="pre_allocate"))
     engine.run()
     pinned = engine.store.pinned
-    assert pinned and set(engine.memory.held) == pinned
+    assert pinned and _held(engine) == pinned
     assert engine.memory.held_bytes == sum(engine.liveness.storage_bytes[s] for s in pinned)
 
 
@@ -137,8 +148,9 @@ def test_strict_turns_mismatch_into_error(step_trace):
     trace = load_trace(step_trace)
     op = next(op for op in trace.ops if op.name == "aten::mm")
     op.outputs[0].shape = op.outputs[0].shape + (1,)
-    with pytest.raises(ReplayError, match=f"node {op.node_id}"):
-        ReplayEngine(trace, _cfg(alloc="lazy", strict=True)).run()
+    r = ReplayEngine(trace, _cfg(alloc="lazy", strict=True)).run().to_dict()
+    assert r["status"] == "failed" and f"node {op.node_id}" in r["error"]
+    assert "ReplayError" in r["error"]
 
 
 def test_bad_config_is_rejected():
@@ -214,4 +226,7 @@ def test_demo_traces_replay_fully(folder):
         _, r = _run(path, alloc="lazy", iters=1, warmup_iters=0, strict=True)
         assert r["status"] == "ok", f"{path.name}: {r['error']}"
         assert r["coverage"] == 1.0, (path.name, r["skipped_reasons"])
-        assert r["peak_memory_bytes"] <= 1.05 * r["liveness_lower_bound_bytes"]
+        # lazy's accounted peak follows the trace's liveness (an invariant, not a result);
+        # what the allocator really held is measured and reported beside it
+        assert r["accounted_peak_bytes"] <= 1.05 * r["liveness_lower_bound_bytes"]
+        assert r["peak_memory_source"] == "measured" and r["measured_peak_bytes"] > 0

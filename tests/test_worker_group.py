@@ -16,7 +16,7 @@ from actors.errors import ConfigError
 from actors.rank_base import RankWorkerBase
 from orchestrator.cluster import ClusterConfig, connect
 from orchestrator.errors import ClusterError
-from orchestrator.worker_group import WorkerGroup, rank_envs, rank_order
+from orchestrator.worker_group import WorkerGroup, rank_envs, rank_order, shared_visible_devices
 
 NUM_CPUS = 4
 
@@ -150,3 +150,13 @@ def test_rank_base_setup_exports_env_and_shutdown_destroys_group(monkeypatch, tm
     worker.shutdown()
     assert not dist.is_initialized()
     assert repr(worker) == "RankWorkerBase(rank=0, world=1, node=None)"
+
+
+def test_gpu_ranks_share_their_nodes_visible_devices():
+    """Ray Train's share_cuda_visible_devices: every GPU of the node visible to each rank,
+    each rank's device index pointing at its own GPU."""
+    infos = [{"node_id": "a", "gpu_ids": ["3"]}, {"node_id": "a", "gpu_ids": ["1"]},
+             {"node_id": "b", "gpu_ids": ["0"]}, {"node_id": "a", "gpu_ids": ["10"]}]
+    shared = shared_visible_devices(infos)
+    assert [d["cuda_visible_devices"] for d in shared] == ["1,3,10", "1,3,10", "0", "1,3,10"]
+    assert [d["device_index"] for d in shared] == [1, 0, 0, 2]

@@ -67,7 +67,7 @@ class CollectiveReplayer:
 
     def __init__(self, groups: ProcessGroups, device: torch.device,
                  dtype_from_name: Callable[[str], torch.dtype | None] = torch_dtype_or_none,
-                 ops: Sequence[Op] = (), cuda_sync_timing: bool = True):
+                 ops: Sequence[Op] = (), cuda_sync_timing: bool = False):
         self.groups = groups
         self.device = torch.device(device)
         self.dtype_from_name = dtype_from_name

@@ -1,4 +1,10 @@
-"""The op loop of one rank: iterations, allocation policy, flushing, OOM, timing, report."""
+"""The op loop of one rank: iterations, memory (policy, guard, flush, OOM), timing, report.
+
+The loop runs a precomputed sequence of ``(fast tuple, step, frees)`` entries: compiled ops,
+extension hooks (ZeRO-3 fetch/release, host gaps), and the allocation policy's frees after
+each op. It never branches on the allocation mode or on an extension: they are planned into
+the sequence once.
+"""
 from __future__ import annotations
 
 import time
@@ -9,34 +15,38 @@ import torch
 from actors.errors import ReplayError
 from actors.replay import plan as planning
 from actors.replay import resolve
+from actors.replay.allocation import make_policy
 from actors.replay.config import ReplayConfig, parse_bytes
-from actors.replay.memory import MemoryTracker, OutOfMemory, device_capacity
+from actors.replay.memory import MemoryTracker, OutOfMemory, device_capacity, is_allocation_failure
+from actors.replay.meters import make_meter
 from actors.replay.report import RankReport
 from actors.replay.tensor_store import TensorStore
 from actors.trace.liveness import compute_liveness
 from actors.trace.model import Trace, TensorArg
 
-
-# What a replayed op may raise on synthetic data; the op is then skipped with its reason.
+# What a replayed op may raise on synthetic data; the op is then skipped with its reason
+# (unless it is the device refusing memory: that is an OOM).
 _OP_ERRORS = (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError)
 
 
-def pick_device(name: str) -> torch.device:
-    """auto -> cuda (the rank's GPU) when available, else cpu."""
+def pick_device(name: str, index: int | None = None) -> torch.device:
+    """auto -> cuda when available, else cpu; cuda takes ``index`` (the rank's device among
+    the node's visible ones) or the current device."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         if not torch.cuda.is_available():
             raise ReplayError("replay.device=cuda but this rank sees no CUDA device")
-        return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cuda", torch.cuda.current_device() if index is None else index)
     return torch.device(name)
 
 
 class ReplayEngine:
-    """Replays one rank's trace. Collectives go to ``comm`` (a CollectiveReplayer) when given."""
+    """Replays one rank's trace. Collectives go to ``comm`` (a CollectiveReplayer) when given;
+    ``extensions`` (ReplayExtension) join the loop at the points they plan."""
 
     def __init__(self, trace: Trace, cfg: ReplayConfig, device: torch.device | None = None,
-                 comm=None, rank: int = 0, progress=None):
+                 comm=None, rank: int = 0, progress=None, extensions=()):
         cfg.validate()
         self.trace = trace
         self.cfg = cfg
@@ -51,34 +61,66 @@ class ReplayEngine:
         if cfg.mode != "compute" and comm is None and any(op.collective for op in trace.ops):
             raise ReplayError(f"replay.mode={cfg.mode} needs process groups; this engine has none "
                               "(use replay.mode=compute for a single-process replay)")
-        self.liveness = compute_liveness(trace.ops, trace.num_storages)
+        self.liveness = live = compute_liveness(trace.ops, trace.num_storages)
         self.steps = [planning.compile_step(op, self.device, cfg.mode) for op in trace.ops]
-        self._set_new_bytes()
+        if not any(s.kind != "skip" or s.reason != "out of scope" for s in self.steps):
+            raise ReplayError(f"rank {rank}: {trace.path} has no op in scope for "
+                              f"replay.mode={cfg.mode} ({len(trace.ops)} ops in the trace)")
         capacity = parse_bytes(cfg.device_memory_capacity) if cfg.device_memory_capacity else None
-        self.memory = MemoryTracker(device_capacity(self.device, capacity), cfg.timeline_max_points)
+        self.memory = MemoryTracker(trace.num_storages, device_capacity(self.device, capacity),
+                                    cfg.timeline_max_points)
         ranges = planning.index_ranges(self.steps)
-        planning.add_guards(self.steps, ranges, self.liveness.storage_external)
-        planning.set_fast_path(self.steps)
-        self.store = TensorStore(trace.num_tensors, self.liveness, self.memory, self.device,
+        planning.add_guards(self.steps, ranges, live.storage_external)
+        self.store = TensorStore(trace.num_tensors, live, self.memory, self.device,
                                  resolve.torch_dtype, ranges)
-        self.lazy = cfg.allocation.mode == "lazy"
+        self.extensions = list(extensions)
+        for ext in self.extensions:
+            ext.attach(self)
+        owned = set().union(*(ext.owned_storages() for ext in self.extensions))
+        used = {t.suid for s in self.steps if s.kind in ("compute", "collective")
+                for t in s.op.input_tensors() if t.suid >= 0}
+        self.policy = make_policy(cfg.allocation.mode, live, used, owned)
+        self.store.pinned = self.policy.persistent
+        planning.set_touch(self.steps, live.storage_bytes, owned)
         threshold = cfg.allocation.device_memory_threshold
         if threshold < 1 and self.memory.capacity_bytes is None:
             raise ReplayError("replay.allocation.device_memory_threshold needs a device capacity: "
                               f"set replay.device_memory_capacity for device {self.device.type}")
         self.flush_bytes = threshold * self.memory.capacity_bytes if threshold < 1 else None
-        self.op_time_ns = [0] * len(self.steps)
+        limits = [x for x in (self.flush_bytes, self.memory.capacity_bytes) if x is not None]
+        self.guard = min(limits) if limits else float("inf")
+        self.meter = make_meter(self.device, cfg.measure_memory)
+        self._hooks = [ext.hooks() for ext in self.extensions]
+        self._dirty = True  # the sequence is rebuilt before the next iteration
+        self.sequence: list[tuple] = []
         self.num_shape_mismatches = 0
         self.num_flushes = 0
         self.flushed_bytes = 0
         self.last_op = None
-        self.num_iterations_run = 0
+        self.num_iterations_run = 0  # completed iterations, the memory iteration included
+        self.stop_index: int | None = None  # op index the replay stopped at (OOM, failure)
 
-    def _set_new_bytes(self):
-        live = self.liveness
-        for s, first in enumerate(live.storage_first):
-            if first >= 0:
-                self.steps[first].new_bytes += live.storage_bytes[s]
+    # --- the sequence ---------------------------------------------------------------------
+    def _build_sequence(self) -> None:
+        """(fast tuple or None, step, frees) per entry: ops in order, extension hooks around
+        them; out-of-scope ops that free nothing are left out."""
+        planning.set_fast_path(self.steps, self.liveness.storage_bytes)
+        before: dict[int, list] = {}
+        after: dict[int, list] = {}
+        for b, a in self._hooks:
+            for i, fns in b.items():
+                before.setdefault(i, []).extend(fns)
+            for i, fns in a.items():
+                after.setdefault(i, []).extend(fns)
+        seq = []
+        free_lists = self.policy.free_lists
+        for i, step in enumerate(self.steps):
+            seq += [(None, planning.Step(None, "hook", fn=fn), ()) for fn in before.get(i, ())]
+            if step.kind in ("compute", "collective", "failed") or free_lists[i]:
+                seq.append((step.fast, step, free_lists[i]))
+            seq += [(None, planning.Step(None, "hook", fn=fn), ()) for fn in after.get(i, ())]
+        self.sequence = seq
+        self._dirty = False
 
     # --- one op (slow paths; the fast path is inlined in _iteration) ----------------------
     def _fill_rare(self, step, args) -> dict | None:
@@ -120,21 +162,40 @@ class ReplayEngine:
             raise ReplayError(f"rank {self.rank}, node {op.node_id} {op.name}: output "
                               f"{tuple(got.shape)} {got.dtype} != trace {expected.shape} {expected.dtype}")
 
-    def _before(self, step) -> None:
-        """Flush when held bytes cross the threshold; OOM when the op's new bytes do not fit."""
-        memory = self.memory
-        if self.flush_bytes is not None and memory.held_bytes > self.flush_bytes:
-            self._flush()
-        cap = memory.capacity_bytes
-        if cap is not None and memory.held_bytes + step.new_bytes > cap:
-            raise OutOfMemory(memory.held_bytes, step.new_bytes, cap)
+    def _check_single(self, step, out) -> None:
+        single = step.single_out
+        if out.shape != single.shape or out.dtype is not step.out_dtype:
+            self._mismatch(step.op, single, out)
 
-    def _run_general(self, step, check: bool, guard: float) -> bool:
+    def _make_room(self, step) -> None:
+        """Before an op that may not fit: flush when held + what the op needs would cross the
+        threshold, then raise OutOfMemory if it still does not fit the capacity."""
+        memory, sizes = self.memory, self.liveness.storage_bytes
+        held = memory.held
+        need = sum(sizes[s] for s in step.touch if not held[s])
+        if self.flush_bytes is not None and memory.held_bytes + need > self.flush_bytes:
+            self._flush()
+            need = sum(sizes[s] for s in step.touch if not held[s])  # flushed inputs return
+        cap = memory.capacity_bytes
+        if cap is not None and memory.held_bytes + need > cap:
+            raise OutOfMemory(memory.held_bytes, need, cap)
+
+    def _flush(self) -> None:
+        """Drop every storage the policy lets go (outstanding collectives complete first)."""
+        if self.comm is not None:
+            self.comm.wait_all()
+        freed = self.store.free_all()
+        if freed:  # a flush that could drop nothing did not happen
+            self.num_flushes += 1
+            self.flushed_bytes += freed
+            self.memory.note_flush()
+
+    def _run_general(self, step, check: bool) -> None:
         """An op off the fast path (tensor lists, keyword tensors, index guards, several
-        outputs); False when it raised and is skipped from now on."""
-        if self.memory.held_bytes + step.new_bytes > guard:
-            self._before(step)
+        outputs)."""
         args = step.template.copy()
+        if self.memory.held_bytes + step.touch_bytes > self.guard:
+            self._make_room(step)
         get = self.store.get
         for pos, t in step.tensor_slots:
             args[pos] = get(t)
@@ -142,183 +203,205 @@ class ReplayEngine:
         try:
             out = step.fn(*args, **kwargs) if kwargs is not None else step.fn(*args)
         except _OP_ERRORS as e:
-            if isinstance(e, torch.OutOfMemoryError):
-                raise
-            self._fail(step, e)
-            return False
-        self._register_outputs(step.op, out, check)
-        return True
+            out = self._op_failed(step, e)
+        if out is not None:
+            self._register_outputs(step.op, out, check)
 
-    def _check_single(self, step, out) -> None:
-        single = step.single_out
-        if out.shape != single.shape or out.dtype is not step.out_dtype:
-            self._mismatch(step.op, single, out)
-
-    def _fail(self, step, e: Exception) -> None:
-        """An op that raises is skipped from now on, with its reason counted."""
+    def _op_failed(self, step, e: Exception):
+        """An op raised: the device refusing memory is an OOM; anything else skips the op from
+        now on, with its reason counted. Returns the op's outputs if something stood in."""
+        if is_allocation_failure(e):
+            raise OutOfMemory(self.memory.held_bytes, 0, self.memory.capacity_bytes,
+                              f"{type(e).__name__}: {str(e).splitlines()[0][:300]}") from None
         step.kind = "failed"
         step.fast = None
         step.reason = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        self._dirty = True
+        return None
 
     # --- iterations ---------------------------------------------------------------------
-    def _iteration(self) -> tuple[float, float]:
-        """Run every step once; returns (compute seconds, collective seconds).
+    def _iteration(self) -> float:
+        """Run the sequence once; returns the seconds spent in collectives.
 
         Output shapes and dtypes are checked in the first iteration only: they follow from
         the input shapes, which do not change, so later checks would only cost time.
         """
-        memory, steps, times = self.memory, self.steps, self.op_time_ns
-        store = self.store
-        tensors, materialize, held = store.tensors, store.materialize, memory.held
-        free_after, lazy, comm = self.liveness.free_after, self.lazy, self.comm
+        if self._dirty:
+            self._build_sequence()
+        memory, store = self.memory, self.store
+        tensors, materialize, free, held = store.tensors, store.materialize, store.free, memory.held
+        comm, guard = self.comm, self.guard
         get = store.get if self.cfg.mode == "full" else None
-        limits = [x for x in (self.flush_bytes, memory.capacity_bytes) if x is not None]
-        guard = min(limits) if limits else float("inf")
         check = self.num_iterations_run == 0
-        compute_ns = comm_ns = 0
+        timing = self.cfg.per_op_timing
         clock = time.perf_counter_ns
         Tensor = torch.Tensor
         tick, next_sample = memory.tick, memory.next_sample
-        i = -1
-        # One clock read per op: an op's time runs from the end of the previous one, so the
-        # replay's own bookkeeping is charged to the op it serves.
+        comm_ns = 0
+        step = None
+        for ext in self.extensions:
+            ext.on_iteration_start()
         last = clock()
         try:
-            for i, fast in enumerate([step.fast for step in steps]):
+            for fast, step, frees in self.sequence:
                 if fast is not None:  # the common case, kept free of attribute lookups
-                    fn, args, slots, kwargs, out_uid, out_suid, new_bytes = fast
-                    if memory.held_bytes + new_bytes > guard:
-                        self._before(steps[i])
-                    args = args.copy()
+                    fn, args, slots, kwargs, out_uid, out_suid, out_bytes, touch_bytes = fast
+                    args = args.copy()  # also drops the previous op's arguments before a flush
+                    if memory.held_bytes + touch_bytes > guard:
+                        self._make_room(step)
                     for pos, uid, t in slots:
                         x = tensors[uid]
                         args[pos] = x if x is not None else materialize(t)
                     try:
                         out = fn(*args, **kwargs) if kwargs is not None else fn(*args)
                     except _OP_ERRORS as e:
-                        if isinstance(e, torch.OutOfMemoryError):
-                            raise
-                        self._fail(steps[i], e)
-                        continue
+                        out = self._op_failed(step, e)
                     if type(out) is Tensor:
                         tensors[out_uid] = out
-                        if out_suid not in held:  # MemoryTracker.add, inlined
-                            nbytes = out.untyped_storage().nbytes()
-                            held[out_suid] = nbytes
-                            memory.held_bytes += nbytes
+                        if not held[out_suid]:  # MemoryTracker.add, inlined
+                            held[out_suid] = out_bytes
+                            memory.held_bytes += out_bytes
                             if memory.held_bytes > memory.peak_bytes:
                                 memory.peak_bytes = memory.held_bytes
                         if check:
-                            self._check_single(steps[i], out)
-                    else:
-                        self._register_outputs(steps[i].op, out, check)
-                    now = clock()
-                    dt = now - last
-                    compute_ns += dt
-                elif steps[i].kind == "compute":
-                    if not self._run_general(steps[i], check, guard):
-                        continue
-                    now = clock()
-                    dt = now - last
-                    compute_ns += dt
-                elif steps[i].kind == "collective":
-                    step = steps[i]
-                    if memory.held_bytes + step.new_bytes > guard:
-                        self._before(step)
+                            self._check_single(step, out)
+                    elif out is not None:
+                        self._register_outputs(step.op, out, check)
+                    out = None
+                elif step.kind == "hook":
+                    step.fn()
+                elif step.kind == "compute":
+                    self._run_general(step, check)
+                elif step.kind == "collective":
+                    if memory.held_bytes + step.touch_bytes > guard:
+                        self._make_room(step)
+                    t0 = clock()
                     comm.run(step.op, get)
+                    comm_ns += clock() - t0
+                # skipped and failed ops still free the storages whose last use they were
+                for s in frees:
+                    free(s)
+                if timing:
                     now = clock()
-                    dt = now - last
-                    comm_ns += dt
-                else:
-                    continue
-                last = now
-                times[i] += dt
-                if lazy:
-                    for s in free_after[i]:
-                        store.free(s)
+                    step.time_ns += now - last
+                    last = now
                 tick += 1
                 if tick == next_sample:
                     next_sample = memory.sample(tick)
+        except BaseException:
+            if step is not None and step.op is not None:
+                self.stop_index = step.op.index
+            raise
         finally:
             memory.tick, memory.next_sample = tick, next_sample
-            if 0 <= i < len(steps):
-                self.last_op = steps[i].op
+            if step is not None and step.op is not None:
+                self.last_op = step.op
         if comm is not None:
             t0 = clock()
             comm.wait_all()
             comm_ns += clock() - t0
+        return comm_ns / 1e9
+
+    def _end_iteration(self, measured: bool) -> None:
+        """Back to the persistent set; extensions release what they hold."""
+        for ext in self.extensions:
+            ext.on_iteration_end(measured)
+        self.store.free_all()
         self.num_iterations_run += 1
-        return compute_ns / 1e9, comm_ns / 1e9
 
-    def _flush(self):
-        if self.comm is not None:
-            self.comm.wait_all()
-        self.flushed_bytes += self.store.free_all()
-        self.num_flushes += 1
-
-    def _prepare(self):
-        """pre_allocate: every tensor no replayed op produces exists before the first iteration."""
-        if self.lazy:
+    def _prepare(self) -> None:
+        """Materialize the policy's persistent storages before the first iteration."""
+        persistent = self.policy.persistent
+        if not persistent:
             return
-        live = self.liveness
+        store = self.store
         for step in self.steps:
-            if step.kind == "skip":
-                continue
-            for t in step.op.input_tensors():
-                if live.storage_external[t.suid] and self.store.tensors[t.uid] is None:
-                    self.store.materialize(t)
-                    self.store.pin(t.suid)
+            if step.kind in ("compute", "collective"):
+                for t in step.op.input_tensors():
+                    if t.suid in persistent and store.tensors[t.uid] is None:
+                        store.materialize(t)
 
-    def run(self) -> RankReport:
-        """Warm-up and measured iterations; OOM and failures become the report's status."""
-        report = RankReport.start(self)
-        num_iters = self.cfg.warmup_iters + self.cfg.iters
+    def _memory_iteration(self) -> None:
+        """cpu: one untimed iteration under the profiler's allocator events, from before the
+        first allocation (the timed iterations run without it)."""
+        self.meter.start()
         try:
             self._prepare()
+            self._iteration()
+            self._end_iteration(measured=False)
+        finally:
+            self.meter.stop()
+
+    def run(self) -> RankReport:
+        """Warm-up and measured iterations; OOM and failures become the report's status, and
+        what was measured before them is kept."""
+        report = RankReport.start(self)
+        num_iters = self.cfg.warmup_iters + self.cfg.iters
+        meter = self.meter
+        per_iteration = not meter.needs_own_iteration and meter.method is not None
+        try:
+            if meter.needs_own_iteration:
+                self._memory_iteration()
+            else:
+                self._prepare()
             for it in range(num_iters):
+                measured = it >= self.cfg.warmup_iters
+                if per_iteration and measured:
+                    meter.start()
                 t0 = time.perf_counter()
-                compute_s, comm_s = self._iteration()
+                comm_s = self._iteration()
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 elapsed = time.perf_counter() - t0
-                self.store.free_all()  # back to the pinned (persistent) set
-                if it >= self.cfg.warmup_iters:
-                    report.add_iteration(elapsed, compute_s, comm_s)
+                if per_iteration and measured:
+                    meter.stop()
+                self._end_iteration(measured)
+                if measured:
+                    report.add_iteration(elapsed, elapsed - comm_s, comm_s)
                 else:
-                    self.op_time_ns = [0] * len(self.steps)
+                    for step in self.steps:
+                        step.time_ns = 0
                     if self.comm is not None:
                         self.comm.stats.reset()
                 if self.progress is not None:
                     self.progress(it + 1, num_iters)
         except OutOfMemory as e:
-            report.set_oom(self.last_op, e.held_bytes, e.requested_bytes)
-        except torch.OutOfMemoryError as e:
-            report.set_oom(self.last_op, self.memory.held_bytes, 0, str(e).splitlines()[0])
+            report.set_oom(self.last_op, e.held_bytes, e.requested_bytes, e.message)
+        except Exception as e:  # a collective that failed or timed out, a strict mismatch
+            report.set_failed(self.last_op, e)
         return report.finish(self)
 
+    # --- figures for the report -----------------------------------------------------------
     def top_ops(self, n: int = 15) -> list[dict]:
-        """Ops by total time over the measured iterations."""
+        """Ops by total time over the measured iterations (empty unless replay.per_op_timing)."""
         total, calls = Counter(), Counter()
-        for step, ns in zip(self.steps, self.op_time_ns):
-            if ns:
-                total[step.op.name] += ns
+        for step in self.steps:
+            if step.time_ns:
+                total[step.op.name] += step.time_ns
                 calls[step.op.name] += 1
         iters = max(1, self.cfg.iters)
         return [{"name": name, "num_calls": calls[name] * iters, "total_s": ns / 1e9,
                  "mean_us": ns / 1e3 / (calls[name] * iters)} for name, ns in total.most_common(n)]
 
     def coverage(self) -> tuple[int, int, Counter]:
-        """(replayed, in scope, skip reasons) counted over the mode's scope."""
+        """(ops that ran, ops in scope, skip reasons) over the mode's scope.
+
+        An op ran if it completed in some iteration: all runnable ops once an iteration
+        completed, else those before the op the replay stopped at.
+        """
         reasons = Counter()
         in_scope = replayed = 0
-        for i, step in enumerate(self.steps):
+        stop = None if self.num_iterations_run else (self.stop_index or 0)
+        for step in self.steps:
             if step.reason == "out of scope":
                 continue
             in_scope += 1
-            reason = step.reason if step.kind in ("skip", "failed") else None
-            if reason:
-                reasons[reason] += 1
-            else:
+            if step.kind in ("skip", "failed"):
+                reasons[step.reason] += 1
+            elif stop is None or step.op.index < stop:
                 replayed += 1
         return replayed, in_scope, reasons
 
+    def op_name_counts(self, attribute: str) -> dict[str, int]:
+        """Per recorded op name, how many ops have ``attribute`` set (translated_from, standin)."""
+        return dict(Counter(s.op.name for s in self.steps if getattr(s, attribute)))

@@ -1,7 +1,10 @@
-"""Accounting of the bytes the replayer holds (storages, not views), capacity and timeline.
+"""Accounted memory: the bytes of the storages the replay holds, by trace sizes, with capacity,
+threshold flushing decisions and a bounded timeline.
 
-Works the same on cpu, meta and cuda: it counts the storages the replay keeps alive. On CUDA
-the allocator's own figures (allocated/reserved/peak) are reported beside it.
+"Accounted" means computed from the trace: a storage counts with the bytes its recorded views
+reach. What the device really allocated (op temporaries, workspaces, allocator rounding) is
+measured separately (actors/replay/meters.py). Accounting drives the OOM and flush decisions
+because it can tell *before* an op runs what the op will need.
 """
 from __future__ import annotations
 
@@ -9,17 +12,32 @@ import torch
 
 
 class OutOfMemory(Exception):
-    """Raised inside the replay loop when a request would cross the device capacity."""
+    """An op's request would cross the device capacity, or a real allocation failed."""
 
-    def __init__(self, held_bytes: int, requested_bytes: int, capacity_bytes: int):
-        super().__init__(f"need {requested_bytes} B more with {held_bytes} B held; "
-                         f"capacity {capacity_bytes} B")
+    def __init__(self, held_bytes: int, requested_bytes: int, capacity_bytes: int | None,
+                 message: str | None = None):
+        super().__init__(message or f"need {requested_bytes} B more with {held_bytes} B held; "
+                                    f"capacity {capacity_bytes} B")
         self.held_bytes = held_bytes
         self.requested_bytes = requested_bytes
         self.capacity_bytes = capacity_bytes
+        self.message = message
 
     def __reduce__(self):  # the custom __init__ needs its own arguments to unpickle
-        return type(self), (self.held_bytes, self.requested_bytes, self.capacity_bytes)
+        return type(self), (self.held_bytes, self.requested_bytes, self.capacity_bytes,
+                            self.message)
+
+
+# What torch raises when the host allocator fails (torch 2.x wording: "DefaultCPUAllocator:
+# can't allocate memory" / "not enough memory"); CUDA raises torch.OutOfMemoryError.
+_CPU_ALLOC_FAILURE = ("DefaultCPUAllocator", "can't allocate memory", "not enough memory")
+
+
+def is_allocation_failure(error: BaseException) -> bool:
+    """Whether ``error`` is the device refusing memory (an OOM), not a replay problem."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and any(s in str(error) for s in _CPU_ALLOC_FAILURE)
 
 
 def device_capacity(device: torch.device, configured: int | None) -> int | None:
@@ -35,13 +53,15 @@ def device_capacity(device: torch.device, configured: int | None) -> int | None:
 
 
 class MemoryTracker:
-    """Held bytes per storage generation, the peak, and a bounded timeline."""
+    """Accounted bytes held per storage generation (a list indexed by suid), bytes charged by
+    extensions, the peak, the flush ticks and a bounded timeline."""
 
-    def __init__(self, capacity_bytes: int | None, max_points: int = 2000):
+    def __init__(self, num_storages: int, capacity_bytes: int | None, max_points: int = 2000):
         self.capacity_bytes = capacity_bytes
-        self.held: dict[int, int] = {}  # suid -> bytes
+        self.held: list[int] = [0] * num_storages  # suid -> accounted bytes held (0: not held)
         self.held_bytes = 0
         self.peak_bytes = 0
+        self.flush_ticks: list[int] = []
         self._max_points = max(16, max_points)
         self._stride = 1
         self.tick = 0  # ops run so far (the timeline's x axis)
@@ -55,7 +75,8 @@ class MemoryTracker:
             raise OutOfMemory(self.held_bytes, requested_bytes, cap)
 
     def add(self, suid: int, nbytes: int) -> None:
-        if suid in self.held:
+        """Account storage ``suid`` as held (once)."""
+        if self.held[suid]:
             return
         self.held[suid] = nbytes
         self.held_bytes += nbytes
@@ -63,9 +84,26 @@ class MemoryTracker:
             self.peak_bytes = self.held_bytes
 
     def release(self, suid: int) -> int:
-        nbytes = self.held.pop(suid, 0)
+        """Stop accounting storage ``suid``; returns the bytes it held."""
+        nbytes = self.held[suid]
+        self.held[suid] = 0
         self.held_bytes -= nbytes
         return nbytes
+
+    def charge(self, nbytes: int) -> None:
+        """Account bytes an extension allocated itself (checked against the capacity)."""
+        self.check(nbytes)
+        self.held_bytes += nbytes
+        if self.held_bytes > self.peak_bytes:
+            self.peak_bytes = self.held_bytes
+
+    def discharge(self, nbytes: int) -> None:
+        """Stop accounting bytes an extension released."""
+        self.held_bytes -= nbytes
+
+    def note_flush(self) -> None:
+        if len(self.flush_ticks) < 10_000:  # bounded: a pathological threshold flushes every op
+            self.flush_ticks.append(self.tick)
 
     def sample(self, tick: int) -> int:
         """Record held bytes at op ``tick``; returns the next tick to sample.
@@ -78,15 +116,3 @@ class MemoryTracker:
             self.timeline = self.timeline[::2]
             self._stride *= 2
         return tick + self._stride
-
-    def utilization(self) -> float:
-        return self.held_bytes / self.capacity_bytes if self.capacity_bytes else 0.0
-
-
-def cuda_memory_stats(device: torch.device) -> dict | None:
-    """Peak allocated/reserved bytes from the CUDA caching allocator (None off CUDA)."""
-    if device.type != "cuda":
-        return None
-    return {"allocated_peak": torch.cuda.max_memory_allocated(device),
-            "reserved_peak": torch.cuda.max_memory_reserved(device),
-            "allocated": torch.cuda.memory_allocated(device)}

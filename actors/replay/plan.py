@@ -21,11 +21,12 @@ _TYPE_CONVERTERS = {
 
 @dataclass
 class Step:
-    """One op ready to run. ``kind`` is 'compute', 'collective' or 'skip'."""
+    """One entry of the op loop. ``kind``: 'compute', 'collective', 'skip', 'failed' or 'hook'
+    (a callable an extension runs between ops; ``op`` is then None)."""
 
-    op: Op
+    op: Op | None
     kind: str
-    reason: str = ""  # why skipped
+    reason: str = ""  # why skipped or failed
     fn: object = None  # the overload's C++ callable (skips OpOverload.__call__'s frame)
     template: list = None  # positional argument values, tensors left as None
     kwargs: dict = None  # constant keyword arguments (recorded values equal to defaults dropped)
@@ -35,10 +36,17 @@ class Step:
     single_out: TensorArg | None = None  # the fast path: exactly one tensor output
     out_dtype: object = None  # torch dtype expected of single_out
     schema_args: tuple = ()  # the recorded schema's args (OpSchema.args)
-    new_bytes: int = 0  # bytes of storages first used by this op (the OOM check's request)
     guards: tuple = ()  # (position, lo, hi): index inputs computed in-trace, clamped before use
+    # Storage generations the op reads or writes (extension-owned ones left out) and their
+    # accounted bytes: an upper bound of what the op can need, the loop's cheap memory guard.
+    touch: tuple = ()
+    touch_bytes: int = 0
+    translated_from: str = ""  # the recorded op name when fn runs a device equivalent
+    standin: str = ""  # why the outputs are stand-ins (shapes from the trace), not computed
+    time_ns: int = 0  # time in this op over the measured iterations (replay.per_op_timing)
     # The op loop's fast path, set by `set_fast_path` for plain single-output ops:
-    # (fn, template, ((position, uid, TensorArg), ...), kwargs, out uid, out suid, new_bytes).
+    # (fn, template, ((position, uid, TensorArg), ...), kwargs, out uid, out suid,
+    #  out accounted bytes, touch_bytes).
     fast: tuple | None = None
 
 
@@ -195,7 +203,17 @@ def add_guards(steps: list[Step], ranges: dict, external: list[bool]) -> None:
                                 if t.suid in ranges and not external[t.suid])
 
 
-def set_fast_path(steps: list[Step]) -> None:
+def set_touch(steps: list[Step], storage_bytes: list[int], owned: set[int]) -> None:
+    """Each op's distinct storages (minus extension-owned ones) and their accounted bytes."""
+    for step in steps:
+        if step.kind in ("compute", "collective"):
+            op = step.op
+            suids = {t.suid for t in op.input_tensors() + op.output_tensors() if t.suid >= 0}
+            step.touch = tuple(sorted(suids - owned))
+            step.touch_bytes = sum(storage_bytes[s] for s in step.touch)
+
+
+def set_fast_path(steps: list[Step], storage_bytes: list[int]) -> None:
     """Flatten plain compute steps (tensor positionals, one tensor out, no guards) into the
     tuple the op loop unpacks, sparing it a dozen attribute lookups per op."""
     for step in steps:
@@ -203,4 +221,7 @@ def set_fast_path(steps: list[Step]) -> None:
         plain = not (step.list_slots or step.kw_tensor_slots or step.guards)
         if step.kind == "compute" and single is not None and plain:
             step.fast = (step.fn, step.template, tuple((p, t.uid, t) for p, t in step.tensor_slots),
-                         step.kwargs, single.uid, single.suid, step.new_bytes)
+                         step.kwargs, single.uid, single.suid, storage_bytes[single.suid],
+                         step.touch_bytes)
+        else:
+            step.fast = None

@@ -1,11 +1,17 @@
-"""The per-rank report the actor ships to the driver (plain dict; names are a contract)."""
+"""The per-rank report the actor ships to the driver (plain dict; names are a contract).
+
+Memory figures: ``accounted_peak_bytes`` is the peak of the storages the replay held, by
+trace sizes; ``measured_peak_bytes`` what the device's allocator really handed out (None
+where the device cannot measure: meta); ``peak_memory_bytes`` is the measured one where it
+exists, else the accounted one, and ``peak_memory_source`` says which.
+"""
 from __future__ import annotations
 
 import socket
 import statistics
 from dataclasses import dataclass, field
 
-from actors.replay.memory import cuda_memory_stats
+MAX_ERROR_CHARS = 300
 
 
 @dataclass
@@ -27,8 +33,8 @@ class RankReport:
 
     @classmethod
     def start(cls, engine) -> "RankReport":
-        return cls(rank=engine.rank, device=str(engine.device), mode=engine.cfg.mode,
-                   allocation_mode=engine.cfg.allocation.mode)
+        return cls(rank=engine.rank, device=str(engine.device), mode=str(engine.cfg.mode),
+                   allocation_mode=str(engine.cfg.allocation.mode))
 
     def add_iteration(self, elapsed_s: float, compute_s: float, comm_s: float) -> None:
         self.iteration_times_s.append(elapsed_s)
@@ -40,32 +46,55 @@ class RankReport:
         self.status = "oom"
         self.oom = {"node_id": op.node_id if op else None, "op": op.name if op else None,
                     "held_bytes": held_bytes, "requested_bytes": requested_bytes}
-        self.error = message or (f"out of memory at {where}: {held_bytes} B held, "
-                                 f"{requested_bytes} B requested")
+        detail = message or f"{held_bytes} B held, {requested_bytes} B requested"
+        self.error = f"rank {self.rank}: out of memory at {where}: {detail}"
+
+    def set_failed(self, op, error: BaseException) -> None:
+        """A failure inside the replay (a collective's peer gone or timed out, a strict
+        mismatch): the iterations that finished before it are kept."""
+        text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        timed_out = "timed out" in text.lower() or "timeout" in type(error).__name__.lower()
+        self.status = "timeout" if timed_out else "failed"
+        where = f" at node {op.node_id} {op.name}" if op is not None else ""
+        self.error = f"rank {self.rank}{where}: {type(error).__name__}: {text[:MAX_ERROR_CHARS]}"
 
     def finish(self, engine) -> "RankReport":
         replayed, in_scope, reasons = engine.coverage()
         op = engine.last_op
         self.last_op = f"node {op.node_id} {op.name}" if op is not None else None
         med = statistics.median
+        memory, meter = engine.memory, engine.meter
+        measured = meter.peak_bytes
         self.data = {
             "num_ops": len(engine.steps), "num_in_scope": in_scope, "num_replayed": replayed,
             "num_skipped": in_scope - replayed, "skipped_reasons": dict(reasons),
-            "coverage": replayed / in_scope if in_scope else 1.0,
+            "coverage": replayed / in_scope,
+            "translated_ops": engine.op_name_counts("translated_from"),
+            "standin_ops": engine.op_name_counts("standin"),
             "num_shape_mismatches": engine.num_shape_mismatches,
+            "num_iterations_completed": engine.num_iterations_run,
             "iteration_time_s": med(self.iteration_times_s) if self.iteration_times_s else None,
             "compute_time_s": med(self.compute_times_s) if self.compute_times_s else None,
             "comm_time_s": med(self.comm_times_s) if self.comm_times_s else None,
-            "peak_memory_bytes": engine.memory.peak_bytes,
+            "measured_peak_bytes": measured,
+            "accounted_peak_bytes": memory.peak_bytes,
+            "peak_memory_bytes": measured if measured is not None else memory.peak_bytes,
+            "peak_memory_source": "measured" if measured is not None else "accounted",
+            "memory_measure_method": meter.method,
+            "memory_measure": meter.details(),
+            "persistent_bytes": engine.policy.persistent_bytes(engine.liveness.storage_bytes),
             "liveness_lower_bound_bytes": engine.liveness.lower_bound_bytes,
-            "device_memory_capacity_bytes": engine.memory.capacity_bytes,
+            "device_memory_capacity_bytes": memory.capacity_bytes,
+            "device_memory_threshold": engine.cfg.allocation.device_memory_threshold,
             "num_flushes": engine.num_flushes, "flushed_bytes": engine.flushed_bytes,
+            "flush_ticks": list(memory.flush_ticks),
             "num_materialized": engine.store.num_materialized,
-            "memory_timeline": [list(p) for p in engine.memory.timeline],
+            "memory_timeline": [list(p) for p in memory.timeline],
             "top_ops": engine.top_ops(),
             "collectives": engine.comm.stats_dict() if engine.comm is not None else {},
-            "cuda_memory": cuda_memory_stats(engine.device),
         }
+        for ext in engine.extensions:
+            self.data[ext.name] = ext.report()
         return self
 
     def to_dict(self) -> dict:

@@ -4,6 +4,9 @@ Tensors the replay has not produced (parameters, inputs, optimizer state, or any
 by a flush) are materialized as views over a storage sized from the trace's liveness, so
 storage sharing, offsets, shapes and strides are preserved. Integer storages that feed index
 ops are filled inside a safe range; everything else gets a cheap constant fill.
+
+Every storage the store holds is accounted in the MemoryTracker with its trace size; tensors
+an extension binds (``bind``) are accounted by the extension itself.
 """
 from __future__ import annotations
 
@@ -25,12 +28,12 @@ class TensorStore:
         self.tensors: list = [None] * num_tensors
         self._bases: dict[int, torch.Tensor] = {}  # suid -> flat tensor we allocated
         self.uids_by_suid = liveness.uids_by_suid
-        self.liveness = liveness
+        self.storage_bytes = liveness.storage_bytes
         self.memory = memory
         self.device = device
         self._dtype_of = dtype_of  # dtype name -> torch.dtype
         self._int_ranges = int_ranges  # suid -> (lo, hi, monotonic) for data feeding index ops
-        self.pinned: set[int] = set()
+        self.pinned: frozenset[int] = frozenset()  # the allocation policy's persistent set
         self.num_materialized = 0
 
     def get(self, t: TensorArg) -> torch.Tensor:
@@ -39,6 +42,7 @@ class TensorStore:
         return x if x is not None else self.materialize(t)
 
     def materialize(self, t: TensorArg) -> torch.Tensor:
+        """A view for ``t`` over its storage, allocating the storage if it is not held."""
         base = self._bases.get(t.suid)
         if base is None:
             base = self._allocate(t)
@@ -51,7 +55,7 @@ class TensorStore:
         return x
 
     def _allocate(self, t: TensorArg) -> torch.Tensor:
-        nbytes = max(self.liveness.storage_bytes[t.suid], t.extent_elems * t.itemsize)
+        nbytes = max(self.storage_bytes[t.suid], t.extent_elems * t.itemsize)
         self.memory.check(nbytes)
         dtype = self._dtype_of(t.dtype)
         base = torch.empty(-(-nbytes // t.itemsize), dtype=dtype, device=self.device)
@@ -62,17 +66,25 @@ class TensorStore:
                 lo, hi, monotonic = self._int_ranges.get(t.suid, (*DEFAULT_INT_RANGE, False))
                 fill_int_tensor(base, lo, hi, monotonic)
         self._bases[t.suid] = base
-        self.memory.add(t.suid, base.untyped_storage().nbytes())
         return base
 
     def register(self, t: TensorArg, x: torch.Tensor) -> None:
         """Record ``x`` as tensor ``t`` (an op output or a materialized view)."""
         self.tensors[t.uid] = x
-        if t.suid not in self.memory.held:
-            self.memory.add(t.suid, x.untyped_storage().nbytes())
+        self.memory.add(t.suid, self.storage_bytes[t.suid])
+
+    def bind(self, t: TensorArg, x: torch.Tensor) -> None:
+        """Record ``x`` as tensor ``t`` without accounting (an extension accounts it)."""
+        self.tensors[t.uid] = x
+
+    def unbind(self, suid: int) -> None:
+        """Drop every tensor an extension bound on storage ``suid`` (no accounting)."""
+        tensors = self.tensors
+        for uid in self.uids_by_suid[suid]:
+            tensors[uid] = None
 
     def free(self, suid: int) -> int:
-        """Drop every tensor on a storage generation; returns the bytes released."""
+        """Drop every tensor on a storage generation; returns the accounted bytes released."""
         if suid in self.pinned:
             return 0
         tensors = self.tensors
@@ -82,8 +94,8 @@ class TensorStore:
         return self.memory.release(suid)
 
     def free_all(self) -> int:
-        """Free everything not pinned (a flush, or the end of an iteration)."""
-        return sum(self.free(s) for s in list(self.memory.held))
+        """Free every held storage that is not pinned (a flush, or the end of an iteration)."""
+        return sum(self.free(s) for s, nbytes in enumerate(self.memory.held) if nbytes)
 
-    def pin(self, suid: int) -> None:
-        self.pinned.add(suid)
+    def is_held(self, suid: int) -> bool:
+        return bool(self.memory.held[suid])

@@ -1,0 +1,87 @@
+"""Allocation policies: one small class per ``replay.allocation.mode``.
+
+Each says, for one rank's trace, which storages are *persistent* (materialized before the
+first iteration and kept across iterations, never flushed), which storages are freed right
+after each op, and therefore what a threshold flush drops (every held storage that is not
+persistent; later uses re-materialize it with synthetic data, as the reference replayer does).
+The op loop calls the policy's per-op free lists and never branches on the mode.
+
+============  ==========================  ============================  =====================
+mode          persistent                  freed after an op             a flush drops
+============  ==========================  ============================  =====================
+pre_allocate  storages made outside the   nothing (intermediates live   (flushing refused:
+              trace (first seen as an     to the end of the iteration)  nothing is freeable)
+              input): params, optimizer
+              state, inputs
+lazy          nothing (params re-created  every storage at its last     everything held
+              every iteration)            use
+faithful      as pre_allocate             every non-persistent storage  every non-persistent
+                                          at its last use               storage
+============  ==========================  ============================  =====================
+
+"Made outside the trace" is what the trace shows alive when the iteration starts: a storage
+whose first use is as an input existed before the first op (parameters, gradients kept
+across steps, optimizer state, framework buffers, the batch).
+"""
+from __future__ import annotations
+
+from actors.replay.config import AllocationMode
+from actors.trace.liveness import Liveness
+
+
+class AllocationPolicy:
+    """Base: subclasses set ``keeps_persistent`` and ``frees_at_last_use``."""
+
+    mode: AllocationMode
+    keeps_persistent: bool
+    frees_at_last_use: bool
+
+    def __init__(self, liveness: Liveness, used_storages: set[int], owned: set[int]):
+        """``used_storages``: suids the replayed ops read or write (steps in scope);
+        ``owned``: suids an extension manages (never allocated, pinned or freed here)."""
+        external = liveness.storage_external
+        self.persistent: frozenset[int] = frozenset(
+            s for s in used_storages if external[s] and s not in owned) \
+            if self.keeps_persistent else frozenset()
+        skip = self.persistent | owned
+        self.free_lists: list[tuple[int, ...]] = [
+            tuple(s for s in suids if s not in skip) if self.frees_at_last_use else ()
+            for suids in liveness.free_after]
+
+    def persistent_bytes(self, storage_bytes: list[int]) -> int:
+        """Accounted bytes of the persistent set."""
+        return sum(storage_bytes[s] for s in self.persistent)
+
+
+class PreAllocate(AllocationPolicy):
+    """The reference replayer: inputs allocated up front, intermediates held to the end."""
+
+    mode = AllocationMode.pre_allocate
+    keeps_persistent = True
+    frees_at_last_use = False
+
+
+class Lazy(AllocationPolicy):
+    """Every storage lives from its first to its last use, parameters included."""
+
+    mode = AllocationMode.lazy
+    keeps_persistent = False
+    frees_at_last_use = True
+
+
+class Faithful(AllocationPolicy):
+    """What the original run did: what existed before the iteration stays, the rest is freed
+    right after its last use."""
+
+    mode = AllocationMode.faithful
+    keeps_persistent = True
+    frees_at_last_use = True
+
+
+_POLICIES = {cls.mode: cls for cls in (PreAllocate, Lazy, Faithful)}
+
+
+def make_policy(mode: AllocationMode, liveness: Liveness, used_storages: set[int],
+                owned: set[int]) -> AllocationPolicy:
+    """The policy of ``replay.allocation.mode``."""
+    return _POLICIES[AllocationMode(mode)](liveness, used_storages, owned)
