@@ -1,6 +1,7 @@
 """The Ray actor of one rank: load its trace, rebuild the process groups, replay, report."""
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 import traceback
@@ -22,6 +23,8 @@ from actors.trace import load_trace
 class RankActor(RankWorkerBase):
     """One rank of a replay. The driver wraps it with ``ray.remote`` and pins it to a bundle."""
 
+    _trace_cache: tuple | None = None  # (file version, Trace) of the last load
+
     def replay(self, trace_path: str, trace_bytes, cfg: ReplayConfig, pg_table: list,
                group_map: dict | None = None, profile_dir: str | None = None) -> dict:
         """Replay this rank's trace; never raises: failures come back as a report with a status."""
@@ -33,7 +36,7 @@ class RankActor(RankWorkerBase):
             if device.type == "cuda":
                 torch.cuda.set_device(device)
             t0 = time.perf_counter()
-            trace = load_trace(trace_path, rank=rank, data=trace_bytes)
+            trace = self._load(trace_path, rank, trace_bytes)
             t1 = time.perf_counter()
             comm = None
             if cfg.mode != "compute":
@@ -56,6 +59,18 @@ class RankActor(RankWorkerBase):
             return {**out, **self._where()}
         except Exception as e:  # the driver needs a report from every rank, whatever happened
             return self._failure(rank, engine, e)
+
+    def _load(self, trace_path: str, rank: int, trace_bytes):
+        """This rank's trace, parsed once per file version: a sweep's later points reuse it
+        (the replay never modifies a Trace). Keyed by size and mtime, or by the shipped bytes."""
+        if trace_bytes is None:
+            st = os.stat(trace_path)
+            key = (trace_path, rank, st.st_size, st.st_mtime_ns)
+        else:
+            key = (trace_path, rank, hashlib.blake2b(trace_bytes, digest_size=16).digest())
+        if self._trace_cache is None or self._trace_cache[0] != key:
+            self._trace_cache = (key, load_trace(trace_path, rank=rank, data=trace_bytes))
+        return self._trace_cache[1]
 
     def _where(self) -> dict:
         """The node this rank ran on (two nodes may share an IP: the node id tells them apart)."""

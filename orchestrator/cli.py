@@ -20,6 +20,11 @@ def pop_debug_flag(argv: list[str]) -> bool:
     return True
 
 
+def debugging() -> bool:
+    """Whether ``--debug`` was given: user errors then raise with their traceback."""
+    return _debug
+
+
 def run_app(app) -> None:
     """Console-script body: take ``--debug`` off argv (Hydra would reject it), run ``app``.
 

@@ -14,6 +14,7 @@ from hydra.core.config_store import ConfigStore
 from actors.choices import Choice
 from actors.replay.config import ReplayConfig
 from orchestrator.cluster import ClusterConfig
+from orchestrator.min_memory import MinMemoryConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
@@ -62,6 +63,13 @@ class Zero3Config:
         self.strategy = Zero3Strategy.coerce(self.strategy, "zero3.strategy")
 
 
+class Search(Choice):
+    """What one run of ``tracefleet`` does."""
+
+    none = "none"  # one replay
+    min_memory = "min_memory"  # bisection over the device capacity (orchestrator/min_memory.py)
+
+
 @dataclass
 class ExperimentConfig:
     """Run-level settings."""
@@ -77,6 +85,17 @@ class ExperimentConfig:
     failure_grace_s: float = 10.0
     # Seconds between progress lines while ranks run.
     progress_interval_s: float = 10.0
+    # none: one replay. min_memory: bisect replay.device_memory_capacity to the smallest one
+    # at which the replay completes, per allocation mode (experiment.min_memory).
+    search: Search = Search.none
+    min_memory: MinMemoryConfig = field(default_factory=MinMemoryConfig)
+    # --multirun: skip the points already recorded in the sweep root's results table.
+    resume: bool = True
+    # Write report.html (plots and tables) at the end of a sweep or a search.
+    report: bool = True
+
+    def __post_init__(self):
+        self.search = Search.coerce(self.search, "experiment.search")
 
 
 @dataclass

@@ -9,10 +9,8 @@ import ray
 
 from actors.rank_actor import RankActor
 from orchestrator import metrics, report
-from orchestrator.cluster import connect, cuda_available_in_cluster
 from orchestrator.config import RunConfig
-from orchestrator.validate import preflight
-from orchestrator.worker_group import WorkerGroup
+from orchestrator.session import ReplaySession
 
 log = logging.getLogger("tracefleet")
 
@@ -24,45 +22,55 @@ def _failed_report(result) -> dict:
 
 
 def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, console=None,
-               actor_cls=RankActor) -> dict:
+               actor_cls=RankActor, session: ReplaySession | None = None,
+               quiet: bool = False) -> dict:
     """Replay ``cfg.trace.dir`` on a Ray cluster; returns the summary (also written to out_dir).
 
     ``actor_cls`` is the rank actor (tests substitute a subclass that misbehaves).
+    ``session`` keeps Ray, the actors and pre-flight for the next replay (a sweep); without
+    one, everything started here is stopped before returning. ``quiet`` skips the console
+    tables and the plots (a search's probes).
     """
     cfg.validate()
+    own_session = session is None
+    session = session or ReplaySession()
     timings = {}  # phase -> seconds; see replay_phases() for the split of the replay window
     t0 = time.perf_counter()
-    pre = preflight(cfg.trace.dir, cfg.experiment.world_size, group_map=cfg.trace.group_map)
-    world_size = pre.world_size
-    timings["preflight_s"] = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    cluster = connect(cfg.cluster, world_size)
-    timings["cluster_start_s"] = time.perf_counter() - t1
-    use_gpu = cfg.replay.device == "cuda" or (cfg.replay.device == "auto" and cuda_available_in_cluster())
-    group = WorkerGroup(ray.remote(actor_cls), world_size, cfg.cluster, use_gpu=use_gpu)
     try:
+        pre = session.preflight(cfg.trace.dir, cfg.experiment.world_size, cfg.trace.group_map)
+        world_size = pre.world_size
+        timings["preflight_s"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        session.connect(cfg.cluster, world_size)
+        timings["cluster_start_s"] = time.perf_counter() - t1
         t2 = time.perf_counter()
-        group.start()
+        group = session.worker_group(actor_cls, world_size, cfg.cluster,
+                                     session.use_gpu(cfg.replay.device))
         timings["actor_start_s"] = time.perf_counter() - t2
-        t3 = time.perf_counter()
-        paths = {r: str(p) for r, p in pre.rank_files.items()}
-        blobs = {r: ray.put(Path(p).read_bytes()) for r, p in paths.items()} \
-            if cfg.trace.transfer == "object_store" else {r: None for r in paths}
-        ship_s = time.perf_counter() - t3
-        profile_dir = str(out_dir / "profile") if cfg.replay.profile else None
-        refs = group.execute_async(
-            "replay", args_fn=lambda r: (paths[r], blobs[r], cfg.replay, pre.process_groups,
-                                         cfg.trace.group_map, profile_dir))
-        results = group.wait(refs, timeout_s=cfg.experiment.replay_timeout_s,
-                             on_progress=_progress_printer(world_size, cfg.experiment.progress_interval_s),
-                             failure_grace_s=cfg.experiment.failure_grace_s,
-                             is_failure=lambda report: report.get("status") != "ok")
-        replay_window_s = time.perf_counter() - t3
+        results = None
+        try:
+            t3 = time.perf_counter()
+            paths = {r: str(p) for r, p in pre.rank_files.items()}
+            blobs = {r: session.trace_blob(p) for r, p in paths.items()} \
+                if cfg.trace.transfer == "object_store" else {r: None for r in paths}
+            ship_s = time.perf_counter() - t3
+            profile_dir = str(out_dir / "profile") if cfg.replay.profile else None
+            refs = group.execute_async(
+                "replay", args_fn=lambda r: (paths[r], blobs[r], cfg.replay, pre.process_groups,
+                                             cfg.trace.group_map, profile_dir))
+            results = group.wait(refs, timeout_s=cfg.experiment.replay_timeout_s,
+                                 on_progress=_progress_printer(world_size, cfg.experiment.progress_interval_s),
+                                 failure_grace_s=cfg.experiment.failure_grace_s,
+                                 is_failure=lambda report: report.get("status") != "ok")
+            replay_window_s = time.perf_counter() - t3
+        finally:
+            t_down = time.perf_counter()
+            session.release(group, results is not None and all(r.ok for r in results),
+                            cfg.cluster.timeout_s)
     finally:
-        t_down = time.perf_counter()
-        group.shutdown()
-        cluster.shutdown()
-        teardown_s = time.perf_counter() - t_down
+        if own_session:
+            session.close()
+    teardown_s = time.perf_counter() - t_down
     t4 = time.perf_counter()
     rank_reports = [r.value if r.ok else _failed_report(r) for r in results]
     timings.update(replay_phases(replay_window_s, ship_s, rank_reports), teardown_s=teardown_s)
@@ -70,8 +78,9 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
         "experiment": cfg.experiment.name, "trace_dir": str(cfg.trace.dir),
         "mode": cfg.replay.mode, "allocation_mode": cfg.replay.allocation.mode,
         "device_memory_capacity_bytes": _capacity(rank_reports), "timings_s": timings})
-    report.write_run_outputs(summary, rank_reports, out_dir, config_yaml)
-    report.print_summary(summary, console)
+    report.write_run_outputs(summary, rank_reports, out_dir, config_yaml, plots=not quiet)
+    if not quiet:
+        report.print_summary(summary, console)
     timings["aggregation_s"] = time.perf_counter() - t4
     timings["total_s"] = time.perf_counter() - t0
     report.write_summary(summary, out_dir)  # again, now with every phase's time

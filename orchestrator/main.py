@@ -1,4 +1,9 @@
-"""`tracefleet`: the Hydra app that replays a trace folder on a Ray cluster."""
+"""`tracefleet`: the Hydra app that replays a trace folder on a Ray cluster.
+
+One run replays once (or searches the minimum memory, ``experiment.search=min_memory``) and
+exits 0 when its status is ok, 1 otherwise, 2 on a user error. With ``--multirun`` every
+point runs and is recorded (orchestrator/sweep.py), and the exit code summarises the sweep.
+"""
 from __future__ import annotations
 
 import sys
@@ -8,27 +13,41 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from orchestrator import sweep
 from orchestrator.cli import run_app, user_errors
 from orchestrator.config import CONF_DIR, register_configs
 
 register_configs()
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="tracefleet", version_base="1.3")
-def _app(cfg: DictConfig) -> None:
+def run(run_cfg, out_dir: Path, config_yaml: str | None, session=None) -> dict:
+    """One run of ``run_cfg`` (a RunConfig) into ``out_dir``; returns its summary."""
     from orchestrator.launch import run_replay  # keeps `--help` fast
 
+    if run_cfg.experiment.search == "min_memory":
+        from orchestrator.min_memory import run_min_memory
+        return run_min_memory(run_cfg, out_dir, config_yaml, session)
+    return run_replay(run_cfg, out_dir, config_yaml, session=session)
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="tracefleet", version_base="1.3")
+def _app(cfg: DictConfig) -> None:
+    if sweep.in_multirun():
+        sweep.run_point(cfg, run)
+        return
     with user_errors("tracefleet"):
-        run_cfg = OmegaConf.to_object(cfg)
-        summary = run_replay(run_cfg, Path(HydraConfig.get().runtime.output_dir),
-                             OmegaConf.to_yaml(cfg))
+        summary = run(OmegaConf.to_object(cfg), Path(HydraConfig.get().runtime.output_dir),
+                      OmegaConf.to_yaml(cfg))
     if summary["status"] != "ok":
         sys.exit(1)
 
 
 def main() -> None:
     """Console-script entry point (``--debug`` shows tracebacks of user errors)."""
+    sys.argv[1:] = sweep.with_sweep_dir(sys.argv[1:])
     run_app(_app)
+    if sweep.last_exit_code is not None:
+        sys.exit(sweep.last_exit_code)
 
 
 if __name__ == "__main__":

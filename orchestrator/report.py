@@ -19,15 +19,15 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pandas as pd
-from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend (Agg canvas)
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.units import byte_unit, human_bytes
+from orchestrator.plots import plot_iteration_times, plot_memory_timeline
+from orchestrator.plots import timeline_scale  # noqa: F401 (re-exported)
+from orchestrator.units import human_bytes
 
 _MiB = 1 << 20
-MAX_LEGEND_RANKS = 16  # past this a legend hides the plot
 _STATUS_STYLE = {"ok": "green", "oom": "magenta", "timeout": "yellow", "failed": "red"}
 
 
@@ -105,88 +105,6 @@ def _write_memory_timelines(rank_reports: list[dict], memory_dir: Path) -> list[
     return paths
 
 
-def timeline_scale(peak: int, bound: int | None, capacity: int | None) -> tuple[float, str, bool]:
-    """(bytes per y unit, unit name, capacity off the scale) for the memory timeline.
-
-    A capacity far above the curves (host RAM on cpu) would flatten them: it is named in the
-    title instead of drawn.
-    """
-    far_capacity = bool(capacity) and capacity > 4 * max(peak, bound or 0)
-    drawn = (peak, bound) if far_capacity else (peak, bound, capacity)
-    scale, unit = byte_unit(max((v for v in drawn if v), default=0))
-    return scale, unit, far_capacity
-
-
-def plot_memory_timeline(summary: dict, rank_reports: list[dict], path: Path) -> bool:
-    """Bytes held over op index, one line per rank, with the liveness bound and capacity.
-
-    Returns False (and writes nothing) when no rank reported a timeline.
-    """
-    timelines = sorted(((r["rank"], r["memory_timeline"]) for r in rank_reports
-                        if r.get("memory_timeline")), key=lambda t: t[0])
-    if not timelines:
-        return False
-    bound = summary.get("liveness_lower_bound_bytes")
-    capacity = summary.get("device_memory_capacity_bytes")
-    peak = max(b for _, tl in timelines for _, b in tl)
-    scale, unit, far_capacity = timeline_scale(peak, bound, capacity)
-    fig = Figure(figsize=(10, 5), dpi=100)
-    ax = fig.add_subplot()
-    for rank, timeline in timelines:
-        ops, held = zip(*timeline)
-        ax.plot(ops, [b / scale for b in held], drawstyle="steps-post", linewidth=0.8,
-                label=f"rank {rank}")
-    if bound:
-        ax.axhline(bound / scale, color="black", linestyle="--", linewidth=1,
-                   label=f"liveness lower bound ({human_bytes(bound)})")
-    if capacity and not far_capacity:
-        ax.axhline(capacity / scale, color="red", linestyle=":", linewidth=1.2,
-                   label=f"capacity ({human_bytes(capacity)})")
-    ax.set_xlabel("op index")
-    ax.set_ylabel(f"bytes held ({unit})")
-    title = f"Memory timeline ({len(timelines)} ranks, status {summary.get('status')})"
-    if far_capacity:
-        title += f"; capacity {human_bytes(capacity)} off the scale"
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    if len(timelines) <= MAX_LEGEND_RANKS:
-        ax.legend(fontsize="small", loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path)
-    return True
-
-
-def plot_iteration_times(summary: dict, rank_reports: list[dict], path: Path) -> bool:
-    """Box plot of each rank's iteration times in ms, the straggler in red.
-
-    Returns False (and writes nothing) when no rank reported iteration times.
-    """
-    series = sorted(((r["rank"], r["iteration_times_s"]) for r in rank_reports
-                     if r.get("iteration_times_s")), key=lambda t: t[0])
-    if not series:
-        return False
-    ranks = [rank for rank, _ in series]
-    fig = Figure(figsize=(max(6, 0.4 * len(ranks) + 2), 4.5), dpi=100)
-    ax = fig.add_subplot()
-    boxes = ax.boxplot([[t * 1e3 for t in times] for _, times in series], patch_artist=True)
-    ax.set_xticks(range(1, len(ranks) + 1), [str(r) for r in ranks])
-    straggler = summary.get("straggler_rank")
-    for rank, patch in zip(ranks, boxes["boxes"]):
-        patch.set_facecolor("tab:red" if rank == straggler else "tab:blue")
-        patch.set_alpha(0.6)
-    skew = summary.get("skew")
-    title = "Iteration time per rank"
-    if straggler is not None and skew is not None:
-        title += f" (straggler rank {straggler}, skew {skew:.2f}x)"
-    ax.set_title(title)
-    ax.set_xlabel("rank")
-    ax.set_ylabel("iteration time (ms)")
-    ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(path)
-    return True
-
-
 def write_summary(summary: dict, out_dir: Path) -> Path:
     """Write (or rewrite) ``summary.json`` in ``out_dir``; returns its path."""
     path = Path(out_dir) / "summary.json"
@@ -196,11 +114,12 @@ def write_summary(summary: dict, out_dir: Path) -> Path:
 
 
 def write_run_outputs(summary: dict, rank_reports: list[dict], out_dir: Path,
-                      config_yaml: str | None) -> dict[str, Path]:
+                      config_yaml: str | None, plots: bool = True) -> dict[str, Path]:
     """Write every file of a run directory (see the module docstring); returns name -> path.
 
     ``rank_reports`` are the raw reports (with ``memory_timeline``); ``summary`` comes from
-    ``orchestrator.metrics.aggregate``. Plots without data are skipped.
+    ``orchestrator.metrics.aggregate``. Plots without data are skipped, all of them with
+    ``plots=False``.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -222,7 +141,7 @@ def write_run_outputs(summary: dict, rank_reports: list[dict], out_dir: Path,
         written[f"memory_{path.stem}"] = path
 
     for name, plot in (("memory_timeline", plot_memory_timeline),
-                       ("iteration_times", plot_iteration_times)):
+                       ("iteration_times", plot_iteration_times)) if plots else ():
         path = out_dir / f"{name}.png"
         if plot(summary, rank_reports, path):
             written[f"{name}_plot"] = path

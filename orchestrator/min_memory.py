@@ -1,0 +1,228 @@
+"""``experiment.search=min_memory``: the smallest ``replay.device_memory_capacity`` at which the
+replay completes, per allocation mode (and per flush threshold), by bisection.
+
+For each (mode, threshold):
+
+1. A reference replay without a capacity limit (threshold 1.0): it must complete; its
+   accounted peak ``P`` is a capacity that fits (raised by doubling if, with the threshold,
+   it does not), and its liveness lower bound ``B`` is a capacity below which no replay can
+   run.
+2. A replay at ``B``: when it completes, ``B`` is the answer, exactly.
+3. Bisection between the largest failing and the smallest completing capacity until they
+   are within ``max(tolerance x answer, tolerance_bytes)``; a capacity of 0 counts as failing.
+
+The answer is the smallest capacity seen to complete (``min_capacity_bytes``) with the largest
+seen to fail (``max_failing_capacity_bytes``) beside it. Every replay is a ``probe`` row and each
+answer a ``min_memory`` row of the run dir's results table. The replays share one
+``ReplaySession``: one Ray cluster, one set of rank actors, traces loaded once.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from actors.errors import ConfigError
+from actors.replay.config import AllocationMode
+from orchestrator.results import ResultsStore, make_row, point_key, summary_columns
+
+log = logging.getLogger("tracefleet")
+
+MAX_DOUBLINGS = 8  # raising a reference peak that does not fit under a threshold
+
+
+@dataclass
+class MinMemoryConfig:
+    """The minimum-memory search (``experiment.search=min_memory``)."""
+
+    # Allocation modes searched one after another; empty: replay.allocation.mode alone.
+    allocation_modes: list[AllocationMode] = field(default_factory=list)
+    # Flush thresholds searched for lazy and faithful (pre_allocate never flushes, so it is
+    # searched at 1.0 only); empty: replay.allocation.device_memory_threshold alone.
+    thresholds: list[float] = field(default_factory=list)
+    # Stop when the smallest completing and the largest failing capacity are within
+    # max(tolerance x the completing one, tolerance_bytes).
+    tolerance: float = 0.01
+    tolerance_bytes: int = 4096
+    # Bound on the replays of one (mode, threshold) search, the reference included.
+    max_steps: int = 40
+
+    def validate(self) -> None:
+        """Raise ConfigError on values outside their domain."""
+        if not 0 <= self.tolerance < 1 or self.tolerance_bytes < 1:
+            raise ConfigError(f"experiment.min_memory.tolerance={self.tolerance}, tolerance_bytes="
+                              f"{self.tolerance_bytes}; expected 0 <= tolerance < 1 and "
+                              f"tolerance_bytes >= 1")
+        if self.max_steps < 3:
+            raise ConfigError(f"experiment.min_memory.max_steps={self.max_steps}; expected >= 3")
+        bad = [t for t in self.thresholds if not 0 < t <= 1]
+        if bad:
+            raise ConfigError(f"experiment.min_memory.thresholds={bad}; expected fractions in (0, 1]")
+
+
+@dataclass
+class Bisection:
+    """The outcome of ``bisect``: the answer (None when nothing completed) and the trail."""
+
+    min_ok: int | None
+    max_fail: int
+    steps: list[tuple[int, bool]]  # (capacity, completed) in probe order
+
+
+def bisect(fits: Callable[[int], bool], lo: int, hi: int, tolerance: float, tolerance_bytes: int,
+           max_steps: int) -> Bisection:
+    """Smallest ``c`` in (lo, hi] with ``fits(c)``, assuming ``fits`` is monotone, ``lo`` fails
+    and ``hi`` fits (neither is probed); stops within ``max(tolerance*hi, tolerance_bytes)``."""
+    steps = []
+    while hi - lo > max(tolerance * hi, tolerance_bytes) and len(steps) < max_steps:
+        mid = (lo + hi) // 2
+        ok = fits(mid)
+        steps.append((mid, ok))
+        if ok:
+            hi = mid
+        else:
+            lo = mid
+    return Bisection(hi, lo, steps)
+
+
+def combos(cfg) -> list[tuple[str, float]]:
+    """The (allocation mode, threshold) pairs the search covers."""
+    mm = cfg.experiment.min_memory
+    modes = [str(m) for m in mm.allocation_modes] or [str(cfg.replay.allocation.mode)]
+    thresholds = list(mm.thresholds) or [cfg.replay.allocation.device_memory_threshold]
+    pairs = []
+    for mode in modes:
+        for t in ([1.0] if mode == AllocationMode.pre_allocate else thresholds):
+            if (mode, float(t)) not in pairs:
+                pairs.append((mode, float(t)))
+    return pairs
+
+
+class _Search:
+    """One (mode, threshold) search: probes through ``replay(cfg, out_dir) -> summary``."""
+
+    def __init__(self, cfg, mode: str, threshold: float, out_dir: Path, store: ResultsStore,
+                 replay: Callable):
+        self.cfg, self.mode, self.threshold = cfg, mode, threshold
+        self.out_dir, self.store, self.replay = out_dir, store, replay
+        self.num_steps = 0
+        self.summaries: dict[int, dict] = {}  # capacity -> summary of its probe
+
+    def axes(self) -> list[str]:
+        return [f"replay.allocation.mode={self.mode}",
+                f"replay.allocation.device_memory_threshold={self.threshold}"]
+
+    def probe(self, capacity: int | None, threshold: float | None = None) -> dict:
+        threshold = self.threshold if threshold is None else threshold
+        cfg = copy.deepcopy(self.cfg)
+        cfg.replay.allocation.mode = AllocationMode(self.mode)
+        cfg.replay.allocation.device_memory_threshold = threshold
+        cfg.replay.device_memory_capacity = None if capacity is None else str(capacity)
+        name = f"{self.mode}-t{threshold:g}-{'unlimited' if capacity is None else capacity}"
+        run_dir = self.out_dir / "probes" / name
+        summary = self.replay(cfg, run_dir)
+        self.num_steps += 1
+        overrides = [f"replay.allocation.mode={self.mode}",
+                     f"replay.allocation.device_memory_threshold={threshold}",
+                     f"replay.device_memory_capacity={'null' if capacity is None else capacity}"]
+        self.store.put(make_row("probe", "probe " + point_key(overrides), overrides,
+                                summary["status"], summary.get("error"),
+                                str(run_dir.relative_to(self.out_dir)), summary_columns(summary),
+                                search_step=self.num_steps))
+        log.info("min_memory %s threshold %g: capacity %s -> %s", self.mode, threshold,
+                 "unlimited" if capacity is None else capacity, summary["status"])
+        if capacity is not None:
+            self.summaries[capacity] = summary
+        return summary
+
+    def run(self) -> dict:
+        """Search; returns the answer row (also recorded)."""
+        t0 = time.perf_counter()
+        mm = self.cfg.experiment.min_memory
+        ref = self.probe(None, threshold=1.0)
+        if ref["status"] != "ok":
+            return self._answer(None, 0, t0, f"the replay does not complete without a capacity "
+                                             f"limit ({ref['status']}: {ref.get('error')})")
+        hi = ref.get("accounted_peak_bytes") or ref.get("peak_memory_bytes") or 0
+        bound = ref.get("liveness_lower_bound_bytes") or 0
+        if hi <= 0:
+            return self._answer(None, 0, t0, "the reference replay holds no memory: nothing to search")
+        for _ in range(MAX_DOUBLINGS):  # the reference peak fits without a threshold; with one
+            if self.probe(hi)["status"] == "ok":  # it normally does too
+                break
+            hi *= 2
+        else:
+            return self._answer(None, hi, t0, f"no capacity up to {hi} B completes")
+        lo = 0
+        if 0 < bound < hi:
+            if self.probe(bound)["status"] == "ok":  # nothing runs below its liveness bound
+                return self._answer(bound, bound - 1, t0, None)
+            lo = bound
+        result = bisect(lambda c: self.probe(c)["status"] == "ok", lo, hi, mm.tolerance,
+                        mm.tolerance_bytes, mm.max_steps - self.num_steps)
+        reason = None if result.min_ok - result.max_fail <= max(
+            mm.tolerance * result.min_ok, mm.tolerance_bytes) else \
+            f"stopped after experiment.min_memory.max_steps={mm.max_steps} replays"
+        return self._answer(result.min_ok, result.max_fail, t0, reason)
+
+    def _answer(self, min_ok: int | None, max_fail: int, t0: float, reason: str | None) -> dict:
+        mm = self.cfg.experiment.min_memory
+        at = self.summaries.get(min_ok) or {}
+        row = make_row(
+            "min_memory", "min_memory " + point_key(self.axes()), self.axes(),
+            "ok" if min_ok is not None and reason is None else "failed", reason, None,
+            summary_columns(at), min_capacity_bytes=min_ok, max_failing_capacity_bytes=max_fail,
+            tolerance_bytes=None if min_ok is None else int(max(mm.tolerance * min_ok,
+                                                                mm.tolerance_bytes)),
+            num_steps=self.num_steps, search_s=time.perf_counter() - t0)
+        self.store.put(row)
+        return row
+
+
+def search(cfg, out_dir: Path, replay: Callable) -> dict:
+    """Run every (mode, threshold) search of ``cfg`` (a RunConfig) with ``replay(cfg, out_dir)``
+    for each probe; rows go to ``out_dir``'s results table. Returns a summary:
+    ``status`` ok when every search found its answer, ``error`` naming those that did not,
+    ``searches`` the answer rows."""
+    cfg.experiment.min_memory.validate()
+    store = ResultsStore(out_dir)
+    answers = [_Search(cfg, mode, t, Path(out_dir), store, replay).run()
+               for mode, t in combos(cfg)]
+    failed = [a for a in answers if a["status"] != "ok"]
+    error = "; ".join(f"{a['replay.allocation.mode']} threshold "
+                      f"{a['replay.allocation.device_memory_threshold']}: {a['reason']}"
+                      for a in failed) or None
+    return {"status": "failed" if failed else "ok", "error": error, "searches": answers}
+
+
+def run_min_memory(cfg, out_dir: Path, config_yaml: str | None, session=None) -> dict:
+    """``tracefleet experiment=min_memory``: the search on one ``ReplaySession`` (the given one,
+    or one started and stopped here), its rows and ``report.html`` in ``out_dir``; returns the
+    search summary and prints one line per answer."""
+    from orchestrator.launch import run_replay
+    from orchestrator.session import ReplaySession
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if config_yaml is not None:
+        (out_dir / "config.yaml").write_text(config_yaml)
+    own = session is None
+    session = session or ReplaySession()
+    try:
+        summary = search(cfg, out_dir, lambda c, d: run_replay(c, d, session=session, quiet=True))
+    finally:
+        if own:
+            session.close()
+    for a in summary["searches"]:
+        found = "-" if a["min_capacity_bytes"] is None else \
+            f"{a['min_capacity_bytes']} B (> {a['max_failing_capacity_bytes']} B fails)"
+        print(f"min_memory {a['replay.allocation.mode']} threshold "
+              f"{a['replay.allocation.device_memory_threshold']:g}: {found}, {a['num_steps']} "
+              f"replays, {a['search_s']:.1f} s" + (f"; {a['reason']}" if a["reason"] else ""))
+    if cfg.experiment.report:
+        from orchestrator.html_report import write_report
+        print(f"report: {write_report(out_dir)}")
+    return summary

@@ -1,0 +1,171 @@
+"""The results table of a sweep or search: one row per point, each written atomically.
+
+Layout under the root (the sweep dir, or a search's run dir)::
+
+    rows/<id>.json      one file per point (the source of truth), written as tmp + rename
+    results.csv         every row, rebuilt (tmp + rename) after each point
+    results.parquet     the same table, typed
+
+A point is identified by its overrides (sorted, so their order on the command line does not
+matter); a re-run finds the row of a point it already ran (resume). Concurrent writers (the
+Ray launcher runs points in parallel) are serialized on an ``flock`` while the tables are
+rebuilt; the row files need no lock. A process killed mid-way loses at most the point it was
+running: every finished point's row file is already on disk.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import orjson
+import pandas as pd
+
+ROWS_DIR = "rows"
+CSV_NAME = "results.csv"
+PARQUET_NAME = "results.parquet"
+_LOCK_NAME = ".results.lock"
+MAX_REASON_CHARS = 500
+# Replay statuses a row can carry, plus "invalid": a point whose config or traces were refused
+# before any replay (a user error; resume retries it).
+REPLAY_STATUSES = ("ok", "oom", "failed", "timeout")
+INVALID = "invalid"
+
+# Summary keys copied into a row as they are (absent keys stay empty).
+SUMMARY_COLUMNS = (
+    "world_size", "mode", "allocation_mode", "device_memory_capacity_bytes",
+    "device_memory_threshold", "iteration_time_s", "iteration_time_median_s",
+    "measured_peak_bytes", "accounted_peak_bytes", "peak_memory_bytes", "peak_memory_source",
+    "liveness_lower_bound_bytes", "num_flushes", "flushed_bytes", "coverage",
+)
+ZERO3_COLUMNS = ("strategy", "num_allgathers_per_iteration", "allgather_bytes_per_iteration",
+                 "fetch_host_s", "release_host_s", "wait_s", "bubble_s", "gathered_peak_bytes",
+                 "shard_bytes")
+
+
+def point_key(overrides) -> str:
+    """The identity of a point: its overrides, sorted, space-separated (as typed)."""
+    return " ".join(sorted(str(o) for o in overrides))
+
+
+def parse_value(text: str):
+    """An override's value as the table keeps it: bool, int, float, None or the text."""
+    lowered = text.strip().lower()
+    if lowered in ("null", "~", "none"):
+        return None
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def override_columns(overrides) -> dict:
+    """``{key: value}`` of ``key=value`` overrides (group choices included, e.g. ``replay``)."""
+    columns = {}
+    for item in overrides:
+        key, sep, value = str(item).partition("=")
+        if sep:
+            columns[key.lstrip("+~")] = parse_value(value)
+    return columns
+
+
+def summary_columns(summary: dict) -> dict:
+    """The metric columns of a row from a run summary (see SUMMARY_COLUMNS, ``zero3_*``)."""
+    row = {key: summary.get(key) for key in SUMMARY_COLUMNS}
+    zero3 = summary.get("zero3") or {}
+    row.update({f"zero3_{key}": zero3.get(key) for key in ZERO3_COLUMNS if zero3})
+    total = (summary.get("timings_s") or {}).get("total_s")
+    row["run_s"] = total
+    return row
+
+
+def make_row(kind: str, key: str, overrides, status: str, reason: str | None,
+             run_dir: str | None, metrics: dict | None = None, **extra) -> dict:
+    """One row: identity (``kind``, ``point``, overrides as columns), ``status``, ``reason``,
+    where its run dir is (relative to the root), the metrics and any ``extra`` columns."""
+    if reason and len(reason) > MAX_REASON_CHARS:
+        reason = reason[: MAX_REASON_CHARS - 3] + "..."
+    return {"kind": kind, "point": key, **override_columns(overrides), "status": status,
+            "reason": reason, "run_dir": run_dir, **(metrics or {}), **extra,
+            "finished_at": time.time()}
+
+
+class ResultsStore:
+    """The rows and tables under ``root`` (see the module docstring)."""
+
+    def __init__(self, root):
+        self.root = Path(root)
+        self.rows_dir = self.root / ROWS_DIR
+
+    def _row_path(self, key: str) -> Path:
+        return self.rows_dir / (hashlib.sha1(key.encode()).hexdigest()[:16] + ".json")
+
+    def get(self, key: str) -> dict | None:
+        """The recorded row of point ``key``, or None."""
+        path = self._row_path(key)
+        if not path.is_file():
+            return None
+        row = orjson.loads(path.read_bytes())
+        return row if row.get("point") == key else None  # a hash clash is not a hit
+
+    def put(self, row: dict) -> None:
+        """Record ``row`` (replacing the point's previous one) and rebuild the tables."""
+        self.rows_dir.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self._row_path(row["point"]),
+                      orjson.dumps(row, default=str, option=orjson.OPT_SERIALIZE_NUMPY))
+        with self._lock():
+            self.write_tables()
+
+    def rows(self) -> list[dict]:
+        """Every recorded row, in the order the points finished."""
+        if not self.rows_dir.is_dir():
+            return []
+        rows = [orjson.loads(p.read_bytes()) for p in self.rows_dir.glob("*.json")]
+        return sorted(rows, key=lambda r: r.get("finished_at") or 0)
+
+    def frame(self) -> pd.DataFrame:
+        """The table as a DataFrame with nullable dtypes (a column mixing types is text)."""
+        return tidy_frame(pd.DataFrame(self.rows()))
+
+    def write_tables(self) -> None:
+        """Rewrite results.csv and results.parquet from the row files (tmp + rename)."""
+        frame = self.frame()
+        for name, write in ((CSV_NAME, lambda p: frame.to_csv(p, index=False)),
+                            (PARQUET_NAME, lambda p: frame.to_parquet(p, index=False))):
+            tmp = self.root / f".{name}.{os.getpid()}.tmp"
+            write(tmp)
+            os.replace(tmp, self.root / name)
+
+    @contextmanager
+    def _lock(self):
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / _LOCK_NAME, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def tidy_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """Nullable dtypes per column; a column mixing numbers and text becomes text (parquet
+    needs one type per column, e.g. a capacity swept as ``64MiB`` and ``1e9``)."""
+    frame = frame.convert_dtypes()
+    for name in frame.columns:
+        if frame[name].dtype == object:
+            frame[name] = frame[name].map(lambda v: None if v is None or v is pd.NA else str(v)) \
+                .astype("string")
+    return frame
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)

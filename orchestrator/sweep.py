@@ -1,0 +1,164 @@
+"""``tracefleet --multirun``: every point runs, each one's row lands in the results table, and
+the exit code summarises the sweep.
+
+- A point ending ``oom``, ``failed`` or ``timeout`` is a result: its row is written and the
+  sweep goes on. A point whose config or traces are refused (a user error) gets a row with
+  status ``invalid`` and the message, and the sweep goes on too.
+- The sweep root is ``multirun/sweep-<hash of the command's overrides>`` unless
+  ``hydra.sweep.dir`` is given, so running the same command again finds the rows it wrote
+  and skips those points (``experiment.resume=false`` runs them again).
+- With Hydra's basic launcher the points run one after another in this process on one
+  ``ReplaySession``: Ray, the rank actors and the loaded traces are kept across points.
+- Exit code, from every row at the sweep root: 2 if a point was invalid, else 1 if a point
+  is not ``ok``, else 0. At the end the HTML report is written (``experiment.report``).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from actors.errors import TracefleetError
+from orchestrator import cli
+from orchestrator.results import INVALID, REPLAY_STATUSES, ResultsStore, make_row, point_key, \
+    summary_columns
+from orchestrator.session import ReplaySession
+
+log = logging.getLogger("tracefleet")
+
+SWEEP_ROOT = "multirun"
+_MULTIRUN_FLAGS = ("--multirun", "-m")
+# Overrides that do not change a point's result, left out of the sweep root's name.
+_NOT_IN_SWEEP_ID = ("hydra.", "hydra/", "experiment.resume=", "experiment.report=")
+
+_session: ReplaySession | None = None  # kept across the points of a sweep (basic launcher)
+last_exit_code: int | None = None  # set when a sweep ends; main() exits with it
+
+
+def with_sweep_dir(argv: list[str]) -> list[str]:
+    """``argv`` plus ``hydra.sweep.dir=multirun/sweep-<id>`` for a multirun that names none;
+    ``<id>`` hashes the sorted overrides, so the same command resumes in the same root."""
+    if not any(a in _MULTIRUN_FLAGS for a in argv) or \
+            any(a.startswith("hydra.sweep.dir=") for a in argv):
+        return list(argv)
+    overrides = sorted(a for a in argv if "=" in a and not a.startswith("-")
+                       and not a.startswith(_NOT_IN_SWEEP_ID))
+    digest = hashlib.sha1("\n".join(overrides).encode()).hexdigest()[:10]
+    return [*argv, f"hydra.sweep.dir={SWEEP_ROOT}/sweep-{digest}"]
+
+
+def in_multirun() -> bool:
+    """Whether the current Hydra job is a point of a sweep."""
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def exit_code(statuses) -> int:
+    """2 when a point was a user error, 1 when a point is not ``ok``, else 0."""
+    statuses = list(statuses)
+    if INVALID in statuses:
+        return cli.USER_ERROR_EXIT
+    return 0 if all(s == "ok" for s in statuses) else 1
+
+
+def shared_session() -> ReplaySession | None:
+    """The session kept across points, when they run in this process one after another;
+    None under another launcher (points in other processes each start their own)."""
+    global _session
+    if HydraConfig.get().runtime.choices.get("hydra/launcher") != "basic":
+        return None
+    if _session is None:
+        _session = ReplaySession()
+    return _session
+
+
+def close_session() -> None:
+    """Stop the Ray cluster and actors kept for the sweep."""
+    global _session
+    if _session is not None:
+        _session.close()
+        _session = None
+
+
+def run_point(cfg: DictConfig, run: Callable) -> dict:
+    """Run one point (``run(run_cfg, out_dir, config_yaml, session) -> summary``) and record
+    its row; returns the row. Never raises for the point's own failure or user error
+    (``--debug`` re-raises them)."""
+    hc = HydraConfig.get()
+    root, out_dir = Path(hc.sweep.dir).resolve(), Path(hc.runtime.output_dir)
+    overrides = list(hc.overrides.task)
+    key = point_key(overrides)
+    store = ResultsStore(root)
+    previous = store.get(key)
+    if cfg.experiment.resume and previous and previous["status"] in REPLAY_STATUSES:
+        log.info("point #%s already recorded (%s): skipped", hc.job.num, previous["status"])
+        return previous
+    run_dir = str(out_dir.relative_to(root)) if out_dir.is_relative_to(root) else str(out_dir)
+    t0 = time.perf_counter()
+    try:
+        summary = run(OmegaConf.to_object(cfg), out_dir, OmegaConf.to_yaml(cfg), shared_session())
+        row = make_row("point", key, overrides, summary["status"], summary.get("error"), run_dir,
+                       _with_config(summary_columns(summary), cfg))
+    except TracefleetError as exc:
+        if cli.debugging():
+            raise
+        print(f"tracefleet: error: point #{hc.job.num}: {exc}", file=sys.stderr)
+        row = make_row("point", key, overrides, INVALID, str(exc), run_dir)
+    except Exception as exc:  # noqa: BLE001 (a crashed point is a failed result, not an abort)
+        if cli.debugging():
+            raise
+        log.error("point #%s crashed:\n%s", hc.job.num, traceback.format_exc())
+        close_session()  # its state is unknown: the next point starts clean
+        row = make_row("point", key, overrides, "failed", f"{type(exc).__name__}: {exc}", run_dir)
+    row["point_s"] = time.perf_counter() - t0
+    store.put(row)
+    return row
+
+
+def _with_config(metrics: dict, cfg: DictConfig) -> dict:
+    """Fill the axes the plots need from the config where the summary lacks them."""
+    alloc = cfg.replay.allocation
+    if metrics.get("allocation_mode") is None:
+        metrics["allocation_mode"] = str(alloc.mode)
+    if metrics.get("device_memory_threshold") is None:
+        metrics["device_memory_threshold"] = float(alloc.device_memory_threshold)
+    if metrics.get("mode") is None:
+        metrics["mode"] = str(cfg.replay.mode)
+    return metrics
+
+
+def finish(root: Path, write_report: bool) -> int:
+    """End of a sweep: tables rebuilt, report written, kept cluster stopped; the exit code."""
+    close_session()
+    store = ResultsStore(root)
+    rows = store.rows()
+    if rows:
+        store.write_tables()
+    if write_report and rows:
+        from orchestrator.html_report import write_report as write_html  # matplotlib: lazily
+        try:
+            log.info("report: %s", write_html(root))
+        except Exception:  # noqa: BLE001 (the results are safe; the report can be redone)
+            log.error("writing the report failed (rerun tracefleet-report %s):\n%s", root,
+                      traceback.format_exc())
+    code = exit_code(r["status"] for r in rows)
+    counts = {s: sum(1 for r in rows if r["status"] == s) for s in dict.fromkeys(r["status"] for r in rows)}
+    log.info("sweep %s: %d points (%s); exit code %d", root, len(rows),
+             ", ".join(f"{n} {s}" for s, n in counts.items()) or "none", code)
+    return code
+
+
+class SweepCallback(Callback):
+    """Hydra callback (conf/tracefleet.yaml): finishes a sweep in the launching process."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
+        global last_exit_code
+        last_exit_code = finish(Path(str(config.hydra.sweep.dir)), bool(config.experiment.report))

@@ -1,0 +1,129 @@
+"""Minimum-memory search: bisection alone, then on a trace whose answer is known by hand."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from actors.errors import ConfigError
+from actors.replay.engine import ReplayEngine
+from actors.trace import load_trace
+from orchestrator.config import ExperimentConfig, RunConfig, TraceConfig
+from orchestrator.min_memory import MinMemoryConfig, bisect, combos, search
+from orchestrator.results import CSV_NAME
+from actors.replay.config import AllocationConfig, ReplayConfig
+
+N = 1024  # float32 elements per tensor: 4096 B each
+
+
+@pytest.mark.parametrize("answer", [1, 777, 123_457, 999_999])
+def test_bisection_converges_within_tolerance(answer):
+    probed = []
+
+    def fits(c):
+        probed.append(c)
+        return c >= answer
+
+    result = bisect(fits, 0, 1_000_000, tolerance=0.0, tolerance_bytes=1, max_steps=64)
+    assert result.min_ok == answer and result.max_fail == answer - 1
+    assert len(probed) <= math.ceil(math.log2(1_000_000)) + 1
+    coarse = bisect(lambda c: c >= answer, 0, 1_000_000, tolerance=0.01, tolerance_bytes=1,
+                    max_steps=64)
+    assert coarse.max_fail < answer <= coarse.min_ok
+    assert coarse.min_ok - coarse.max_fail <= max(0.01 * coarse.min_ok, 1)
+
+
+def test_bisection_stops_at_max_steps():
+    result = bisect(lambda c: c >= 5, 0, 1 << 40, 0.0, 1, max_steps=3)
+    assert len(result.steps) == 3 and result.min_ok - result.max_fail > 1
+
+
+@pytest.fixture(scope="module")
+def chain_trace(tmp_path_factory):
+    """y = relu(x); z = y + x; w = relu(z) on 1024 floats, x created before the trace.
+
+    By hand (4096 B per tensor): lazy and faithful hold at most x, y and z together (at the
+    add): 12288 B, the liveness bound. pre_allocate keeps x and every intermediate to the
+    end of the iteration: x, y, z and w, 16384 B.
+    """
+    from torch.profiler import ExecutionTraceObserver
+
+    path = tmp_path_factory.mktemp("chain") / "rank-0.et.json"
+    x = torch.ones(N)
+    et = ExecutionTraceObserver()
+    et.register_callback(str(path))
+    et.start()
+    (x.relu() + x).relu()
+    et.stop()
+    et.unregister_callback()
+    return path
+
+
+def _cfg(trace_dir, modes, **mm):
+    mm.setdefault("tolerance", 0.0)
+    mm.setdefault("tolerance_bytes", 1)
+    return RunConfig(trace=TraceConfig(dir=str(trace_dir)),
+                     replay=ReplayConfig(mode="compute", device="meta", iters=1, warmup_iters=0,
+                                         allocation=AllocationConfig(mode="lazy")),
+                     experiment=ExperimentConfig(search="min_memory",
+                                                 min_memory=MinMemoryConfig(allocation_modes=modes, **mm)))
+
+
+def _in_process(trace_path):
+    """A probe that replays in this process (the engine the rank actors run)."""
+    trace = load_trace(trace_path)
+    calls = []
+
+    def replay(cfg, out_dir):
+        calls.append(cfg.replay.device_memory_capacity)
+        return ReplayEngine(trace, cfg.replay).run().to_dict()
+    return replay, calls
+
+
+def test_min_memory_finds_the_hand_computed_capacity(chain_trace, tmp_path):
+    replay, calls = _in_process(chain_trace)
+    summary = search(_cfg(chain_trace.parent, ["lazy", "faithful", "pre_allocate"]), tmp_path, replay)
+    assert summary["status"] == "ok", summary["error"]
+    found = {a["replay.allocation.mode"]: a for a in summary["searches"]}
+    assert found["lazy"]["min_capacity_bytes"] == 3 * 4 * N
+    assert found["faithful"]["min_capacity_bytes"] == 3 * 4 * N
+    pre = found["pre_allocate"]
+    assert pre["min_capacity_bytes"] == 4 * 4 * N and pre["max_failing_capacity_bytes"] == 4 * 4 * N - 1
+    # bisection between the bound (which fails) and the reference peak: ~log2(4096) probes
+    assert 3 <= pre["num_steps"] <= 16
+    assert len(calls) == sum(a["num_steps"] for a in summary["searches"])
+    table = pd.read_csv(tmp_path / CSV_NAME)
+    assert set(table["kind"]) == {"probe", "min_memory"}
+    probes = table[(table["kind"] == "probe") & (table["replay.allocation.mode"] == "pre_allocate")]
+    assert set(probes["status"]) == {"ok", "oom"}
+    assert len(probes) == pre["num_steps"]
+
+
+def test_min_memory_with_a_tolerance_brackets_the_answer(chain_trace, tmp_path):
+    replay, _ = _in_process(chain_trace)
+    summary = search(_cfg(chain_trace.parent, ["pre_allocate"], tolerance=0.1, tolerance_bytes=1),
+                     tmp_path, replay)
+    (answer,) = summary["searches"]
+    assert answer["max_failing_capacity_bytes"] < 4 * 4 * N <= answer["min_capacity_bytes"]
+    assert answer["min_capacity_bytes"] - answer["max_failing_capacity_bytes"] <= answer["tolerance_bytes"]
+
+
+def test_a_replay_that_never_completes_is_a_failed_search(chain_trace, tmp_path):
+    def broken(cfg, out_dir):
+        return {"status": "failed", "error": "rank 0 failed at node 5"}
+    summary = search(_cfg(chain_trace.parent, ["lazy"]), tmp_path, broken)
+    assert summary["status"] == "failed"
+    assert "lazy" in summary["error"] and "rank 0 failed at node 5" in summary["error"]
+
+
+def test_search_axes_and_bad_settings():
+    cfg = _cfg("/x", ["pre_allocate", "lazy"])
+    cfg.experiment.min_memory.thresholds = [1.0, 0.5]
+    # pre_allocate never flushes: searched at threshold 1.0 only
+    assert combos(cfg) == [("pre_allocate", 1.0), ("lazy", 1.0), ("lazy", 0.5)]
+    with pytest.raises(ConfigError, match="thresholds"):
+        MinMemoryConfig(thresholds=[1.5]).validate()
+    with pytest.raises(ConfigError, match="tolerance"):
+        MinMemoryConfig(tolerance=1.0).validate()
