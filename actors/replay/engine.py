@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from functools import partial
 
 import torch
 
@@ -17,7 +18,8 @@ from actors.replay import plan as planning
 from actors.replay import resolve
 from actors.replay.allocation import make_policy
 from actors.replay.config import ReplayConfig, parse_bytes
-from actors.replay.memory import MemoryTracker, OutOfMemory, device_capacity, is_allocation_failure
+from actors.replay.memory import (MemoryTracker, OutOfMemory, device_capacity,
+                                  is_allocation_failure, sample_points)
 from actors.replay.meters import make_meter
 from actors.replay.report import RankReport
 from actors.replay.tensor_store import TensorStore
@@ -93,6 +95,7 @@ class ReplayEngine:
         self._hooks = [ext.hooks() for ext in self.extensions]
         self._dirty = True  # the sequence is rebuilt before the next iteration
         self.sequence: list[tuple] = []
+        self.sampled_sequence: list[tuple] = []
         self.num_shape_mismatches = 0
         self.num_flushes = 0
         self.flushed_bytes = 0
@@ -102,9 +105,10 @@ class ReplayEngine:
 
     # --- the sequence ---------------------------------------------------------------------
     def _build_sequence(self) -> None:
-        """(fast tuple or None, step, frees) per entry: ops in order, extension hooks around
-        them; out-of-scope ops that free nothing are left out."""
-        planning.set_fast_path(self.steps, self.liveness.storage_bytes)
+        """(fast tuple or None, step, frees) per entry: ops in order with extension hooks
+        around them; out-of-scope ops that free nothing are left out. The first iteration's
+        sequence also samples the memory timeline (later ones run without that cost)."""
+        planning.set_fast_path(self.steps, self.liveness, self.guard)
         before: dict[int, list] = {}
         after: dict[int, list] = {}
         for b, a in self._hooks:
@@ -112,14 +116,20 @@ class ReplayEngine:
                 before.setdefault(i, []).extend(fns)
             for i, fns in a.items():
                 after.setdefault(i, []).extend(fns)
-        seq = []
+        samples = set(sample_points(len(self.steps), self.memory.max_points))
+        sample = self.memory.sample
+        seq, sampled = [], []
         free_lists = self.policy.free_lists
         for i, step in enumerate(self.steps):
-            seq += [(None, planning.Step(None, "hook", fn=fn), ()) for fn in before.get(i, ())]
+            entries = [(None, planning.Step(None, "hook", fn=fn), ()) for fn in before.get(i, ())]
             if step.kind in ("compute", "collective", "failed") or free_lists[i]:
-                seq.append((step.fast, step, free_lists[i]))
-            seq += [(None, planning.Step(None, "hook", fn=fn), ()) for fn in after.get(i, ())]
-        self.sequence = seq
+                entries.append((step.fast, step, free_lists[i]))
+            entries += [(None, planning.Step(None, "hook", fn=fn), ()) for fn in after.get(i, ())]
+            seq += entries
+            sampled += entries
+            if i in samples:
+                sampled.append((None, planning.Step(None, "hook", fn=partial(sample, i)), ()))
+        self.sequence, self.sampled_sequence = seq, sampled
         self._dirty = False
 
     # --- one op (slow paths; the fast path is inlined in _iteration) ----------------------
@@ -174,21 +184,21 @@ class ReplayEngine:
         held = memory.held
         need = sum(sizes[s] for s in step.touch if not held[s])
         if self.flush_bytes is not None and memory.held_bytes + need > self.flush_bytes:
-            self._flush()
+            self._flush(step.op.index)
             need = sum(sizes[s] for s in step.touch if not held[s])  # flushed inputs return
         cap = memory.capacity_bytes
         if cap is not None and memory.held_bytes + need > cap:
             raise OutOfMemory(memory.held_bytes, need, cap)
 
-    def _flush(self) -> None:
+    def _flush(self, op_index: int) -> None:
         """Drop every storage the policy lets go (outstanding collectives complete first)."""
         if self.comm is not None:
             self.comm.wait_all()
         freed = self.store.free_all()
-        if freed:  # a flush that could drop nothing did not happen
-            self.num_flushes += 1
+        if freed and self.memory.recording:  # counted per iteration (they all flush alike);
+            self.num_flushes += 1            # a flush that could drop nothing did not happen
             self.flushed_bytes += freed
-            self.memory.note_flush()
+            self.memory.note_flush(op_index)
 
     def _run_general(self, step, check: bool) -> None:
         """An op off the fast path (tensor lists, keyword tensors, index guards, several
@@ -230,24 +240,24 @@ class ReplayEngine:
             self._build_sequence()
         memory, store = self.memory, self.store
         tensors, materialize, free, held = store.tensors, store.materialize, store.free, memory.held
-        comm, guard = self.comm, self.guard
+        comm = self.comm
         get = store.get if self.cfg.mode == "full" else None
         check = self.num_iterations_run == 0
         timing = self.cfg.per_op_timing
         clock = time.perf_counter_ns
         Tensor = torch.Tensor
-        tick, next_sample = memory.tick, memory.next_sample
         comm_ns = 0
         step = None
         for ext in self.extensions:
             ext.on_iteration_start()
         last = clock()
         try:
-            for fast, step, frees in self.sequence:
+            for fast, step, frees in (self.sampled_sequence if self.memory.recording
+                                      else self.sequence):
                 if fast is not None:  # the common case, kept free of attribute lookups
-                    fn, args, slots, kwargs, out_uid, out_suid, out_bytes, touch_bytes = fast
+                    fn, args, slots, kwargs, out_uid, out_suid, out_bytes, limit = fast
                     args = args.copy()  # also drops the previous op's arguments before a flush
-                    if memory.held_bytes + touch_bytes > guard:
+                    if memory.held_bytes > limit:  # the op might not fit: flush or OOM first
                         self._make_room(step)
                     for pos, uid, t in slots:
                         x = tensors[uid]
@@ -258,7 +268,7 @@ class ReplayEngine:
                         out = self._op_failed(step, e)
                     if type(out) is Tensor:
                         tensors[out_uid] = out
-                        if not held[out_suid]:  # MemoryTracker.add, inlined
+                        if out_bytes:  # a fresh storage (MemoryTracker.add, inlined)
                             held[out_suid] = out_bytes
                             memory.held_bytes += out_bytes
                             if memory.held_bytes > memory.peak_bytes:
@@ -267,13 +277,13 @@ class ReplayEngine:
                             self._check_single(step, out)
                     elif out is not None:
                         self._register_outputs(step.op, out, check)
-                    out = None
+                    out = args = None  # a storage freed below must not live on in a local
                 elif step.kind == "hook":
                     step.fn()
                 elif step.kind == "compute":
                     self._run_general(step, check)
                 elif step.kind == "collective":
-                    if memory.held_bytes + step.touch_bytes > guard:
+                    if memory.held_bytes + step.touch_bytes > self.guard:
                         self._make_room(step)
                     t0 = clock()
                     comm.run(step.op, get)
@@ -285,15 +295,11 @@ class ReplayEngine:
                     now = clock()
                     step.time_ns += now - last
                     last = now
-                tick += 1
-                if tick == next_sample:
-                    next_sample = memory.sample(tick)
         except BaseException:
             if step is not None and step.op is not None:
                 self.stop_index = step.op.index
             raise
         finally:
-            memory.tick, memory.next_sample = tick, next_sample
             if step is not None and step.op is not None:
                 self.last_op = step.op
         if comm is not None:
@@ -307,6 +313,7 @@ class ReplayEngine:
         for ext in self.extensions:
             ext.on_iteration_end(measured)
         self.store.free_all()
+        self.memory.recording = False
         self.num_iterations_run += 1
 
     def _prepare(self) -> None:

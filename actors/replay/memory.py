@@ -61,12 +61,12 @@ class MemoryTracker:
         self.held: list[int] = [0] * num_storages  # suid -> accounted bytes held (0: not held)
         self.held_bytes = 0
         self.peak_bytes = 0
-        self.flush_ticks: list[int] = []
-        self._max_points = max(16, max_points)
-        self._stride = 1
-        self.tick = 0  # ops run so far (the timeline's x axis)
-        self.next_sample = 1
-        self.timeline: list[tuple[int, int]] = []
+        self.max_points = max(16, max_points)
+        # The timeline and the flush ticks describe the first iteration (every iteration
+        # replays the same ops under the same policy); later ones run without sampling.
+        self.recording = True
+        self.flush_ticks: list[int] = []  # op index of each flush
+        self.timeline: list[tuple[int, int]] = []  # (op index, bytes held after it)
 
     def check(self, requested_bytes: int) -> None:
         """Raise OutOfMemory when ``requested_bytes`` more would cross the capacity."""
@@ -83,13 +83,6 @@ class MemoryTracker:
         if self.held_bytes > self.peak_bytes:
             self.peak_bytes = self.held_bytes
 
-    def release(self, suid: int) -> int:
-        """Stop accounting storage ``suid``; returns the bytes it held."""
-        nbytes = self.held[suid]
-        self.held[suid] = 0
-        self.held_bytes -= nbytes
-        return nbytes
-
     def charge(self, nbytes: int) -> None:
         """Account bytes an extension allocated itself (checked against the capacity)."""
         self.check(nbytes)
@@ -101,18 +94,16 @@ class MemoryTracker:
         """Stop accounting bytes an extension released."""
         self.held_bytes -= nbytes
 
-    def note_flush(self) -> None:
-        if len(self.flush_ticks) < 10_000:  # bounded: a pathological threshold flushes every op
-            self.flush_ticks.append(self.tick)
+    def note_flush(self, op_index: int) -> None:
+        if self.recording:
+            self.flush_ticks.append(op_index)
 
-    def sample(self, tick: int) -> int:
-        """Record held bytes at op ``tick``; returns the next tick to sample.
+    def sample(self, op_index: int) -> None:
+        """Record the bytes held after op ``op_index``."""
+        self.timeline.append((op_index, self.held_bytes))
 
-        The op loop calls this only every ``stride`` ops; the stride doubles (and the kept
-        points halve) whenever the buffer fills, so the timeline stays bounded.
-        """
-        self.timeline.append((tick, self.held_bytes))
-        if len(self.timeline) >= self._max_points:
-            self.timeline = self.timeline[::2]
-            self._stride *= 2
-        return tick + self._stride
+
+def sample_points(num_ops: int, max_points: int) -> range:
+    """Op indices after which the first iteration's timeline samples (about ``max_points``)."""
+    stride = max(1, -(-num_ops // max_points))
+    return range(stride - 1, num_ops, stride)

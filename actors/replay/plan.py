@@ -46,7 +46,7 @@ class Step:
     time_ns: int = 0  # time in this op over the measured iterations (replay.per_op_timing)
     # The op loop's fast path, set by `set_fast_path` for plain single-output ops:
     # (fn, template, ((position, uid, TensorArg), ...), kwargs, out uid, out suid,
-    #  out accounted bytes, touch_bytes).
+    #  out accounted bytes if the op makes the storage else 0, held-bytes limit).
     fast: tuple | None = None
 
 
@@ -213,15 +213,25 @@ def set_touch(steps: list[Step], storage_bytes: list[int], owned: set[int]) -> N
             step.touch_bytes = sum(storage_bytes[s] for s in step.touch)
 
 
-def set_fast_path(steps: list[Step], storage_bytes: list[int]) -> None:
+def set_fast_path(steps: list[Step], liveness, guard: float) -> None:
     """Flatten plain compute steps (tensor positionals, one tensor out, no guards) into the
-    tuple the op loop unpacks, sparing it a dozen attribute lookups per op."""
+    tuple the op loop unpacks, sparing it a dozen attribute lookups per op.
+
+    The output's accounted bytes are set only when the op makes a fresh storage (its first
+    use): a view or in-place output lives on a storage its input already holds. ``limit`` is
+    the bytes held above which the op might not fit the guard (flush threshold or capacity).
+    """
+    first, external = liveness.storage_first, liveness.storage_external
     for step in steps:
         single = step.single_out
         plain = not (step.list_slots or step.kw_tensor_slots or step.guards)
         if step.kind == "compute" and single is not None and plain:
+            # first used here, and as an output only (an in-place op on an input-first storage
+            # writes a storage already held)
+            fresh = first[single.suid] == step.op.index and not external[single.suid]
             step.fast = (step.fn, step.template, tuple((p, t.uid, t) for p, t in step.tensor_slots),
-                         step.kwargs, single.uid, single.suid, storage_bytes[single.suid],
-                         step.touch_bytes)
+                         step.kwargs, single.uid, single.suid,
+                         liveness.storage_bytes[single.suid] if fresh else 0,
+                         guard - step.touch_bytes)
         else:
             step.fast = None

@@ -47,7 +47,7 @@ class TensorStore:
         if base is None:
             base = self._allocate(t)
         size, stride = t.shape, t.stride
-        if stride is None:
+        if stride is None or len(stride) != len(size):  # not recorded (or not usable): contiguous
             stride = torch.empty(size, device="meta").stride()
         x = torch.as_strided(base, size, stride, t.offset)
         self.register(t, x)
@@ -91,7 +91,11 @@ class TensorStore:
         for uid in self.uids_by_suid[suid]:
             tensors[uid] = None
         self._bases.pop(suid, None)
-        return self.memory.release(suid)
+        memory = self.memory  # MemoryTracker's release, inlined: this runs after most ops
+        nbytes = memory.held[suid]
+        memory.held[suid] = 0
+        memory.held_bytes -= nbytes
+        return nbytes
 
     def free_all(self) -> int:
         """Free every held storage that is not pinned (a flush, or the end of an iteration)."""

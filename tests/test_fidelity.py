@@ -1,0 +1,274 @@
+"""Memory fidelity: measured memory, the faithful mode, flushing that acts in time and really
+frees, and honest counters (coverage, OOM, frees of skipped ops, failures keeping iterations)."""
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+from actors.errors import ReplayError
+from actors.replay.config import AllocationConfig, ReplayConfig
+from actors.replay.engine import ReplayEngine
+from actors.replay.extension import ReplayExtension
+from actors.trace import load_trace
+from tests.et_json import node, scalar, step_node, tensor, write_trace
+from tests.trace_factory import capture_step
+
+MiB = 1 << 20
+LAYER_NORM = ("aten::layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, "
+              "Tensor? bias=None, float eps=1.0000000000000001e-05, bool cudnn_enable=True) -> Tensor")
+RELU = "aten::relu(Tensor self) -> Tensor"
+ONES = "aten::ones(SymInt[] size, *, ScalarType? dtype=None) -> Tensor"
+
+
+@pytest.fixture(scope="module")
+def step_trace(tmp_path_factory):
+    return capture_step(tmp_path_factory.mktemp("et") / "rank-0.et.json")
+
+
+def _cfg(alloc="lazy", threshold=1.0, **kw):
+    base = dict(mode="compute", device="cpu", iters=1, warmup_iters=0)
+    base.update(kw)
+    return ReplayConfig(allocation=AllocationConfig(mode=alloc, device_memory_threshold=threshold),
+                        **base)
+
+
+def _run(trace, **kw):
+    engine = ReplayEngine(trace, _cfg(**kw))
+    return engine, engine.run().to_dict()
+
+
+class _Probe(ReplayExtension):
+    """Runs ``fn(engine)`` right after op ``index`` (optionally only in some iterations)."""
+
+    name = "probe"
+
+    def __init__(self, index: int, fn, before: bool = False):
+        self.index, self.fn, self.before = index, fn, before
+        self.iteration = 0
+        self.engine = None
+
+    def attach(self, engine):
+        self.engine = engine
+
+    def hooks(self):
+        call = {self.index: [lambda: self.fn(self.engine, self.iteration)]}
+        return (call, {}) if self.before else ({}, call)
+
+    def on_iteration_end(self, measured):
+        self.iteration += 1
+
+
+def _layer_norm_trace(tmp_path, numel: int):
+    """One layer_norm over [numel/2, 2] floats: the op allocates its output (numel floats)
+    and, inside, mean and rstd (numel/2 floats each) that it frees before returning."""
+    x = tensor(1, 1, numel, shape=[numel // 2, 2])
+    out = tensor(2, 2, numel, shape=[numel // 2, 2])
+    nodes = [step_node(3, 1),
+             node(4, "aten::layer_norm", parent=3, inputs=[x, scalar([2], "GenericList[Int]")],
+                  outputs=[out], schema=LAYER_NORM)]
+    return load_trace(write_trace(tmp_path, nodes))
+
+
+def test_measured_peak_sees_op_temporaries(tmp_path):
+    numel = 1 << 20
+    _, r = _run(_layer_norm_trace(tmp_path, numel))
+    assert r["status"] == "ok", r["error"]
+    # by hand: input + output + mean + rstd alive together inside the op
+    expected = 4 * numel + 4 * numel + 2 * (4 * numel // 2)
+    assert r["measured_peak_bytes"] == pytest.approx(expected, rel=0.10)
+    # accounting only knows the trace's tensors: input and output
+    assert r["accounted_peak_bytes"] == 8 * numel
+    assert r["peak_memory_bytes"] == r["measured_peak_bytes"]
+    assert r["peak_memory_source"] == "measured"
+    assert r["memory_measure_method"] == "cpu_profiler_allocator_events"
+
+
+def test_meta_cannot_measure(tmp_path):
+    _, r = _run(_layer_norm_trace(tmp_path, 1 << 16), device="meta")
+    assert r["status"] == "ok", r["error"]
+    assert r["measured_peak_bytes"] is None and r["peak_memory_source"] == "accounted"
+    assert r["peak_memory_bytes"] == r["accounted_peak_bytes"] == 8 * (1 << 16)
+
+
+def test_memory_is_measured_in_its_own_untimed_iteration(step_trace):
+    seen = []
+
+    def note(engine, iteration):
+        seen.append((iteration, torch.autograd.profiler._is_profiler_enabled))
+
+    trace = load_trace(step_trace)
+    probe = _Probe(0, note, before=True)
+    r = ReplayEngine(trace, _cfg(iters=2, warmup_iters=1), extensions=[probe]).run().to_dict()
+    assert r["status"] == "ok", r["error"]
+    # iteration 0 is the memory iteration, under the profiler; the timed ones run without it
+    assert seen == [(0, True), (1, False), (2, False), (3, False)]
+    assert len(r["iteration_times_s"]) == 2 and r["num_iterations_completed"] == 4
+    assert r["measured_peak_bytes"] > 0
+
+
+def test_measure_memory_off_runs_no_extra_iteration(step_trace):
+    _, r = _run(load_trace(step_trace), iters=2, measure_memory=False)
+    assert r["num_iterations_completed"] == 2 and r["measured_peak_bytes"] is None
+    assert r["peak_memory_source"] == "accounted"
+
+
+def test_faithful_keeps_persistent_storages_and_frees_intermediates_at_last_use(step_trace):
+    trace = load_trace(step_trace)
+    planned = ReplayEngine(trace, _cfg("faithful", iters=2))
+    live = planned.liveness
+    persistent = planned.policy.persistent
+    assert persistent and all(live.storage_external[s] for s in persistent)
+    # an intermediate: made by an op, used later, freed before the iteration ends
+    produced = [(live.storage_first[s], live.storage_last[s], s) for s in range(trace.num_storages)
+                if not live.storage_external[s] and live.storage_first[s] >= 0
+                and live.storage_last[s] > live.storage_first[s] + 1
+                and live.storage_last[s] < len(trace.ops) - 1 and live.storage_bytes[s] > 0]
+    first, last, suid = produced[len(produced) // 2]
+    refs, bases = [], []
+
+    def grab(engine, iteration):  # right after the op that made it: hold only weak references
+        refs.extend(weakref.ref(engine.store.tensors[u]) for u in live.uids_by_suid[suid]
+                    if engine.store.tensors[u] is not None)
+
+    def after_last_use(engine, iteration):
+        gc.collect()
+        assert refs and all(r() is None for r in refs), "the intermediate's tensors are still alive"
+        assert not engine.memory.held[suid]
+        refs.clear()
+
+    def persistent_bases(engine, iteration):  # the very same storages in every iteration
+        bases.append({s: engine.store._bases[s].data_ptr() for s in persistent})
+
+    probes = [_Probe(first, grab), _Probe(last, after_last_use),
+              _Probe(0, persistent_bases, before=True)]
+    r = ReplayEngine(trace, _cfg("faithful", iters=2), extensions=probes).run().to_dict()
+    assert r["status"] == "ok", r["error"]
+    assert len(bases) == 3 and bases[0] == bases[1] == bases[2]
+    assert r["persistent_bytes"] == sum(live.storage_bytes[s] for s in persistent)
+
+
+@pytest.mark.parametrize("alloc", ["pre_allocate", "lazy", "faithful"])
+def test_accounting_does_not_drift_across_iterations(step_trace, alloc):
+    engine = ReplayEngine(load_trace(step_trace), _cfg(alloc, iters=3))
+    r = engine.run().to_dict()
+    assert r["status"] == "ok", r["error"]
+    persistent = engine.policy.persistent_bytes(engine.liveness.storage_bytes)
+    assert engine.memory.held_bytes == sum(engine.memory.held) == persistent
+
+
+def test_faithful_sits_between_lazy_and_pre_allocate(step_trace):
+    trace = load_trace(step_trace)
+    peaks = {mode: _run(trace, alloc=mode)[1]["accounted_peak_bytes"]
+             for mode in ("lazy", "faithful", "pre_allocate")}
+    assert peaks["lazy"] <= peaks["faithful"] < peaks["pre_allocate"]
+
+
+def _flush_capacity(trace, alloc: str = "lazy") -> tuple[int, int]:
+    """(capacity, unconstrained peak): a capacity below the mode's accounted peak in which
+    every single op still fits next to the persistent set (so only flushing can help)."""
+    engine = ReplayEngine(trace, _cfg(alloc))
+    floor = engine.policy.persistent_bytes(engine.liveness.storage_bytes) + \
+        max(s.touch_bytes for s in engine.steps)
+    peak = engine.run().to_dict()["accounted_peak_bytes"]
+    assert floor < peak, (floor, peak)
+    return (floor + peak) // 2, peak
+
+
+@pytest.mark.parametrize("alloc", ["lazy", "faithful"])
+def test_flush_before_an_op_crosses_the_threshold_turns_oom_into_a_run(step_trace, alloc):
+    trace = load_trace(step_trace)
+    capacity, _ = _flush_capacity(trace, alloc)
+    _, oom = _run(trace, alloc=alloc, device_memory_capacity=str(capacity))
+    assert oom["status"] == "oom" and oom["num_flushes"] == 0
+    assert 0 < oom["coverage"] < 1
+    _, ok = _run(trace, alloc=alloc, device_memory_capacity=str(capacity), threshold=0.9)
+    assert ok["status"] == "ok", ok["error"]
+    assert ok["num_flushes"] > 0 and ok["flushed_bytes"] > 0 and ok["coverage"] == 1.0
+    assert ok["accounted_peak_bytes"] <= capacity
+    assert len(ok["flush_ticks"]) == ok["num_flushes"]
+
+
+def test_lower_threshold_lowers_the_measured_peak(step_trace):
+    trace = load_trace(step_trace)
+    _, peak = _flush_capacity(trace)
+    capacity = 2 * peak
+    peaks = {}
+    for threshold in (1.0, 0.3):
+        _, r = _run(trace, device_memory_capacity=str(capacity), threshold=threshold)
+        assert r["status"] == "ok", r["error"]
+        peaks[threshold] = (r["measured_peak_bytes"], r["num_flushes"])
+    assert peaks[1.0][1] == 0 and peaks[0.3][1] > 0
+    assert peaks[0.3][0] < peaks[1.0][0]  # measured, not accounted: the flush really freed
+
+
+def test_pre_allocate_counts_pinned_storages_once(step_trace):
+    trace = load_trace(step_trace)
+    _, free = _run(trace, alloc="pre_allocate")
+    _, tight = _run(trace, alloc="pre_allocate", device_memory_capacity=str(free["accounted_peak_bytes"]))
+    assert tight["status"] == "ok", tight["error"]
+
+
+def test_oom_coverage_counts_only_ops_that_ran(step_trace):
+    trace = load_trace(step_trace)
+    bound = ReplayEngine(trace, _cfg()).liveness.lower_bound_bytes
+    _, r = _run(trace, device_memory_capacity=str(bound // 4))
+    assert r["status"] == "oom"
+    oom_index = next(op.index for op in trace.ops if op.node_id == r["oom"]["node_id"])
+    in_scope = r["num_in_scope"]
+    assert r["coverage"] == pytest.approx(
+        sum(1 for op in trace.ops[:oom_index] if op.collective is None) / in_scope)
+    assert r["coverage"] < 1 and r["num_iterations_completed"] == 0
+
+
+def test_skipped_op_frees_its_last_use_storages(tmp_path):
+    n = 1 << 10
+    a, b, c = tensor(1, 1, n), tensor(2, 2, n), tensor(3, 3, n)
+    nodes = [step_node(3, 1),
+             node(4, "aten::ones", parent=3, inputs=[scalar([n], "GenericList[Int]")], outputs=[a],
+                  schema=ONES),
+             node(5, "aten::relu", parent=3, inputs=[a], outputs=[b], schema=RELU),
+             # an op this torch cannot run: its input's last use is here
+             node(6, "aten::no_such_op", parent=3, inputs=[b], outputs=[c],
+                  schema="aten::no_such_op(Tensor self) -> Tensor"),
+             node(7, "aten::relu", parent=3, inputs=[a], outputs=[tensor(4, 4, n)], schema=RELU)]
+    trace = load_trace(write_trace(tmp_path, nodes))
+    held_after_skip = []
+    probe = _Probe(2, lambda engine, it: held_after_skip.append(bool(engine.memory.held[trace.ops[2].inputs[0].suid])))
+    r = ReplayEngine(trace, _cfg(), extensions=[probe]).run().to_dict()
+    assert r["num_skipped"] == 1 and "no_such_op" in next(iter(r["skipped_reasons"]))
+    assert held_after_skip and not any(held_after_skip)
+
+
+def test_cpu_allocation_failure_is_an_oom(tmp_path):
+    huge = 1 << 49  # 2 PiB of float32: accounted fits the stated capacity, the host refuses
+    nodes = [step_node(3, 1),
+             node(4, "aten::ones", parent=3, inputs=[scalar([huge], "GenericList[Int]")],
+                  outputs=[tensor(1, 1, huge)], schema=ONES)]
+    trace = load_trace(write_trace(tmp_path, nodes))
+    _, r = _run(trace, device_memory_capacity="4PiB", measure_memory=False)
+    assert r["status"] == "oom", r
+    assert "allocate memory" in r["error"] and "node 4 aten::ones" in r["error"]
+    assert r["skipped_reasons"] == {} and r["coverage"] == 0.0
+
+
+def test_a_failure_keeps_the_iterations_before_it(step_trace):
+    def fail_third(engine, iteration):
+        if iteration == 2:
+            raise RuntimeError("peer gone")
+
+    trace = load_trace(step_trace)
+    r = ReplayEngine(trace, _cfg(iters=3, measure_memory=False),
+                     extensions=[_Probe(5, fail_third)]).run().to_dict()
+    assert r["status"] == "failed" and "peer gone" in r["error"]
+    assert len(r["iteration_times_s"]) == 2 and r["coverage"] == 1.0
+
+
+def test_a_trace_with_nothing_in_scope_is_an_error(tmp_path):
+    nodes = [step_node(3, 1), node(4, "aten::no_such_op", parent=3, inputs=[tensor(1, 1, 4)],
+                                   outputs=[tensor(2, 2, 4)], schema="aten::no_such_op(Tensor self) -> Tensor")]
+    trace = load_trace(write_trace(tmp_path, nodes))
+    with pytest.raises(ReplayError, match="no op in scope"):
+        ReplayEngine(trace, _cfg(mode="comms"))
