@@ -1,8 +1,9 @@
 """The run's structured config: components' dataclasses composed and registered with Hydra.
 
 Each component owns its dataclass next to its code (``ReplayConfig`` in actors/replay,
-``ClusterConfig`` in orchestrator/cluster); this module composes them, registers one schema per
-config group in Hydra's ConfigStore, and YAML files in ``conf/`` pick and override.
+``ClusterConfig`` in orchestrator/cluster, ``Zero3Config`` in actors/zero3); this module
+composes them, registers one schema per config group in Hydra's ConfigStore, and YAML files
+in ``conf/`` pick and override.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from hydra.core.config_store import ConfigStore
 
 from actors.choices import Choice
 from actors.replay.config import ReplayConfig
+from actors.zero3.config import Zero3Config, Zero3Strategy  # noqa: F401 (composed here)
 from orchestrator.cluster import ClusterConfig
 from orchestrator.min_memory import MinMemoryConfig
 
@@ -26,12 +28,6 @@ class Transfer(Choice):
 
     path = "path"  # actors read the files themselves (shared filesystem)
     object_store = "object_store"  # the driver ships the bytes through Ray's object store
-
-
-class Zero3Strategy(Choice):
-    """ZeRO-3 parameter fetch/release emulation."""
-
-    none = "none"  # replay the trace's own collectives as recorded
 
 
 @dataclass
@@ -50,17 +46,6 @@ class TraceConfig:
 
     def __post_init__(self):
         self.transfer = Transfer.coerce(self.transfer, "trace.transfer")
-
-
-@dataclass
-class Zero3Config:
-    """ZeRO-3 parameter fetch/release emulation (strategies arrive with the ZeRO-3 work)."""
-
-    # none: replay the trace's own collectives as recorded.
-    strategy: Zero3Strategy = Zero3Strategy.none
-
-    def __post_init__(self):
-        self.strategy = Zero3Strategy.coerce(self.strategy, "zero3.strategy")
 
 
 class Search(Choice):
@@ -111,6 +96,7 @@ class RunConfig:
     def validate(self) -> None:
         """Raise ConfigError on inconsistent values (before any cluster work)."""
         self.replay.validate()
+        self.zero3.validate(self.replay.mode)
         self.cluster.validate()
 
 

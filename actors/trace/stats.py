@@ -7,18 +7,24 @@ inferred per storage generation (``suid``). One counts when it
 2. has a floating dtype;
 3. is first used read-only (an op whose schema does not mark that argument as written: the
    forward pass reads the weights), and
-4. is later updated in place (``Tensor(a!)``) by an op other than ``copy_``: the optimizer
-   step. ``copy_`` is how DDP syncs buffers (batch-norm running stats after the broadcast)
-   and how weights are loaded, not an update.
+4. is later updated: in place (``Tensor(a!)``) by an op other than a copy (the optimizer
+   step), or by a copy (``copy_``, ``_foreach_copy_``) from a *master*: a floating storage
+   that existed before the trace and is itself updated in place by a non-copy op, directly
+   or through a dtype conversion (``_to_copy``, ``to``, ``clone``). That second case is mixed
+   precision (bf16/fp16 weights refreshed from the fp32 masters the optimizer steps) and
+   ZeRO's partitions refreshed from their fp32 copies. Other copies are not updates: DDP
+   syncs buffers by copying from a broadcast buffer made in the trace, and weights are
+   loaded by copies from tensors nothing updates.
 
 Gradients (accumulated or zeroed first) and optimizer state (``exp_avg.lerp_``, momentum
-``mul_``) fail 3; activations and inputs fail 1; buffers, frozen weights and a trace without
-an optimizer step fail 4, and so do weights refreshed by ``copy_`` from a master copy the
-optimizer updates (mixed precision, ZeRO-3 partitions): such traces report fewer or no
-parameters. Collectives are not uses here: a ``c10d::*`` schema does not mark the tensors it
-writes. Parameters that share one flat buffer count as one storage. On the public traces
-this gives exactly ResNet-50's 161 tensors (DDP, SGD) and GPT-2 large's 436 tensors /
-774,030,080 elements (Adam); on the demo DDP GPT every one of its 536,064 parameters.
+``mul_``) fail 3, and so do the fp32 masters (the optimizer writes them first); activations
+and inputs fail 1; buffers, frozen weights and a trace without an optimizer step fail 4.
+Collectives are not uses here: a ``c10d::*`` schema does not mark the tensors it writes.
+Parameters that share one flat buffer count as one storage. On the public traces this gives
+exactly ResNet-50's 161 tensors (DDP, SGD) and GPT-2 large's 436 tensors / 774,030,080
+elements (Adam); on the demo DDP GPT every one of its 536,064 parameters; on the demo
+DeepSpeed ZeRO-3 traces the flat fp32 partition each rank holds (refreshed by ``copy_`` from
+the optimizer's fp32 group after the step).
 """
 from __future__ import annotations
 
@@ -32,7 +38,9 @@ from actors.trace.model import Arg, TensorArg, Trace
 from actors.trace.op_schema import parse_schema
 
 _FLOAT_PREFIXES = ("float", "bfloat")
-_NOT_AN_UPDATE = "aten::copy_"
+# Copies refresh a tensor from another: an update only when the source is a master.
+_COPIES = ("aten::copy_", "aten::_foreach_copy_")
+_CONVERSIONS = ("aten::_to_copy", "aten::to", "aten::clone")
 
 
 def trace_stats(trace: Trace, top: int = 10) -> dict:
@@ -91,22 +99,60 @@ def param_like_storages(trace: Trace, external: list[bool]) -> list[int]:
     """The suids that look like parameters (see the module docstring), in suid order."""
     # per suid: 0 unseen, 1 read so far, 2 read then written (a parameter), -1 ruled out
     state = [0] * trace.num_storages
+    updated: set[int] = set()  # floating suids written in place by a non-copy op
+    copies: list[tuple[int, int]] = []  # (destination suid, source suid) of every copy
+    converted: dict[int, int] = {}  # output suid -> input suid of a dtype conversion
     for op in trace.ops:
         if op.collective is not None:
             continue
         written = _written_args(op.schema)
+        is_copy = op.name in _COPIES
+        if is_copy:
+            copies.extend(_copy_pairs(op))
+        elif op.name in _CONVERSIONS:
+            _record_conversion(op, converted)
         for pos, arg in enumerate(op.inputs):
             writes = pos < len(written) and written[pos]
             for t in _tensors(arg):
                 s = t.suid
-                if s < 0 or state[s] < 0 or state[s] == 2:
+                if s < 0:
+                    continue
+                if writes and not is_copy and _is_float(t):
+                    updated.add(s)
+                if state[s] < 0 or state[s] == 2:
                     continue
                 if state[s] == 0:
-                    is_candidate = external[s] and not writes and (t.dtype or "").startswith(_FLOAT_PREFIXES)
-                    state[s] = 1 if is_candidate else -1
-                elif writes and op.name != _NOT_AN_UPDATE:
+                    state[s] = 1 if external[s] and not writes and _is_float(t) else -1
+                elif writes and not is_copy:
                     state[s] = 2
+    masters = {s for s in updated if external[s]}
+    for dst, src in copies:
+        for _ in range(4):  # a conversion chain is short; bounded against cycles
+            if src in masters or src not in converted:
+                break
+            src = converted[src]
+        if state[dst] == 1 and src in masters:
+            state[dst] = 2
     return [s for s, v in enumerate(state) if v == 2]
+
+
+def _is_float(t: TensorArg) -> bool:
+    return (t.dtype or "").startswith(_FLOAT_PREFIXES)
+
+
+def _copy_pairs(op) -> list[tuple[int, int]]:
+    """(destination, source) suids of a copy op: ``copy_(self, src)`` or the pairwise lists of
+    ``_foreach_copy_(self[], src[])``."""
+    if len(op.inputs) < 2:
+        return []
+    dst, src = _tensors(op.inputs[0]), _tensors(op.inputs[1])
+    return [(d.suid, s.suid) for d, s in zip(dst, src) if d.suid >= 0 and s.suid >= 0]
+
+
+def _record_conversion(op, converted: dict[int, int]) -> None:
+    ins, outs = op.input_tensors(), op.output_tensors()
+    if ins and len(outs) == 1 and ins[0].suid >= 0 and outs[0].suid >= 0:
+        converted[outs[0].suid] = ins[0].suid
 
 
 def _tensors(arg):

@@ -1,0 +1,95 @@
+"""ZeRO-3 emulation settings (the ``zero3`` config group; one YAML per strategy in conf/zero3/)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from actors.choices import Choice
+from actors.errors import ConfigError
+
+
+class Zero3Strategy(Choice):
+    """How partitioned parameters are fetched before use and released after it."""
+
+    none = "none"  # replay the trace's own collectives as recorded (no emulation)
+    per_param = "per_param"  # one all-gather per parameter, per-parameter wait and release
+    per_module = "per_module"  # one all-gather per module, per-parameter bookkeeping (DeepSpeed)
+    leaf_coalesced = "leaf_coalesced"  # a leaf module's subtree: one flat buffer, one gather, bulk free
+    bucketed = "bucketed"  # parameters in execution order, buckets of prefetch_bucket_size elements
+
+
+class ParamRef(Choice):
+    """How ``zero3.modules`` names a parameter."""
+
+    tensor_id = "tensor_id"  # the trace's tensor id (first field of a tensor tuple)
+    order = "order"  # position among the detected parameters in order of first use, from 0
+
+
+@dataclass
+class Zero3Config:
+    """ZeRO-3 parameter partitioning and fetch/release emulation."""
+
+    # none replays the trace's own collectives as recorded; the other strategies partition the
+    # trace's parameters (a flat 1/world shard each, padded as DeepSpeed pads) and all-gather
+    # them around their uses: per_param, per_module, leaf_coalesced or bucketed.
+    strategy: Zero3Strategy = Zero3Strategy.none
+    # Parameters with at most this many elements stay gathered on every rank (DeepSpeed's
+    # stage3_param_persistence_threshold, default 1e5). 0 partitions every parameter.
+    param_persistence_threshold: int = 100_000
+    # leaf_coalesced: module qualified-name patterns (fnmatch, e.g. ['blocks.*', '*.experts'])
+    # fetched as one unit with their whole subtree. Names come from the trace's module ranges
+    # or from zero3.modules.
+    leaf_modules: list[str] = field(default_factory=list)
+    # leaf_coalesced: DeepSpeed's rule instead of (or besides) patterns: a module whose
+    # parameter elements per layer (subtree params / (torch leaf layers + 1)) are at most this
+    # becomes a leaf, parents first. 0 disables the rule.
+    module_granularity_threshold: int = 0
+    # Parameters of modules the trace does not delimit (no module ranges), as
+    # {module qualname: [parameter, ...]}; each parameter by zero3.modules_by. The modules are
+    # fetched as units around the uses of their parameters and can be leaf_modules.
+    modules: dict[str, list[int]] | None = None
+    # How zero3.modules names parameters: tensor_id (the trace's tensor ids) or order
+    # (0-based position among detected parameters, in order of first use).
+    modules_by: ParamRef = ParamRef.tensor_id
+    # Issue the next fetches' all-gathers asynchronously right after the current fetch
+    # completes (up to prefetch_bucket_size elements ahead, within max_live_parameters).
+    prefetch: bool = False
+    # Elements: the bucket size of strategy=bucketed and the look-ahead of prefetch
+    # (DeepSpeed's stage3_prefetch_bucket_size, default 5e7).
+    prefetch_bucket_size: int = 50_000_000
+    # Elements gathered at once beyond which prefetch waits (DeepSpeed's
+    # stage3_max_live_parameters, default 1e9).
+    max_live_parameters: int = 1_000_000_000
+    # Emulate rank r of an N-rank ZeRO-3 job on one actor (replay.mode=compute only): shards are
+    # 1/N, all-gathers are allocations of the gathered size with no communication. null: the
+    # real world size.
+    world_size: int | None = None
+    # ZeRO++ hierarchical partitioning: ranks per secondary group (e.g. GPUs per node). 1 is off.
+    hpz_partition_size: int = 1
+
+    def __post_init__(self):
+        self.strategy = Zero3Strategy.coerce(self.strategy, "zero3.strategy")
+        self.modules_by = ParamRef.coerce(self.modules_by, "zero3.modules_by")
+
+    @property
+    def enabled(self) -> bool:
+        """True when a strategy other than ``none`` is chosen."""
+        return self.strategy != Zero3Strategy.none
+
+    def validate(self, replay_mode: str) -> None:
+        """Raise ConfigError on values outside their domain or inconsistent with ``replay.mode``."""
+        for key in ("param_persistence_threshold", "module_granularity_threshold"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"zero3.{key}={getattr(self, key)}; expected >= 0")
+        for key in ("prefetch_bucket_size", "max_live_parameters", "hpz_partition_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"zero3.{key}={getattr(self, key)}; expected >= 1")
+        if self.world_size is not None:
+            if self.world_size < 1:
+                raise ConfigError(f"zero3.world_size={self.world_size}; expected >= 1")
+            if self.enabled and replay_mode != "compute":
+                raise ConfigError(f"zero3.world_size={self.world_size} emulates the job without "
+                                  f"communication: set replay.mode=compute (got {replay_mode})")
+        for name, refs in (self.modules or {}).items():
+            if not refs or not all(isinstance(r, int) and r >= 0 for r in refs):
+                raise ConfigError(f"zero3.modules[{name!r}]={refs!r}; expected a non-empty list "
+                                  f"of parameter {self.modules_by.value}s (integers >= 0)")

@@ -1,0 +1,88 @@
+"""ZeRO-3 as a replay extension: partitioned parameters fetched and released around the ops.
+
+The rank actor builds one when ``zero3.strategy`` is not ``none`` and hands it to the engine
+(``ReplayEngine(..., extensions=[...])``). It plans once against the compiled engine, owns
+every parameter storage (the allocation policy leaves them alone), and turns each boundary's
+events into one hook.
+"""
+from __future__ import annotations
+
+from actors.errors import ConfigError
+from actors.replay.extension import ReplayExtension
+from actors.zero3.config import Zero3Config
+from actors.zero3.planning import Zero3Plan, build_plan, module_report
+from actors.zero3.runtime import Zero3Runtime
+
+
+class Zero3Extension(ReplayExtension):
+    """Partition the trace's parameters over ``world`` ranks and replay ``cfg.strategy``."""
+
+    name = "zero3"
+
+    def __init__(self, cfg: Zero3Config, marks: list[tuple[int, str, str]], init_full=None):
+        self.cfg = cfg
+        self.marks = marks  # backward markers (actors/zero3/markers.py)
+        self.init_full = init_full  # tests: param -> full values
+        self.z: Zero3Plan | None = None
+        self.runtime: Zero3Runtime | None = None
+
+    def attach(self, engine) -> None:
+        group = None
+        if self.cfg.world_size is not None:
+            world = self.cfg.world_size  # emulated: no communication
+        elif engine.comm is not None:
+            group = engine.comm.groups.handle("0")
+            world = group.size()
+        else:  # compute mode: the trace's world, emulated
+            world = trace_world_size(engine.trace)
+        self.z = build_plan(engine.trace, engine.liveness, self.cfg, world, self.marks)
+        self.runtime = Zero3Runtime(self.z.plan.homes, world, engine.rank % world, engine.device,
+                                    engine.store, engine.memory, group, self.init_full)
+        self.runtime.allocate()
+
+    def owned_storages(self) -> set[int]:
+        return {p.suid for p in self.z.params}
+
+    def hooks(self):
+        before, after = {}, {}
+        n = self.z.plan.num_ops
+        run = self.runtime.run
+        for b, events in self.z.plan.events.items():
+            hook = (lambda ev=events: run(ev))
+            if b < n:
+                before[b] = [hook]
+            else:
+                after[n - 1] = [hook]
+        return before, after
+
+    def on_iteration_start(self) -> None:
+        rt = self.runtime
+        if rt.held.keys() - {h for h in rt.held if h.persistent} or rt.inflight:
+            rt.drop_all()  # the previous iteration stopped half-way
+        rt.bind_persistent()
+        rt.metrics.start_iteration()
+
+    def on_iteration_end(self, measured: bool) -> None:
+        self.runtime.metrics.end_iteration(measured)
+
+    def report(self) -> dict:
+        z, cfg = self.z, self.cfg
+        out = {"strategy": cfg.strategy.value, "world_size": z.world,
+               "emulated": cfg.world_size is not None or self.runtime.group is None,
+               "num_params": len(z.params),
+               "num_partitioned": sum(1 for p in z.params if not z.home_of[p.suid].persistent),
+               "param_bytes": sum(p.nbytes for p in z.params),
+               "leaf_modules": [z.tree.modules[name].label for name in z.plan.leaves],
+               "prefetch": cfg.prefetch}
+        out.update(self.runtime.metrics.summary())
+        out["modules"] = module_report(z, cfg.module_granularity_threshold)
+        return out
+
+
+def trace_world_size(trace) -> int:
+    """The world size the trace was recorded with: its default group's size."""
+    sizes = [g.group_size or len(g.ranks) for g in trace.process_groups if g.name == "0"]
+    if not sizes or sizes[0] < 1:
+        raise ConfigError(f"{trace.path}: the trace does not record its world size (no default "
+                          "process group); set zero3.world_size")
+    return sizes[0]

@@ -1,0 +1,59 @@
+"""Per-rank ZeRO-3 figures: counted and timed per iteration, summarized over measured ones.
+
+Host times are the replay's own bookkeeping around each all-gather (allocating the gathered
+buffer, filling this rank's slot, issuing the collective; after the wait, copying parameters
+out or making views and binding them), ``release_host_s`` its unbinding and freeing; neither
+includes ``wait_s``, the time blocked on the collective. ``bubble_s`` is the whole time the
+op stream stood still in ZeRO-3 hooks (fetch, wait and release together): what the compute
+waited for parameters. Bytes are measured from the tensors allocated.
+"""
+from __future__ import annotations
+
+import statistics
+
+_PER_ITERATION = ("num_allgathers", "allgather_bytes", "fetch_host_s", "release_host_s",
+                  "wait_s", "bubble_s")
+
+
+class Zero3Metrics:
+    """Counters of the current iteration, the kept measured iterations and memory peaks."""
+
+    def __init__(self):
+        self.shard_bytes = 0  # this rank's shards of partitioned parameters
+        self.persistent_bytes = 0  # parameters kept whole (param_persistence_threshold)
+        self.gathered_bytes = 0  # gathered buffers and parameters held right now
+        self.gathered_peak_bytes = 0
+        self.scratch_bytes = 0  # full-size parameters bound for the update phase
+        self.scratch_peak_bytes = 0
+        self.iterations: list[dict] = []
+        self.start_iteration()
+
+    def start_iteration(self) -> None:
+        self.num_allgathers = self.allgather_bytes = 0
+        self.fetch_host_s = self.release_host_s = self.wait_s = self.bubble_s = 0.0
+
+    def end_iteration(self, measured: bool) -> None:
+        if measured:
+            self.iterations.append({k: getattr(self, k) for k in _PER_ITERATION})
+
+    def add_gathered(self, nbytes: int) -> None:
+        self.gathered_bytes += nbytes
+        self.gathered_peak_bytes = max(self.gathered_peak_bytes, self.gathered_bytes)
+
+    def add_scratch(self, nbytes: int) -> None:
+        self.scratch_bytes += nbytes
+        self.scratch_peak_bytes = max(self.scratch_peak_bytes, self.scratch_bytes)
+
+    def summary(self) -> dict:
+        """Per-iteration figures (medians over measured iterations) and memory figures."""
+        its = self.iterations
+        med = (lambda k: statistics.median(it[k] for it in its)) if its else (lambda k: None)
+        return {
+            "num_allgathers_per_iteration": its[-1]["num_allgathers"] if its else None,
+            "allgather_bytes_per_iteration": its[-1]["allgather_bytes"] if its else None,
+            "fetch_host_s": med("fetch_host_s"), "release_host_s": med("release_host_s"),
+            "wait_s": med("wait_s"), "bubble_s": med("bubble_s"),
+            "gathered_peak_bytes": self.gathered_peak_bytes, "shard_bytes": self.shard_bytes,
+            "persistent_bytes": self.persistent_bytes,
+            "update_scratch_peak_bytes": self.scratch_peak_bytes,
+        }

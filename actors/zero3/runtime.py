@@ -1,0 +1,200 @@
+"""Executes a ZeRO-3 plan's events on one rank: shards, all-gathers, binding, release.
+
+Shards are allocated once (``allocate``) and charged to the engine's memory; each all-gather
+allocates its gathered buffer (charged), fills this rank's slot from the shards and, with a
+process group, issues ``all_gather_into_tensor`` asynchronously; without one (an emulated
+world, compute mode) the other ranks' slots are filled locally instead, timed as the wait.
+Waiting binds the parameters' trace views to the gathered data: views into the buffer
+(``single``, ``flat``) or per-parameter copies out of it (``coalesced``, after which the
+buffer is dropped). Releasing unbinds and discharges.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from actors.replay.resolve import torch_dtype
+from actors.replay.tensor_store import FLOAT_FILL
+from actors.zero3.metrics import Zero3Metrics
+from actors.zero3.params import Param
+from actors.zero3.partition import flat_offsets, flat_shard, flat_views, param_shard, \
+    reassemble, shard_numel
+from actors.zero3.plan import Gather, Home
+
+
+def _nbytes(x: torch.Tensor) -> int:
+    return x.numel() * x.element_size()
+
+
+class Zero3Runtime:
+    """Shards and gathered buffers of one rank; ``run(events)`` is the body of every hook."""
+
+    def __init__(self, homes: list[Home], world: int, rank: int, device: torch.device,
+                 store, memory, group=None, init_full=None):
+        self.homes, self.world, self.rank, self.device = homes, world, rank, device
+        self.store, self.memory, self.group = store, memory, group
+        # init_full(param) -> its full values (tests); default: the store's constant fill
+        self.init_full = init_full
+        self.shards: dict[Home, torch.Tensor] = {}
+        self.held: dict[Home, tuple[int, object]] = {}  # gathered/scratch: (bytes, buffer)
+        self.inflight: dict[int, tuple[torch.Tensor, object]] = {}  # gather id -> (out, work)
+        self.scratched: set[Home] = set()
+        self.metrics = Zero3Metrics()
+
+    # --- set-up ---------------------------------------------------------------------------
+    def allocate(self) -> None:
+        """Shards of every partitioned home; persistent parameters whole (and bound)."""
+        m = self.metrics
+        for h in self.homes:
+            if h.persistent:
+                full = self._full(h.params[0])
+                self.memory.charge(_nbytes(full))
+                m.persistent_bytes += _nbytes(full)
+                self.held[h] = (0, full)
+                continue
+            if h.flat:
+                numel = flat_offsets([p.numel for p in h.params], self.world)[1] // self.world
+            else:
+                numel = shard_numel(h.params[0].numel, self.world)
+            shard = self._empty(h, numel)
+            if self.init_full is not None:
+                self._fill_shard(h, shard)
+            self.shards[h] = shard
+            self.memory.charge(_nbytes(shard))
+            m.shard_bytes += _nbytes(shard)
+        self.bind_persistent()
+
+    def bind_persistent(self) -> None:
+        """(Re)bind persistent parameters: they stay gathered for the whole replay."""
+        for h, (_, full) in self.held.items():
+            if h.persistent:
+                self._bind(h.params[0], full)
+
+    def _empty(self, h: Home, numel: int) -> torch.Tensor:
+        x = torch.empty(numel, dtype=torch_dtype(h.dtype), device=self.device)
+        if self.device.type != "meta":
+            x.fill_(FLOAT_FILL)
+        return x
+
+    def _full(self, p: Param) -> torch.Tensor:
+        if self.init_full is not None:
+            return self.init_full(p).reshape(-1).to(self.device)
+        x = torch.empty(p.numel, dtype=torch_dtype(p.dtype), device=self.device)
+        if self.device.type != "meta":
+            x.fill_(FLOAT_FILL)
+        return x
+
+    def _fill_shard(self, h: Home, shard: torch.Tensor) -> None:
+        fulls = [self._full(p) for p in h.params]
+        shard.copy_(flat_shard(fulls, self.world, self.rank) if h.flat
+                    else param_shard(fulls[0], self.world, self.rank))
+
+    # --- events ---------------------------------------------------------------------------
+    def run(self, events: list[tuple[str, object]]) -> None:
+        """Execute one boundary's events in order."""
+        t0 = time.perf_counter()
+        for kind, obj in events:
+            getattr(self, kind)(obj)
+        self.metrics.bubble_s += time.perf_counter() - t0
+
+    def gather(self, g: Gather) -> None:
+        t0 = time.perf_counter()
+        h0 = g.homes[0]
+        out = torch.empty(g.numel, dtype=torch_dtype(h0.dtype), device=self.device)
+        self.memory.charge(_nbytes(out))
+        chunk = g.numel // self.world
+        slot = out[self.rank * chunk:(self.rank + 1) * chunk]
+        if len(g.homes) > 1:
+            torch.cat([self.shards[h] for h in g.homes], out=slot)
+        else:
+            slot.copy_(self.shards[h0])
+        work = None
+        if self.group is not None:
+            work = dist.all_gather_into_tensor(out, slot, group=self.group, async_op=True)
+        self.inflight[g.id] = (out, work)
+        m = self.metrics
+        m.num_allgathers += 1
+        m.allgather_bytes += _nbytes(out)
+        m.add_gathered(_nbytes(out))
+        m.fetch_host_s += time.perf_counter() - t0
+
+    def wait(self, g: Gather) -> None:
+        out, work = self.inflight.pop(g.id)
+        m = self.metrics
+        t0 = time.perf_counter()
+        if work is not None:
+            work.wait()
+        elif self.device.type != "meta" and self.world > 1:
+            out.fill_(FLOAT_FILL)  # the other ranks' slots, standing in for the transfer
+        t1 = time.perf_counter()
+        m.wait_s += t1 - t0
+        numels = [p.numel for h in g.homes for p in h.params]
+        if g.kind == "coalesced":
+            fulls = reassemble(out, numels, self.world)
+            for h, full in zip(g.homes, fulls):
+                nbytes = full.untyped_storage().nbytes()
+                self.memory.charge(nbytes)
+                m.add_gathered(nbytes)
+                self.held[h] = (nbytes, full)
+                self._bind(h.params[0], full)
+            self.memory.discharge(_nbytes(out))
+            m.add_gathered(-_nbytes(out))
+        else:
+            h = g.homes[0]
+            views = flat_views(out, numels, self.world) if g.kind == "flat" else [out[:numels[0]]]
+            self.held[h] = (_nbytes(out), out)
+            for p, view in zip(h.params, views):
+                self._bind(p, view)
+        m.fetch_host_s += time.perf_counter() - t1
+
+    def release(self, h: Home) -> None:
+        t0 = time.perf_counter()
+        self._drop(h)
+        self.metrics.release_host_s += time.perf_counter() - t0
+
+    def scratch(self, h: Home) -> None:
+        """The update phase works on the whole parameter locally (ZeRO-3 steps the shard)."""
+        fulls = [self._full(p) for p in h.params]
+        nbytes = sum(_nbytes(f) for f in fulls)
+        self.memory.charge(nbytes)
+        self.metrics.add_scratch(nbytes)
+        self.held[h] = (nbytes, fulls)
+        self.scratched.add(h)
+        for p, f in zip(h.params, fulls):
+            self._bind(p, f)
+
+    def unscratch(self, h: Home) -> None:
+        self._drop(h)
+
+    def _drop(self, h: Home) -> None:
+        for p in h.params:
+            self.store.unbind(p.suid)
+        nbytes, _ = self.held.pop(h)
+        self.memory.discharge(nbytes)
+        if h in self.scratched:
+            self.scratched.discard(h)
+            self.metrics.add_scratch(-nbytes)
+        else:
+            self.metrics.add_gathered(-nbytes)
+
+    def _bind(self, p: Param, full: torch.Tensor) -> None:
+        """Every trace view of ``p`` over ``full`` (its storage's elements, flat)."""
+        base = full.storage_offset()
+        for v in p.views:
+            stride = v.stride if v.stride is not None and len(v.stride) == len(v.shape) \
+                else torch.empty(v.shape, device="meta").stride()
+            self.store.bind(v, torch.as_strided(full, v.shape, stride, base + v.offset))
+
+    def drop_all(self) -> None:
+        """Release whatever an interrupted iteration left gathered (persistent ones stay)."""
+        for _, work in self.inflight.values():
+            if work is not None:
+                work.wait()
+        for g_out, _ in self.inflight.values():
+            self.memory.discharge(_nbytes(g_out))
+            self.metrics.add_gathered(-_nbytes(g_out))
+        self.inflight.clear()
+        for h in [h for h in self.held if not h.persistent]:
+            self._drop(h)
