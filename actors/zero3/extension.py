@@ -10,6 +10,7 @@ from __future__ import annotations
 from actors.errors import ConfigError
 from actors.replay.extension import ReplayExtension
 from actors.zero3.config import Zero3Config
+from actors.zero3.markers import read_backward_marks
 from actors.zero3.planning import Zero3Plan, build_plan, module_report
 from actors.zero3.runtime import Zero3Runtime
 
@@ -86,3 +87,11 @@ def trace_world_size(trace) -> int:
         raise ConfigError(f"{trace.path}: the trace does not record its world size (no default "
                           "process group); set zero3.world_size")
     return sizes[0]
+
+
+def zero3_extensions(cfg: Zero3Config | None, trace, data: bytes | None = None) -> list:
+    """The extensions a rank replays ``trace`` with under ``cfg`` (none for strategy none);
+    ``data`` are the trace file's bytes when they were shipped rather than read from disk."""
+    if cfg is None or not cfg.enabled:
+        return []
+    return [Zero3Extension(cfg, read_backward_marks(trace, data))]

@@ -57,3 +57,26 @@ class Zero3Metrics:
             "persistent_bytes": self.persistent_bytes,
             "update_scratch_peak_bytes": self.scratch_peak_bytes,
         }
+
+
+def summarize_ranks(rank_reports: list[dict]) -> dict | None:
+    """The run's ``zero3`` summary from the ranks' ``zero3`` reports (None without any):
+    counts and bytes per iteration as the largest rank's (ranks agree unless the traces
+    differ), host and wait times as the median rank's and the slowest rank's, memory as the
+    largest rank's."""
+    zs = [r["zero3"] for r in rank_reports if isinstance(r.get("zero3"), dict)]
+    if not zs:
+        return None
+    out = {k: zs[0][k] for k in ("strategy", "world_size", "emulated", "prefetch",
+                                 "leaf_modules", "num_params", "num_partitioned")}
+    for key in ("num_allgathers_per_iteration", "allgather_bytes_per_iteration",
+                "gathered_peak_bytes", "shard_bytes", "persistent_bytes",
+                "update_scratch_peak_bytes"):
+        values = [z[key] for z in zs if z.get(key) is not None]
+        out[key] = max(values) if values else None
+    for key in ("fetch_host_s", "release_host_s", "wait_s", "bubble_s"):
+        values = [z[key] for z in zs if z.get(key) is not None]
+        out[key] = statistics.median(values) if values else None
+        out[key[:-2] + "_max_s"] = max(values) if values else None
+    out["modules"] = zs[0].get("modules", [])
+    return out
