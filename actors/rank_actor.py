@@ -18,6 +18,8 @@ from actors.replay.config import ReplayConfig
 from actors.replay.engine import ReplayEngine, pick_device
 from actors.replay.process_groups import ProcessGroups
 from actors.trace import load_trace
+from actors.zero3.config import Zero3Config
+from actors.zero3.extension import zero3_extensions
 
 
 class RankActor(RankWorkerBase):
@@ -26,8 +28,10 @@ class RankActor(RankWorkerBase):
     _trace_cache: tuple | None = None  # (file version, Trace) of the last load
 
     def replay(self, trace_path: str, trace_bytes, cfg: ReplayConfig, pg_table: list,
-               group_map: dict | None = None, profile_dir: str | None = None) -> dict:
-        """Replay this rank's trace; never raises: failures come back as a report with a status."""
+               group_map: dict | None = None, profile_dir: str | None = None,
+               zero3: Zero3Config | None = None) -> dict:
+        """Replay this rank's trace (under ZeRO-3 emulation when ``zero3`` picks a strategy);
+        never raises: failures come back as a report with a status."""
         rank = int(os.environ["RANK"])
         world_size = int(os.environ["WORLD_SIZE"])
         engine = None
@@ -47,7 +51,8 @@ class RankActor(RankWorkerBase):
                                               cfg.collective_timeout_s, group_map)
                 comm = CollectiveReplayer(groups, device, ops=trace.ops)
             t2 = time.perf_counter()
-            engine = ReplayEngine(trace, cfg, device=device, comm=comm, rank=rank)
+            engine = ReplayEngine(trace, cfg, device=device, comm=comm, rank=rank,
+                                  extensions=zero3_extensions(zero3, trace, trace_bytes))
             if profile_dir:
                 report = self._profiled(engine, Path(profile_dir) / f"rank-{rank}.pt.trace.json")
             else:

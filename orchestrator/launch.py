@@ -8,6 +8,7 @@ from pathlib import Path
 import ray
 
 from actors.rank_actor import RankActor
+from actors.zero3 import metrics as zero3_metrics
 from orchestrator import metrics, report
 from orchestrator.config import RunConfig
 from orchestrator.session import ReplaySession
@@ -57,7 +58,7 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
             profile_dir = str(out_dir / "profile") if cfg.replay.profile else None
             refs = group.execute_async(
                 "replay", args_fn=lambda r: (paths[r], blobs[r], cfg.replay, pre.process_groups,
-                                             cfg.trace.group_map, profile_dir))
+                                             cfg.trace.group_map, profile_dir, cfg.zero3))
             results = group.wait(refs, timeout_s=cfg.experiment.replay_timeout_s,
                                  on_progress=_progress_printer(world_size, cfg.experiment.progress_interval_s),
                                  failure_grace_s=cfg.experiment.failure_grace_s,
@@ -77,7 +78,8 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
     summary = metrics.aggregate(rank_reports, world_size=world_size, extra={
         "experiment": cfg.experiment.name, "trace_dir": str(cfg.trace.dir),
         "mode": cfg.replay.mode, "allocation_mode": cfg.replay.allocation.mode,
-        "device_memory_capacity_bytes": _capacity(rank_reports), "timings_s": timings})
+        "device_memory_capacity_bytes": _capacity(rank_reports), "timings_s": timings,
+        "zero3": zero3_metrics.summarize_ranks(rank_reports)})
     report.write_run_outputs(summary, rank_reports, out_dir, config_yaml, plots=not quiet)
     if not quiet:
         report.print_summary(summary, console)
