@@ -5,9 +5,10 @@ For each (mode, threshold):
 
 1. A reference replay without a capacity limit (threshold 1.0): it must complete; its
    accounted peak ``P`` is a capacity that fits (raised by doubling if, with the threshold,
-   it does not), and its liveness lower bound ``B`` is a capacity below which no replay can
-   run.
-2. A replay at ``B``: when it completes, ``B`` is the answer, exactly.
+   it does not), and its liveness lower bound ``B`` is a capacity below which no replay
+   without flushing can run (a flush drops live storages and re-materializes them later, so
+   with a threshold below 1 a replay can go under ``B``).
+2. Without flushing, a replay at ``B``: when it completes, ``B`` is the answer, exactly.
 3. Bisection between the largest failing and the smallest completing capacity until they
    are within ``max(tolerance x answer, tolerance_bytes)``; a capacity of 0 counts as failing.
 
@@ -157,8 +158,8 @@ class _Search:
         else:
             return self._answer(None, hi, t0, f"no capacity up to {hi} B completes")
         lo = 0
-        if 0 < bound < hi:
-            if self.probe(bound)["status"] == "ok":  # nothing runs below its liveness bound
+        if self.threshold >= 1 and 0 < bound < hi:  # flushing re-materializes storages, so
+            if self.probe(bound)["status"] == "ok":  # only without it is the bound a floor
                 return self._answer(bound, bound - 1, t0, None)
             lo = bound
         result = bisect(lambda c: self.probe(c)["status"] == "ok", lo, hi, mm.tolerance,

@@ -127,3 +127,15 @@ def test_search_axes_and_bad_settings():
         MinMemoryConfig(thresholds=[1.5]).validate()
     with pytest.raises(ConfigError, match="tolerance"):
         MinMemoryConfig(tolerance=1.0).validate()
+
+
+def test_min_memory_with_flushing_bisects_from_zero(chain_trace, tmp_path):
+    """With a threshold below 1 flushing may go under the liveness bound, so the search does
+    not stop there; the floor is still the add's own working set: x, y and z, 12288 B."""
+    replay, calls = _in_process(chain_trace)
+    cfg = _cfg(chain_trace.parent, ["lazy"], thresholds=[0.5])
+    summary = search(cfg, tmp_path, replay)
+    (answer,) = summary["searches"]
+    assert answer["replay.allocation.device_memory_threshold"] == 0.5
+    assert answer["min_capacity_bytes"] == 3 * 4 * N and answer["max_failing_capacity_bytes"] == 3 * 4 * N - 1
+    assert answer["num_steps"] > 10  # bisected over (0, 12288], not stopped at the bound
