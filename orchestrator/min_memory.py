@@ -8,7 +8,8 @@ For each (mode, threshold):
    it does not), and its liveness lower bound ``B`` is a capacity below which no replay
    without flushing can run (a flush drops live storages and re-materializes them later, so
    with a threshold below 1 a replay can go under ``B``).
-2. Without flushing, a replay at ``B``: when it completes, ``B`` is the answer, exactly.
+2. Without flushing, a replay at ``B`` (unless ``P`` is ``B``): when it completes, ``B`` is the
+   answer, exactly.
 3. Bisection between the largest failing and the smallest completing capacity until they
    are within ``max(tolerance x answer, tolerance_bytes)``; a capacity of 0 counts as failing.
 
@@ -158,8 +159,9 @@ class _Search:
         else:
             return self._answer(None, hi, t0, f"no capacity up to {hi} B completes")
         lo = 0
-        if self.threshold >= 1 and 0 < bound < hi:  # flushing re-materializes storages, so
-            if self.probe(bound)["status"] == "ok":  # only without it is the bound a floor
+        if self.threshold >= 1 and 0 < bound <= hi:  # flushing re-materializes storages, so
+            # only without it is the bound a floor
+            if bound == hi or self.probe(bound)["status"] == "ok":
                 return self._answer(bound, bound - 1, t0, None)
             lo = bound
         result = bisect(lambda c: self.probe(c)["status"] == "ok", lo, hi, mm.tolerance,

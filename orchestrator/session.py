@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 
 import orjson
 import ray
 
+from actors.trace.source import as_source
 from orchestrator.cluster import ClusterConfig, ClusterHandle, connect, cuda_available_in_cluster
 from orchestrator.validate import PreflightResult, preflight
 from orchestrator.worker_group import WorkerGroup, rank_envs
@@ -48,15 +49,16 @@ class ReplaySession:
         self.num_replays = 0
 
     def preflight(self, trace_dir: str, world_size: int | None,
-                  group_map: dict | None) -> PreflightResult:
-        """``validate.preflight`` once per trace folder version.
+                  group_map: dict | None, **options) -> PreflightResult:
+        """``validate.preflight`` once per trace folder version (``options``: its keywords).
 
-        The cached result keeps no traces (``traces=[]``): launching needs the files, the world
-        and the groups only, and holding every rank's trace on the driver for a whole sweep is
-        what a large world cannot afford.
+        A cached result keeps no traces (``traces=[]`` where the result has them): launching
+        needs the files, the world and the groups only, and holding every rank's trace on the
+        driver for a whole sweep is what a large world cannot afford.
         """
         key = (os.path.abspath(trace_dir), world_size,
-               orjson.dumps(group_map, option=orjson.OPT_SORT_KEYS))
+               orjson.dumps(group_map, option=orjson.OPT_SORT_KEYS),
+               orjson.dumps(options, option=orjson.OPT_SORT_KEYS, default=str))
         cached = self._preflight.get(key)
         if cached is not None:
             files_key, result = cached
@@ -65,17 +67,20 @@ class ReplaySession:
                     return result
             except OSError:  # a rank file went away: pre-flight again and say so
                 pass
-        result = preflight(trace_dir, world_size, group_map=group_map)
-        slim = replace(result, traces=[])
-        self._preflight[key] = (_files_key(slim.rank_files.values()), slim)
-        return slim
+        result = preflight(trace_dir, world_size, group_map=group_map, **options)
+        if "traces" in {f.name for f in fields(result)}:
+            result = replace(result, traces=[])
+        self._preflight[key] = (_files_key(result.rank_files.values()), result)
+        return result
 
-    def trace_blob(self, path: str):
-        """The object-store reference of a rank file's bytes, put once per file version."""
-        key = _files_key([path])
+    def trace_blob(self, source):
+        """The object-store reference of a rank trace's stored bytes (a file, or a member of
+        an archive: `TraceSource.read_raw`), put once per file version."""
+        source = as_source(source)
+        key = _files_key([source.path]) + (source.member,)
         ref = self._blobs.get(key)
         if ref is None:
-            ref = self._blobs[key] = ray.put(open(path, "rb").read())
+            ref = self._blobs[key] = ray.put(source.read_raw())
         return ref
 
     def connect(self, cfg: ClusterConfig, world_size: int) -> ClusterHandle:
