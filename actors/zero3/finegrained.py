@@ -1,10 +1,12 @@
 """A fine-grained model for ZeRO-3 studies, and a data-parallel capture of it.
 
-Blocks of several small Linear layers, then an MoE-style block (a gate and ``num_experts``
+A stem Linear, blocks of several small Linear layers, then an MoE-style block (a gate and ``num_experts``
 two-layer experts, every expert applied to every token and mixed by the gate's softmax, so
 each expert runs on every rank in every step), then a head: many small modules, the case
 where ZeRO-3 pays a host cost per parameter. Its natural ZeRO-3 leaves are the Linear
-stacks and the MoE block (``LEAF_PATTERNS``, ``leaf_classes()``).
+stacks and the MoE block (``LEAF_PATTERNS``, ``leaf_classes()``). The stem keeps every leaf's
+input a tensor that needs a gradient: DeepSpeed 0.19.8 releases a leaf module's parameters
+before its backward runs when none of its inputs does (its backward fails on empty weights).
 """
 from __future__ import annotations
 
@@ -77,12 +79,14 @@ class MoE(nn.Module):
 class FineGrained(nn.Module):
     def __init__(self, cfg: FineGrainedConfig):
         super().__init__()
+        self.stem = nn.Linear(cfg.d_model, cfg.d_model)
         self.blocks = nn.ModuleList(LinearStack(cfg.d_model, cfg.linears_per_block)
                                     for _ in range(cfg.num_blocks))
         self.moe = MoE(cfg.d_model, cfg.expert_hidden, cfg.num_experts)
         self.head = nn.Linear(cfg.d_model, cfg.d_model)
 
     def forward(self, x, target):
+        x = self.stem(x)
         for block in self.blocks:
             x = block(x)
         return F.mse_loss(self.head(self.moe(x)), target)
