@@ -272,3 +272,30 @@ def test_a_trace_with_nothing_in_scope_is_an_error(tmp_path):
     trace = load_trace(write_trace(tmp_path, nodes))
     with pytest.raises(ReplayError, match="no op in scope"):
         ReplayEngine(trace, _cfg(mode="comms"))
+
+
+def test_host_gaps_are_spent_before_their_ops(step_trace):
+    from actors.replay.host_gaps import HostGaps
+
+    trace = load_trace(step_trace)
+    gaps = [0.0] * len(trace.ops)
+    gaps[3], gaps[10] = 0.004, 0.006
+    cfg = _cfg(iters=3, measure_memory=False)
+    plain = ReplayEngine(trace, cfg).run().to_dict()
+    engine = ReplayEngine(trace, cfg, extensions=[HostGaps(gaps, "synthetic")])
+    gapped = engine.run().to_dict()
+    report = gapped["host_gaps"]
+    assert report["num_gaps"] == 2 and report["recorded_s_per_iteration"] == pytest.approx(0.010)
+    # spinning can only overshoot (a busy machine preempts the spinning thread)
+    assert report["added_s_per_iteration"] >= 0.010
+    assert min(gapped["iteration_times_s"]) >= 0.010 + min(plain["iteration_times_s"]) * 0.5
+    # each gap is spent right before its op
+    order = [entry[-1] for entry in engine.sequence]
+    for i in (3, 10):
+        at = next(k for k, step in enumerate(order) if step.op is not None and step.op.index == i)
+        assert order[at - 1].kind == "hook"
+
+
+def test_host_gaps_without_a_profiler_trace_is_a_clear_error(step_trace):
+    with pytest.raises(ReplayError, match="kineto.json.gz"):
+        ReplayEngine(load_trace(step_trace), _cfg(host_gaps=True))

@@ -18,6 +18,7 @@ from actors.replay import plan as planning
 from actors.replay import resolve
 from actors.replay.allocation import make_policy
 from actors.replay.config import ReplayConfig, parse_bytes
+from actors.replay.host_gaps import HostGaps
 from actors.replay.memory import (MemoryTracker, OutOfMemory, device_capacity,
                                   is_allocation_failure, sample_points)
 from actors.replay.meters import make_meter
@@ -41,6 +42,13 @@ def pick_device(name: str, index: int | None = None) -> torch.device:
             raise ReplayError("replay.device=cuda but this rank sees no CUDA device")
         return torch.device("cuda", torch.cuda.current_device() if index is None else index)
     return torch.device(name)
+
+
+_NOT_FAST = (None,) * 7  # the fast tuple's slots of an entry off the fast path
+
+
+def _hook_entry(fn) -> tuple:
+    return _NOT_FAST + ((), planning.Step(None, "hook", fn=fn))
 
 
 class ReplayEngine:
@@ -76,9 +84,11 @@ class ReplayEngine:
         self.store = TensorStore(trace.num_tensors, live, self.memory, self.device,
                                  resolve.torch_dtype, ranges)
         self.extensions = list(extensions)
+        if cfg.host_gaps:
+            self.extensions.append(HostGaps.for_trace(trace))
         for ext in self.extensions:
             ext.attach(self)
-        owned = set().union(*(ext.owned_storages() for ext in self.extensions))
+        self._owned = owned = set().union(*(ext.owned_storages() for ext in self.extensions))
         used = {t.suid for s in self.steps if s.kind in ("compute", "collective")
                 for t in s.op.input_tensors() if t.suid >= 0}
         self.policy = make_policy(cfg.allocation.mode, live, used, owned)
@@ -91,7 +101,9 @@ class ReplayEngine:
         self.flush_bytes = threshold * self.memory.capacity_bytes if threshold < 1 else None
         limits = [x for x in (self.flush_bytes, self.memory.capacity_bytes) if x is not None]
         self.guard = min(limits) if limits else float("inf")
-        self.meter = make_meter(self.device, cfg.measure_memory)
+        self.meter = make_meter(self.device, cfg.measure_memory, cfg.profile)
+        planning.set_fast_path(self.steps, live, self.guard, self.policy.persistent | owned,
+                               self.store.gather, self.store.constant)
         self._hooks = [ext.hooks() for ext in self.extensions]
         self._dirty = True  # the sequence is rebuilt before the next iteration
         self.sequence: list[tuple] = []
@@ -105,10 +117,10 @@ class ReplayEngine:
 
     # --- the sequence ---------------------------------------------------------------------
     def _build_sequence(self) -> None:
-        """(fast tuple or None, step, frees) per entry: ops in order with extension hooks
-        around them; out-of-scope ops that free nothing are left out. The first iteration's
-        sequence also samples the memory timeline (later ones run without that cost)."""
-        planning.set_fast_path(self.steps, self.liveness, self.guard)
+        """One entry per op, ``fast tuple + (frees, step)`` (a fast tuple of Nones off the
+        fast path), in order, with extension hooks around them; out-of-scope ops that free
+        nothing are left out. The first iteration's sequence also samples the memory timeline
+        (later iterations run without that cost)."""
         before: dict[int, list] = {}
         after: dict[int, list] = {}
         for b, a in self._hooks:
@@ -121,14 +133,14 @@ class ReplayEngine:
         seq, sampled = [], []
         free_lists = self.policy.free_lists
         for i, step in enumerate(self.steps):
-            entries = [(None, planning.Step(None, "hook", fn=fn), ()) for fn in before.get(i, ())]
+            entries = [_hook_entry(fn) for fn in before.get(i, ())]
             if step.kind in ("compute", "collective", "failed") or free_lists[i]:
-                entries.append((step.fast, step, free_lists[i]))
-            entries += [(None, planning.Step(None, "hook", fn=fn), ()) for fn in after.get(i, ())]
+                entries.append((step.fast or _NOT_FAST) + (free_lists[i], step))
+            entries += [_hook_entry(fn) for fn in after.get(i, ())]
             seq += entries
             sampled += entries
             if i in samples:
-                sampled.append((None, planning.Step(None, "hook", fn=partial(sample, i)), ()))
+                sampled.append(_hook_entry(partial(sample, i)))
         self.sequence, self.sampled_sequence = seq, sampled
         self._dirty = False
 
@@ -174,6 +186,9 @@ class ReplayEngine:
 
     def _check_single(self, step, out) -> None:
         single = step.single_out
+        if not isinstance(out, torch.Tensor):
+            raise ReplayError(f"rank {self.rank}, node {step.op.node_id} {step.op.name}: "
+                              f"returned {type(out).__name__}, the trace records one tensor")
         if out.shape != single.shape or out.dtype is not step.out_dtype:
             self._mismatch(step.op, single, out)
 
@@ -200,26 +215,35 @@ class ReplayEngine:
             self.flushed_bytes += freed
             self.memory.note_flush(op_index)
 
+    def _call(self, step):
+        """Call an op with every argument from the registry (materializing what is missing)."""
+        args = self.store.gather(step.template, step.tensor_slots, self.store.tensors)
+        kwargs = self._fill_rare(step, args)
+        return step.fn(*args, **kwargs) if kwargs is not None else step.fn(*args)
+
     def _run_general(self, step, check: bool) -> None:
         """An op off the fast path (tensor lists, keyword tensors, index guards, several
         outputs)."""
-        args = step.template.copy()
         if self.memory.held_bytes + step.touch_bytes > self.guard:
             self._make_room(step)
-        get = self.store.get
-        for pos, t in step.tensor_slots:
-            args[pos] = get(t)
-        kwargs = self._fill_rare(step, args)
         try:
-            out = step.fn(*args, **kwargs) if kwargs is not None else step.fn(*args)
+            out = self._call(step)
         except _OP_ERRORS as e:
             out = self._op_failed(step, e)
         if out is not None:
             self._register_outputs(step.op, out, check)
 
     def _op_failed(self, step, e: Exception):
-        """An op raised: the device refusing memory is an OOM; anything else skips the op from
-        now on, with its reason counted. Returns the op's outputs if something stood in."""
+        """An op raised. An input a flush dropped (the fast path passes it as None, which a
+        required argument refuses) is re-materialized and the op retried; the device refusing
+        memory is an OOM; anything else skips the op from now on, with its reason counted.
+        Returns the op's outputs when the retry ran."""
+        tensors = self.store.tensors
+        if step.fast is not None and any(tensors[t.uid] is None for _, t in step.tensor_slots):
+            try:
+                return self._call(step)
+            except _OP_ERRORS as again:
+                e = again
         if is_allocation_failure(e):
             raise OutOfMemory(self.memory.held_bytes, 0, self.memory.capacity_bytes,
                               f"{type(e).__name__}: {str(e).splitlines()[0][:300]}") from None
@@ -239,34 +263,31 @@ class ReplayEngine:
         if self._dirty:
             self._build_sequence()
         memory, store = self.memory, self.store
-        tensors, materialize, free, held = store.tensors, store.materialize, store.free, memory.held
+        tensors, drop, held = store.tensors, store.drop, memory.held
         comm = self.comm
         get = store.get if self.cfg.mode == "full" else None
         check = self.num_iterations_run == 0
         timing = self.cfg.per_op_timing
         clock = time.perf_counter_ns
-        Tensor = torch.Tensor
         comm_ns = 0
         step = None
         for ext in self.extensions:
             ext.on_iteration_start()
         last = clock()
         try:
-            for fast, step, frees in (self.sampled_sequence if self.memory.recording
-                                      else self.sequence):
-                if fast is not None:  # the common case, kept free of attribute lookups
-                    fn, args, slots, kwargs, out_uid, out_suid, out_bytes, limit = fast
-                    args = args.copy()  # also drops the previous op's arguments before a flush
+            for entry in (self.sampled_sequence if self.memory.recording else self.sequence):
+                fn, getter, kwargs, out_uid, out_suid, out_bytes, limit, frees, step = entry
+                if fn is not None:  # the common case, kept free of attribute lookups
                     if memory.held_bytes > limit:  # the op might not fit: flush or OOM first
                         self._make_room(step)
-                    for pos, uid, t in slots:
-                        x = tensors[uid]
-                        args[pos] = x if x is not None else materialize(t)
                     try:
-                        out = fn(*args, **kwargs) if kwargs is not None else fn(*args)
+                        out = fn(*getter(tensors), **kwargs) if kwargs is not None \
+                            else fn(*getter(tensors))
                     except _OP_ERRORS as e:
                         out = self._op_failed(step, e)
-                    if type(out) is Tensor:
+                        if out is not None:
+                            self._register_outputs(step.op, out, check)
+                    else:
                         tensors[out_uid] = out
                         if out_bytes:  # a fresh storage (MemoryTracker.add, inlined)
                             held[out_suid] = out_bytes
@@ -275,9 +296,7 @@ class ReplayEngine:
                                 memory.peak_bytes = memory.held_bytes
                         if check:
                             self._check_single(step, out)
-                    elif out is not None:
-                        self._register_outputs(step.op, out, check)
-                    out = args = None  # a storage freed below must not live on in a local
+                    out = None  # a storage freed below must not live on in a local
                 elif step.kind == "hook":
                     step.fn()
                 elif step.kind == "compute":
@@ -290,7 +309,7 @@ class ReplayEngine:
                     comm_ns += clock() - t0
                 # skipped and failed ops still free the storages whose last use they were
                 for s in frees:
-                    free(s)
+                    drop(s)
                 if timing:
                     now = clock()
                     step.time_ns += now - last
@@ -338,6 +357,14 @@ class ReplayEngine:
             self._end_iteration(measured=False)
         finally:
             self.meter.stop()
+        self._reset_timings()
+
+    def _reset_timings(self) -> None:
+        """Forget what an untimed iteration (memory, warm-up) added to the timings."""
+        for step in self.steps:
+            step.time_ns = 0
+        if self.comm is not None:
+            self.comm.stats.reset()
 
     def run(self) -> RankReport:
         """Warm-up and measured iterations; OOM and failures become the report's status, and
@@ -363,13 +390,11 @@ class ReplayEngine:
                 if per_iteration and measured:
                     meter.stop()
                 self._end_iteration(measured)
-                if measured:
-                    report.add_iteration(elapsed, elapsed - comm_s, comm_s)
+                if measured:  # no op computes in comms mode: all but collectives is overhead
+                    compute_s = 0.0 if self.cfg.mode == "comms" else elapsed - comm_s
+                    report.add_iteration(elapsed, compute_s, comm_s)
                 else:
-                    for step in self.steps:
-                        step.time_ns = 0
-                    if self.comm is not None:
-                        self.comm.stats.reset()
+                    self._reset_timings()
                 if self.progress is not None:
                     self.progress(it + 1, num_iters)
         except OutOfMemory as e:

@@ -117,12 +117,13 @@ class CudaAllocatorMeter(NoMeter):
                 "allocated_peak_bytes_per_iteration": list(self._allocated)}
 
 
-def make_meter(device: torch.device, enabled: bool) -> NoMeter:
-    """The meter for ``device`` (NoMeter on meta or when measuring is off)."""
+def make_meter(device: torch.device, enabled: bool, profiling: bool = False) -> NoMeter:
+    """The meter for ``device`` (NoMeter on meta or when measuring is off). While the user's
+    own profiler runs (``replay.profile``) the CPU meter cannot: one profiler at a time."""
     if not enabled or device.type == "meta":
         return NoMeter()
     if device.type == "cuda":
         return CudaAllocatorMeter(device)
-    if device.type == "cpu":
+    if device.type == "cpu" and not profiling:
         return CpuProfilerMeter()
     return NoMeter()

@@ -6,6 +6,8 @@ keeps the per-op host overhead close to calling the ops directly.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
+from operator import itemgetter
 
 import torch
 
@@ -45,8 +47,8 @@ class Step:
     standin: str = ""  # why the outputs are stand-ins (shapes from the trace), not computed
     time_ns: int = 0  # time in this op over the measured iterations (replay.per_op_timing)
     # The op loop's fast path, set by `set_fast_path` for plain single-output ops:
-    # (fn, template, ((position, uid, TensorArg), ...), kwargs, out uid, out suid,
-    #  out accounted bytes if the op makes the storage else 0, held-bytes limit).
+    # (fn, getter, kwargs, out uid, out suid, out accounted bytes if the op makes the
+    #  storage else 0, held-bytes limit); the call is fn(*getter(registry), **kwargs).
     fast: tuple | None = None
 
 
@@ -64,7 +66,7 @@ def _is_default(value, default: str | None) -> bool:
             lit = float(default) if any(c in default for c in ".eE") else int(default)
         except ValueError:
             return False
-    if isinstance(lit, bool) or isinstance(value, bool):
+    if isinstance(lit, bool) or isinstance(value, bool) or lit is None:
         return value is lit
     return type(value) in (int, float) and type(lit) in (int, float) and value == lit \
         or value == lit == []
@@ -213,25 +215,46 @@ def set_touch(steps: list[Step], storage_bytes: list[int], owned: set[int]) -> N
             step.touch_bytes = sum(storage_bytes[s] for s in step.touch)
 
 
-def set_fast_path(steps: list[Step], liveness, guard: float) -> None:
+def set_fast_path(steps: list[Step], liveness, guard: float, present: set[int],
+                  gather, constant) -> None:
     """Flatten plain compute steps (tensor positionals, one tensor out, no guards) into the
     tuple the op loop unpacks, sparing it a dozen attribute lookups per op.
 
-    The output's accounted bytes are set only when the op makes a fresh storage (its first
-    use): a view or in-place output lives on a storage its input already holds. ``limit`` is
-    the bytes held above which the op might not fit the guard (flush threshold or capacity).
+    An op's positional arguments are ``getter(registry)``. When its tensors are required
+    (``Tensor``, not ``Tensor?``) and registered before the op runs (a persistent or
+    extension-owned storage in ``present``, or a tensor an earlier op made or used in the same
+    iteration), ``getter`` is an ``operator.itemgetter`` over the registry, where
+    ``constant(value)`` has put the op's constant arguments too: one C call builds the whole
+    argument tuple. A tensor a flush dropped then arrives as None, which a required argument
+    refuses with an error the loop catches (it re-materializes and retries). Otherwise
+    ``getter`` is ``gather(template, slots)``, which materializes what is missing.
+
+    The output's accounted bytes are set only when the op makes a fresh storage: a view or
+    in-place output lives on a storage its input already holds. ``limit`` is the bytes held
+    above which the op might not fit the guard (flush threshold or capacity).
     """
     first, external = liveness.storage_first, liveness.storage_external
+    seen: set[int] = set()  # uids registered earlier in an iteration
     for step in steps:
-        single = step.single_out
-        plain = not (step.list_slots or step.kw_tensor_slots or step.guards)
-        if step.kind == "compute" and single is not None and plain:
+        if step.kind != "compute":
+            continue
+        single, slots = step.single_out, step.tensor_slots
+        if single is not None and not (step.list_slots or step.kw_tensor_slots or step.guards):
+            required = not any(step.schema_args[pos].type.endswith("?") for pos, _ in slots)
+            if required and all(t.uid in seen or t.suid in present for _, t in slots):
+                by_pos = {pos: t.uid for pos, t in slots}
+                index = [by_pos[i] if i in by_pos else constant(v)
+                         for i, v in enumerate(step.template)]
+                # itemgetter of one index returns the item itself: a slice keeps a sequence
+                getter = itemgetter(*index) if len(index) > 1 else \
+                    itemgetter(slice(index[0], index[0] + 1) if index else slice(0, 0))
+            else:
+                getter = partial(gather, step.template, slots)
             # first used here, and as an output only (an in-place op on an input-first storage
             # writes a storage already held)
             fresh = first[single.suid] == step.op.index and not external[single.suid]
-            step.fast = (step.fn, step.template, tuple((p, t.uid, t) for p, t in step.tensor_slots),
-                         step.kwargs, single.uid, single.suid,
+            step.fast = (step.fn, getter, step.kwargs, single.uid, single.suid,
                          liveness.storage_bytes[single.suid] if fresh else 0,
                          guard - step.touch_bytes)
-        else:
-            step.fast = None
+        seen.update(t.uid for t in step.op.input_tensors())
+        seen.update(t.uid for t in step.op.output_tensors())

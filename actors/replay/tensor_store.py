@@ -21,7 +21,12 @@ FLOAT_FILL = 0.0625  # exact in every float format; no NaN/denormal slow paths
 
 
 class TensorStore:
-    """uid -> tensor, suid -> storage base, with memory accounting and freeing by suid."""
+    """uid -> tensor, suid -> storage base, with memory accounting and freeing by suid.
+
+    ``tensors`` is the registry the op loop reads: index ``uid`` holds tensor ``uid`` (None
+    when not held); past ``num_tensors`` it holds constant arguments (``constant``), so one
+    ``itemgetter`` fetches an op's whole argument tuple.
+    """
 
     def __init__(self, num_tensors: int, liveness: Liveness, memory: MemoryTracker,
                  device: torch.device, dtype_of, int_ranges: dict[int, tuple[int, int, bool]]):
@@ -40,6 +45,21 @@ class TensorStore:
         """The registered tensor for ``t``, materializing it if the replay does not hold it."""
         x = self.tensors[t.uid]
         return x if x is not None else self.materialize(t)
+
+    def constant(self, value) -> int:
+        """Put a constant argument into the registry; returns its index."""
+        self.tensors.append(value)
+        return len(self.tensors) - 1
+
+    def gather(self, template: list, slots: tuple, tensors: list) -> list:
+        """An op's positional arguments: ``template`` with its tensor ``slots`` (position,
+        TensorArg) filled from ``tensors`` (this store's registry), materializing what is
+        missing."""
+        args = template.copy()
+        for pos, t in slots:
+            x = tensors[t.uid]
+            args[pos] = x if x is not None else self.materialize(t)
+        return args
 
     def materialize(self, t: TensorArg) -> torch.Tensor:
         """A view for ``t`` over its storage, allocating the storage if it is not held."""
@@ -84,9 +104,12 @@ class TensorStore:
             tensors[uid] = None
 
     def free(self, suid: int) -> int:
-        """Drop every tensor on a storage generation; returns the accounted bytes released."""
-        if suid in self.pinned:
-            return 0
+        """Drop every tensor on a storage generation unless it is pinned; returns the
+        accounted bytes released."""
+        return 0 if suid in self.pinned else self.drop(suid)
+
+    def drop(self, suid: int) -> int:
+        """Drop every tensor on a storage generation (the policy's frees: never pinned ones)."""
         tensors = self.tensors
         for uid in self.uids_by_suid[suid]:
             tensors[uid] = None
