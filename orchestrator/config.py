@@ -13,7 +13,8 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 
 from actors.choices import Choice
-from actors.replay.config import ReplayConfig
+from actors.errors import ConfigError
+from actors.replay.config import ReplayConfig, parse_bytes
 from actors.zero3.config import Zero3Config, Zero3Strategy  # noqa: F401 (composed here)
 from orchestrator.cluster import ClusterConfig
 from orchestrator.min_memory import MinMemoryConfig
@@ -34,8 +35,9 @@ class Transfer(Choice):
 class TraceConfig:
     """Where the rank traces come from."""
 
-    # Folder of rank-<r>.et.json[.gz] (or PARAM's rank-<r>.json[.gz]) files; the world size
-    # is the number of rank files.
+    # A folder of rank traces, a .tar/.tar.gz archive of them, or one trace file. A trace's
+    # rank is the integer right before its .json suffix, after 'rank', '-', '_' or '.'
+    # (rank-3.et.json.gz, dlrm_eg_3.json); a lone trace without one is rank 0.
     dir: str = str(DEMO_TRACES / "gpt_dp_4")
     # path: actors read the files themselves (shared filesystem); object_store: the driver
     # reads them once and ships the bytes through Ray's object store (no shared filesystem).
@@ -43,9 +45,24 @@ class TraceConfig:
     # gloo traces do not name the group of a collective. When the traces hold several groups of
     # different membership, map op kinds (or "*") to a pg_name, e.g. {"*": "0"}.
     group_map: dict[str, str] | None = None
+    # Trace ranks to replay, e.g. [0, 3]; null = every rank trace. A strict subset of the
+    # recorded world replays in replay.mode=compute only (collectives need every group member).
+    ranks: list[int] | None = None
+    # Refuse a gzip stream or an archive member that would expand past this size (bytes, or
+    # a size like "16GiB"): a gzip bomb costs at most this much memory.
+    max_decompressed_bytes: str = "4GiB"
 
     def __post_init__(self):
         self.transfer = Transfer.coerce(self.transfer, "trace.transfer")
+        self.decompression_limit_bytes()  # a malformed size fails at compose time
+
+    def decompression_limit_bytes(self) -> int:
+        """``max_decompressed_bytes`` in bytes (ConfigError if malformed or not positive)."""
+        limit = parse_bytes(self.max_decompressed_bytes, "trace.max_decompressed_bytes")
+        if limit <= 0:
+            raise ConfigError(f"trace.max_decompressed_bytes={self.max_decompressed_bytes!r}; "
+                              "expected a positive size")
+        return limit
 
 
 class Search(Choice):
@@ -78,6 +95,8 @@ class ExperimentConfig:
     resume: bool = True
     # Write report.html (plots and tables) at the end of a sweep or a search.
     report: bool = True
+    # Run pre-flight only (no actors): write preflight.json and summary.json, then stop.
+    preflight_only: bool = False
 
     def __post_init__(self):
         self.search = Search.coerce(self.search, "experiment.search")

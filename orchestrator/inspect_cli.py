@@ -1,8 +1,10 @@
 """``tracefleet-inspect PATH [--json] [--top N] [--debug]``: what is in a trace, or a folder of ranks.
 
-PATH is one trace file (``.json``, ``.json.gz``, a one-file ``.tar.gz``) or a folder of
-``rank-<r>.et.json[.gz]`` / ``rank-<r>.json[.gz]`` files. The figures come from
-`actors.trace.stats.trace_stats`; this module only loads, formats and reports errors.
+PATH is what ``trace.dir`` accepts: one trace file (``.json``, ``.json.gz``), a folder of
+rank traces, or a ``.tar``/``.tar.gz`` archive of them (`actors.trace.source.discover`; the
+rank is the integer right before ``.json``, e.g. ``rank-3.et.json.gz``, ``dlrm_eg_3.json``).
+Traces are loaded one at a time. The figures come from `actors.trace.stats.trace_stats`; this
+module only loads, formats and reports errors.
 """
 from __future__ import annotations
 
@@ -13,10 +15,12 @@ import traceback
 from pathlib import Path
 
 from actors.errors import ConfigError, TracefleetError
+from actors.replay.config import parse_bytes
 from actors.trace import load_trace
+from actors.trace.archive import DEFAULT_MAX_DECOMPRESSED_BYTES
+from actors.trace.source import discover
 from actors.trace.stats import trace_stats
 from orchestrator.units import human_bytes
-from orchestrator.validate import discover_rank_files
 
 EXIT_USER_ERROR = 2
 _EPILOG = ("Parameters: storages that exist before the trace, are floating point, are read "
@@ -26,20 +30,18 @@ _EPILOG = ("Parameters: storages that exist before the trace, are floating point
            "to its last use.")
 
 
-def inspect_path(path, top: int = 10) -> dict:
-    """Stats of one file, or of every rank file of a folder plus a cross-rank summary."""
+def inspect_path(path, top: int = 10,
+                 max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES) -> dict:
+    """Stats of one trace, or of every rank trace of a folder or archive plus a cross-rank
+    summary."""
     path = Path(path)
-    if path.is_dir():
-        files = list(discover_rank_files(path).items())
-    elif path.is_file():
-        files = [(None, path)]
-    else:
-        raise ConfigError(f"{path} does not exist; expected a trace file or a folder of "
-                          "rank-<r>.et.json[.gz] files")
+    sources = discover(path, max_decompressed_bytes)
+    ranked = path.is_dir() or len(sources) > 1
     # one trace at a time: a folder of large traces need not fit in memory at once
-    per_file = [trace_stats(load_trace(p, rank=rank), top) for rank, p in files]
+    per_file = [trace_stats(load_trace(src, rank=rank if ranked else None), top)
+                for rank, src in sources.items()]
     return {"path": str(path), "files": per_file,
-            "cross_rank": cross_rank(per_file) if path.is_dir() else None}
+            "cross_rank": cross_rank(per_file) if ranked else None}
 
 
 def cross_rank(per_file: list[dict]) -> dict:
@@ -118,15 +120,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tracefleet-inspect", epilog=_EPILOG,
                                      description="Summarize an Execution Trace file or a folder "
                                                  "of rank traces.")
-    parser.add_argument("path", help="a trace file or a folder of rank-<r>.et.json[.gz] files")
+    parser.add_argument("path", help="a trace file, a folder of rank traces or a .tar[.gz] of them")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.add_argument("--top", type=int, default=10, metavar="N", help="ops in the histogram (default 10)")
+    parser.add_argument("--max-decompressed-bytes", default="4GiB", metavar="SIZE",
+                        help="refuse gzip data or archive members expanding past SIZE (default 4GiB)")
     parser.add_argument("--debug", action="store_true", help="show the traceback of errors")
     args = parser.parse_args(argv)
     try:
         if args.top < 0:
             raise ConfigError(f"--top must be >= 0, got {args.top}")
-        report = inspect_path(args.path, args.top)
+        limit = parse_bytes(args.max_decompressed_bytes, "--max-decompressed-bytes")
+        report = inspect_path(args.path, args.top, limit)
     except (TracefleetError, OSError) as e:  # OSError: an unreadable folder, a permission
         if args.debug:
             traceback.print_exc()

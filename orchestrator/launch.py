@@ -5,6 +5,7 @@ import logging
 import time
 from pathlib import Path
 
+import orjson
 import ray
 
 from actors.rank_actor import RankActor
@@ -38,12 +39,20 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
     timings = {}  # phase -> seconds; see replay_phases() for the split of the replay window
     t0 = time.perf_counter()
     try:
-        pre = session.preflight(cfg.trace.dir, cfg.experiment.world_size, cfg.trace.group_map)
+        if cfg.cluster.address is not None:  # joined cluster: pre-flight reduces traces in Ray tasks
+            session.connect(cfg.cluster, cfg.experiment.world_size or 1)
+        connect_s = time.perf_counter() - t0
+        t_pre = time.perf_counter()
+        pre = session.preflight(cfg.trace.dir, cfg.experiment.world_size, cfg.trace.group_map,
+                                mode=str(cfg.replay.mode), ranks=cfg.trace.ranks,
+                                max_decompressed_bytes=cfg.trace.decompression_limit_bytes())
         world_size = pre.world_size
-        timings["preflight_s"] = time.perf_counter() - t0
+        timings["preflight_s"] = time.perf_counter() - t_pre
+        if cfg.experiment.preflight_only:
+            return _preflight_only(pre, cfg, out_dir, timings)
         t1 = time.perf_counter()
         session.connect(cfg.cluster, world_size)
-        timings["cluster_start_s"] = time.perf_counter() - t1
+        timings["cluster_start_s"] = connect_s + time.perf_counter() - t1
         t2 = time.perf_counter()
         group = session.worker_group(actor_cls, world_size, cfg.cluster,
                                      session.use_gpu(cfg.replay.device))
@@ -51,7 +60,7 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
         results = None
         try:
             t3 = time.perf_counter()
-            paths = {r: str(p) for r, p in pre.rank_files.items()}
+            paths = dict(enumerate(pre.sources))  # actor i replays trace rank pre.ranks[i]
             blobs = {r: session.trace_blob(p) for r, p in paths.items()} \
                 if cfg.trace.transfer == "object_store" else {r: None for r in paths}
             ship_s = time.perf_counter() - t3
@@ -79,6 +88,7 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
         "experiment": cfg.experiment.name, "trace_dir": str(cfg.trace.dir),
         "mode": cfg.replay.mode, "allocation_mode": cfg.replay.allocation.mode,
         "device_memory_capacity_bytes": _capacity(rank_reports), "timings_s": timings,
+        "trace_ranks": pre.ranks, "preflight_warnings": pre.warnings,
         "zero3": zero3_metrics.summarize_ranks(rank_reports)})
     report.write_run_outputs(summary, rank_reports, out_dir, config_yaml, plots=not quiet)
     if not quiet:
@@ -87,6 +97,18 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
     timings["total_s"] = time.perf_counter() - t0
     report.write_summary(summary, out_dir)  # again, now with every phase's time
     log.info("timings: %s", ", ".join(f"{k} {v:.2f}" for k, v in timings.items()))
+    return summary
+
+
+def _preflight_only(pre, cfg: RunConfig, out_dir: Path, timings: dict) -> dict:
+    """``experiment.preflight_only``: pre-flight's result is the run's output; no actors."""
+    summary = {"status": "ok", "experiment": cfg.experiment.name, "trace_dir": str(cfg.trace.dir),
+               "mode": str(cfg.replay.mode), **pre.to_dict(), "timings_s": timings}
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    (Path(out_dir) / "preflight.json").write_bytes(orjson.dumps(pre.to_dict(), option=orjson.OPT_INDENT_2))
+    report.write_summary(summary, out_dir)
+    log.info("pre-flight only: %d rank(s) checked in %.2f s, %d warning(s)", pre.world_size,
+             timings["preflight_s"], len(pre.warnings))
     return summary
 
 

@@ -1,246 +1,153 @@
-"""Pre-flight checks on a folder of rank traces, before any actor starts (no torch.distributed).
+"""Pre-flight: check the rank traces before any actor starts (no torch.distributed).
 
-1. ``discover_rank_files``: ``rank-<r>.et.json[.gz]`` or PARAM's ``rank-<r>.json[.gz]``,
-   ranks 0..N-1 without gaps or duplicates.
-2. ``preflight``: loads every file (a process pool for several files), checks the world
-   size (process-group tables, number of files, the requested size), merges the group
-   tables, and checks per process group that the member ranks issue the same collective
-   sequence, position by position (``Collective.signature()``; waits and point-to-point
-   send/recv are not part of a group's sequence).
+1. Find the rank traces of ``trace.dir``: a folder, a ``.tar[.gz]`` archive or one file
+   (`actors.trace.source.discover`; the rank-from-name rule is in `actors.trace.archive`),
+   and select ``trace.ranks`` (default: all of them).
+2. Reduce each selected trace to its collective signature where it is
+   (`orchestrator.signature_pool`): the driver never holds full traces.
+3. Check the world: the recorded world size (process group "0") bounds the ranks; ``full``
+   and ``comms`` replay collectives, so they need every rank of the recorded world;
+   ``compute`` replays any subset (one file of a 2-GPU job, ``trace.ranks=[0,3]``).
+4. Cross-check the collective sequences per process group (`orchestrator.crosscheck`).
+   ``full``/``comms`` refuse a mismatch, naming ranks, group and position; ``compute``
+   replays no collective, so a mismatch there is a warning (logged and returned, for
+   ``summary.json``'s ``preflight_warnings``).
 
-Asymmetric kinds are compared on what must agree: all_to_all(_single) with split sizes on
-kind and dtype, plus a cross-check that rank i sends rank j what j expects from i; gather
-on the input and scatter on the output size (only the root holds the list side).
-
-gloo traces do not name the group of a ``c10d::*`` collective (``pg_name`` None). Such
-collectives run on the default group "0" unless ``group_map`` says otherwise:
-``{"*": name}`` for all of them, ``{"<kind>": name}`` per normalized kind (a kind entry wins
-over "*"). When the tables hold groups of different memberships and no ``group_map`` is
-given, preflight refuses: the mapping cannot be guessed.
+Actor i replays trace rank ``ranks[i]``; ``world_size`` is the number of actors.
 """
 from __future__ import annotations
 
-import multiprocessing
-import os
-import re
-from concurrent.futures import ProcessPoolExecutor, wait
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from actors.errors import ConfigError, TraceError
-from actors.replay.process_groups import (DEFAULT_PG, group_members, merge_group_tables,
-                                          resolve_pg_name)
-from actors.trace import Op, ProcessGroupInfo, Trace, load_trace
-from actors.trace.collectives import KINDS
+from actors.errors import ConfigError
+from actors.trace import ProcessGroupInfo
+from actors.trace.archive import DEFAULT_MAX_DECOMPRESSED_BYTES, rank_from_name
+from actors.trace.source import TraceSource, discover
+from orchestrator.crosscheck import cross_check
+from orchestrator.signature import RankSignature
+from orchestrator.signature_pool import collect
 
-_RANK_FILE = re.compile(r"^rank-(\d+)(?:\.et)?\.json(?:\.gz)?$")
-_NOT_IN_SEQUENCE = frozenset({"wait", "send", "recv"})
-_IN_PROCESS_BYTES = 8 << 20  # total file bytes loaded without worker processes
-_MAX_WORKERS = 8
+log = logging.getLogger("tracefleet")
+_COLLECTIVE_MODES = ("full", "comms")
 
 
 @dataclass
 class PreflightResult:
-    """What the driver needs to launch: the world, the files, the loaded traces, the groups."""
+    """What the driver needs to launch: the actors' traces, the recorded world, the groups."""
 
-    world_size: int
-    rank_files: dict[int, Path]
-    traces: list[Trace]  # traces[r] is rank r's
+    world_size: int  # actors to start: one per selected rank
+    ranks: list[int]  # ranks[i]: the trace rank actor i replays
+    sources: list[TraceSource]  # sources[i]: where actor i's trace is
+    recorded_world_size: int  # the world the traces were recorded in
     process_groups: list[ProcessGroupInfo]  # merged, in creation order
     group_map: dict[str, str] | None = None
     num_collectives: dict[str, int] = field(default_factory=dict)  # per group, per rank
+    warnings: list[str] = field(default_factory=list)  # compute mode: mismatches not refused
 
+    @property
+    def rank_files(self) -> dict[int, Path]:
+        """``{actor index: file on disk}`` (an archive for members; for file versions)."""
+        return {i: Path(s.path) for i, s in enumerate(self.sources)}
 
-def discover_rank_files(trace_dir) -> dict[int, Path]:
-    """``{rank: path}`` for ranks 0..N-1; ConfigError if missing, empty, gapped or duplicated."""
-    folder = Path(trace_dir)
-    if not folder.is_dir():
-        raise ConfigError(f"trace directory {folder} does not exist or is not a directory")
-    found: dict[int, Path] = {}
-    for path in sorted(folder.iterdir()):
-        m = _RANK_FILE.match(path.name)
-        if m is None or not path.is_file():
-            continue
-        rank = int(m.group(1))
-        if rank in found:
-            raise ConfigError(f"{folder}: rank {rank} has two trace files, {found[rank].name} "
-                              f"and {path.name}; keep one")
-        found[rank] = path
-    if not found:
-        raise ConfigError(f"{folder}: no rank trace files; expected rank-<r>.et.json[.gz] or "
-                          "rank-<r>.json[.gz] for r = 0..N-1")
-    missing = sorted(set(range(max(found) + 1)) - set(found))
-    if missing:
-        raise ConfigError(f"{folder}: missing trace files for rank(s) {missing} (found ranks "
-                          f"{sorted(found)}); ranks must be 0..N-1 without gaps")
-    return dict(sorted(found.items()))
-
-
-def _load(path: Path, rank: int) -> Trace:
-    try:
-        return load_trace(path, rank=rank)
-    except TraceError:
-        raise
-    except Exception as e:  # a loader bug or an OS error: still name the file
-        raise TraceError(path, f"cannot load trace: {type(e).__name__}: {e}") from e
-
-
-def load_rank_traces(rank_files: dict[int, Path], num_workers: int | None = None,
-                     timeout_s: float = 3600.0) -> list[Trace]:
-    """Load every rank's trace, in parallel processes when there are several files.
-
-    ``timeout_s`` bounds the whole load (TraceError naming the files still loading).
-    """
-    if num_workers is None:
-        # Small folders load faster here than a spawned worker takes to import torch.
-        small = sum(path.stat().st_size for path in rank_files.values()) < _IN_PROCESS_BYTES
-        num_workers = 1 if small else min(len(rank_files), os.cpu_count() or 1, _MAX_WORKERS)
-    if num_workers <= 1 or len(rank_files) == 1:
-        return [_load(path, rank) for rank, path in rank_files.items()]
-    # spawn, not fork: the driver may already hold Ray's threads
-    pool = ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("spawn"))
-    futures = {rank: pool.submit(_load, path, rank) for rank, path in rank_files.items()}
-    try:
-        done, late = wait(futures.values(), timeout=timeout_s)
-        if late:
-            names = [rank_files[r].name for r, f in futures.items() if f in late]
-            raise TraceError(names[0], f"loading {len(names)} trace file(s) ({', '.join(names)}) "
-                                       f"took longer than {timeout_s:g} s")
-        return [fut.result() for fut in futures.values()]  # re-raises a worker's TraceError
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _world_size(folder, rank_files, traces, requested: int | None) -> int:
-    world = len(rank_files)
-    for rank, trace in enumerate(traces):
-        default = next((g for g in trace.process_groups if g.name == DEFAULT_PG), None)
-        if default is not None and default.group_size != world:
-            raise ConfigError(f"rank {rank}'s trace ({rank_files[rank].name}) was recorded with "
-                              f"world size {default.group_size} (process group '0'), but {folder} "
-                              f"holds {world} rank file(s)")
-    if requested is not None and requested != world:
-        if requested < world:
-            raise ConfigError(f"the trace in {folder} has {world} ranks; a run on {requested} "
-                              f"ranks cannot replay it (every rank replays its own file): set the "
-                              f"world size to {world}")
-        raise ConfigError(f"a run on {requested} ranks was requested but {folder} holds traces "
-                          f"for {world} ranks only: set the world size to {world}")
-    return world
-
-
-def _check_group_map(group_map, members, traces) -> None:
-    if group_map:
-        for key, name in group_map.items():
-            if key != "*" and key not in KINDS:
-                raise ConfigError(f"group_map key {key!r} is neither '*' nor a collective kind "
-                                  f"({', '.join(KINDS)})")
-            if name not in members:
-                raise ConfigError(f"group_map[{key!r}] = {name!r} is not a process group of the "
-                                  f"trace (groups: {sorted(members)})")
-        return
-    world = members[DEFAULT_PG]
-    odd = {name: m for name, m in members.items() if m != world}
-    if not odd:
-        return
-    unnamed = [r for r, t in enumerate(traces) if any(
-        op.collective.pg_name is None and op.collective.kind != "wait" for op in t.collectives)]
-    if unnamed:
-        groups = ", ".join(f"{name!r}: ranks {list(m)}" for name, m in sorted(odd.items()))
-        raise ConfigError(
-            f"rank(s) {unnamed} have collectives whose trace does not name their process group "
-            f"(gloo traces), and the process-group tables hold groups that are not world-sized "
-            f"({groups}): the group of each call cannot be inferred. Pass group_map, e.g. "
-            f"{{'*': '0'}} to run them all on the default group, or per kind, e.g. "
-            f"{{'all_gather_into_tensor': '1', '*': '0'}}")
-
-
-def _sequences(traces, members, group_map) -> dict[str, dict[int, list[Op]]]:
-    seqs: dict[str, dict[int, list[Op]]] = {name: {r: [] for r in m} for name, m in members.items()}
-    for rank, trace in enumerate(traces):
-        for op in trace.collectives:
-            c = op.collective
-            if c.kind in _NOT_IN_SEQUENCE:
-                continue
-            name = resolve_pg_name(c, group_map)
-            if name not in members:
-                raise ConfigError(f"rank {rank}, node {op.node_id} ({op.name}): process group "
-                                  f"{name!r} is not in any rank's process-group table (known: "
-                                  f"{sorted(members)})")
-            if rank not in members[name]:
-                raise ConfigError(f"rank {rank}, node {op.node_id} ({op.name}) runs on process "
-                                  f"group {name!r} whose ranks {list(members[name])} exclude it")
-            seqs[name][rank].append(op)
-    return seqs
-
-
-def _comparable(c) -> tuple:
-    if c.kind in ("all_to_all", "all_to_all_single") and (c.in_splits or c.out_splits):
-        return (c.kind, c.dtype)
-    if c.kind == "gather":
-        return (c.kind, c.dtype, c.in_nelems)
-    if c.kind == "scatter":  # non-root ranks have no input list to take a dtype from
-        return (c.kind, c.out_nelems)
-    return c.signature()
-
-
-def _describe(rank: int, op: Op) -> str:
-    return f"rank {rank} (node {op.node_id} {op.name}: {op.collective.signature()})"
-
-
-def _check_sequences(name: str, by_rank: dict[int, list[Op]]) -> None:
-    ranks = sorted(by_rank)
-    ref = ranks[0]
-    for other in ranks[1:]:
-        a, b = by_rank[ref], by_rank[other]
-        for pos, (oa, ob) in enumerate(zip(a, b)):
-            if _comparable(oa.collective) != _comparable(ob.collective):
-                raise ConfigError(f"process group {name!r}: collective #{pos} differs between "
-                                  f"{_describe(ref, oa)} and {_describe(other, ob)}")
-        if len(a) != len(b):
-            longer, op = (ref, a[len(b)]) if len(a) > len(b) else (other, b[len(a)])
-            raise ConfigError(f"process group {name!r}: rank {ref} has {len(a)} collectives, rank "
-                              f"{other} has {len(b)}; first unmatched is #{min(len(a), len(b))} "
-                              f"on {_describe(longer, op)}")
-    _check_splits(name, ranks, by_rank)
-
-
-def _check_splits(name: str, ranks: list[int], by_rank: dict[int, list[Op]]) -> None:
-    """all_to_all with splits: what group rank i sends to j is what j receives from i."""
-    n = len(ranks)
-    for pos, ops in enumerate(zip(*(by_rank[r] for r in ranks))):
-        cs = [op.collective for op in ops]
-        if cs[0].kind not in ("all_to_all", "all_to_all_single") or not cs[0].in_splits:
-            continue
-        for i, c in enumerate(cs):
-            if len(c.in_splits) != n or len(c.out_splits) != n:
-                raise ConfigError(f"process group {name!r}: collective #{pos} on "
-                                  f"{_describe(ranks[i], ops[i])} has split sizes "
-                                  f"{list(c.in_splits)}/{list(c.out_splits)} for {n} ranks")
-        for i in range(n):
-            for j in range(n):
-                if cs[i].in_splits[j] != cs[j].out_splits[i]:
-                    raise ConfigError(
-                        f"process group {name!r}: collective #{pos}: rank {ranks[i]} sends "
-                        f"{cs[i].in_splits[j]} to rank {ranks[j]} (node {ops[i].node_id}), which "
-                        f"expects {cs[j].out_splits[i]} (node {ops[j].node_id})")
+    def to_dict(self) -> dict:
+        """JSON-ready result (``preflight.json``; merged into ``summary.json``)."""
+        return {"world_size": self.world_size, "recorded_world_size": self.recorded_world_size,
+                "trace_ranks": self.ranks, "sources": [str(s) for s in self.sources],
+                "process_groups": [{"name": g.name, "desc": g.desc, "ranks": list(g.ranks),
+                                    "group_size": g.group_size} for g in self.process_groups],
+                "num_collectives": self.num_collectives, "preflight_warnings": self.warnings}
 
 
 def preflight(trace_dir, world_size_requested: int | None = None,
-              group_map: dict[str, str] | None = None,
-              num_workers: int | None = None, load_timeout_s: float = 3600.0) -> PreflightResult:
-    """Discover, load and cross-check a folder of rank traces (see the module doc).
+              group_map: dict[str, str] | None = None, mode: str = "full",
+              ranks: list[int] | None = None,
+              max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+              executor: str | None = None, num_workers: int | None = None,
+              load_timeout_s: float = 3600.0) -> PreflightResult:
+    """Discover, select, reduce and cross-check the rank traces of ``trace_dir`` (module doc).
 
-    Raises ConfigError (layout, world size, groups, sequences) or TraceError (unreadable file).
+    ``executor``/``num_workers``: see `orchestrator.signature_pool.collect` (None: automatic).
+    Raises ConfigError (layout, world size, selection, groups, sequences) or TraceError
+    (an unreadable trace).
     """
-    rank_files = discover_rank_files(trace_dir)
-    traces = load_rank_traces(rank_files, num_workers, load_timeout_s)
-    world = _world_size(trace_dir, rank_files, traces, world_size_requested)
-    table = merge_group_tables([t.process_groups for t in traces], world)
-    members = group_members(table, world)
-    _check_group_map(group_map, members, traces)
-    seqs = _sequences(traces, members, group_map)
-    for name, by_rank in seqs.items():
-        _check_sequences(name, by_rank)
-    counts = {name: len(next(iter(by_rank.values()))) for name, by_rank in seqs.items() if by_rank}
-    return PreflightResult(world, rank_files, traces, table, group_map, counts)
+    found = discover(trace_dir, max_decompressed_bytes)
+    selected = _select(trace_dir, found, ranks)
+    sources = {r: found[r] for r in selected}
+    sigs = collect(sources, group_map, executor, num_workers, load_timeout_s)
+    world = _recorded_world(trace_dir, found, sigs)
+    _check_selection(_describe(trace_dir, found), world, selected, mode)
+    _check_requested(trace_dir, len(selected), world_size_requested)
+    warnings = []
+    try:
+        table, counts = cross_check(sigs, sources, world, group_map)
+    except ConfigError as e:
+        if mode in _COLLECTIVE_MODES:
+            raise
+        warnings.append(f"collectives: {e} (replay.mode={mode} replays no collective; "
+                        "full and comms would refuse this)")
+        log.warning("pre-flight: %s", warnings[-1])
+        table, counts = [], {}
+    return PreflightResult(len(selected), selected, [sources[r] for r in selected], world, table,
+                           group_map, counts, warnings)
+
+
+def _select(where, found: dict[int, TraceSource], ranks) -> list[int]:
+    if ranks is None:
+        return sorted(found)
+    wanted = sorted(set(int(r) for r in ranks))
+    if not wanted:
+        raise ConfigError("trace.ranks is empty; list the ranks to replay or leave it null (all)")
+    absent = [r for r in wanted if r not in found]
+    if absent:
+        raise ConfigError(f"trace.ranks asks for rank(s) {absent}, but {where} holds traces of "
+                          f"rank(s) {sorted(found)}")
+    return wanted
+
+
+def _recorded_world(where, found, sigs: dict[int, RankSignature]) -> int:
+    """The world size recorded in the traces (group "0"), else the highest rank + 1."""
+    recorded = {r: s.recorded_world_size for r, s in sigs.items() if s.recorded_world_size}
+    sizes = sorted(set(recorded.values()))
+    if len(sizes) > 1:
+        by_size = {size: [r for r, s in recorded.items() if s == size] for size in sizes}
+        raise ConfigError(f"{where}: the traces were recorded with different world sizes "
+                          f"(process group '0'): " + ", ".join(
+                              f"{size} on rank(s) {rs}" for size, rs in by_size.items()))
+    world = sizes[0] if sizes else max(found) + 1
+    beyond = [r for r in found if r >= world]
+    if beyond:
+        raise ConfigError(f"{where}: rank trace(s) {[str(found[r]) for r in beyond]} have rank(s) "
+                          f"{beyond}, but the traces were recorded with world size {world} "
+                          "(process group '0')")
+    return world
+
+
+def _describe(where, found: dict[int, TraceSource]) -> str:
+    """``where``, plus how a lone trace got its rank when its name carries none."""
+    (only,) = found.values() if len(found) == 1 else (None,)
+    if only is not None and rank_from_name(only.name) is None:
+        return f"{where} (one trace without a rank in its name: taken as rank 0)"
+    return str(where)
+
+
+def _check_selection(where, world: int, selected: list[int], mode: str) -> None:
+    missing = sorted(set(range(world)) - set(selected))
+    if missing and mode in _COLLECTIVE_MODES:
+        raise ConfigError(
+            f"replay.mode={mode} replays collectives, which need every member of each process "
+            f"group: the traces were recorded with world size {world}, but {where} gives "
+            f"rank(s) {selected} (missing trace files for rank(s) {missing}, or not in "
+            "trace.ranks). replay.mode=compute replays a subset of the ranks")
+
+
+def _check_requested(where, num_selected: int, requested: int | None) -> None:
+    if requested is None or requested == num_selected:
+        return
+    if requested < num_selected:
+        raise ConfigError(f"the trace in {where} has {num_selected} ranks to replay; a run on "
+                          f"{requested} ranks cannot replay it (every rank replays its own file): "
+                          f"set the world size to {num_selected}, or select ranks with trace.ranks")
+    raise ConfigError(f"a run on {requested} ranks was requested but {where} holds traces for "
+                      f"{num_selected} ranks only: set the world size to {num_selected}")

@@ -95,6 +95,28 @@ def test_param_named_rank_files(capsys, dlrm_rank_dir):
     assert report["cross_rank"]["num_collective_calls"] == [8, 8]  # 5 all_to_all + 3 all_reduce
 
 
+def test_multi_rank_archive_reads_like_its_folder(capsys, public_trace_dir, dlrm_rank_dir):
+    archive = public_trace_dir / "dlrm_pytorch_et.tar.gz"
+    from_archive = _run_json(capsys, archive, "--top", 3)
+    from_folder = _run_json(capsys, dlrm_rank_dir, "--top", 3)
+    assert [s["rank"] for s in from_archive["files"]] == list(range(8))
+    assert from_archive["files"][5]["path"] == f"{archive}:dlrm_pytorch_et/dlrm_eg_5.json"
+    for a, b in zip(from_archive["files"], from_folder["files"]):
+        assert {k: v for k, v in a.items() if k != "path"} == {k: v for k, v in b.items() if k != "path"}
+    assert from_archive["cross_rank"] == from_folder["cross_rank"]
+
+
+def test_one_trace_archive_is_one_file(capsys, public_trace_dir):
+    report = _run_json(capsys, public_trace_dir / "resnet_1gpu_et.json.tar.gz", "--top", 2)
+    (stats,) = report["files"]
+    assert report["cross_rank"] is None and stats["rank"] is None and stats["num_nodes"] == 14392
+
+
+def test_a_subset_of_ranks_is_inspected_as_is(capsys, tmp_path):
+    report = _run_json(capsys, _gap_folder(tmp_path), "--top", 1)
+    assert [s["rank"] for s in report["files"]] == [0, 2] and report["cross_rank"]["num_ranks"] == 2
+
+
 def test_human_tables(capsys):
     assert main([str(DEMO_DP), "--top", "3"]) == 0
     out = capsys.readouterr().out
@@ -128,13 +150,14 @@ def _cut_trace(tmp_path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("case", ["missing", "empty_folder", "truncated", "gap", "negative_top"])
+@pytest.mark.parametrize("case", ["missing", "empty_folder", "truncated", "over_limit", "negative_top"])
 def test_user_errors_exit_2_without_traceback(capsys, tmp_path, case):
     args, named = {
         "missing": lambda: ([str(tmp_path / "nowhere")], "nowhere"),
         "empty_folder": lambda: ([str(tmp_path)], str(tmp_path)),
         "truncated": lambda: ([str(_cut_trace(tmp_path))], "rank-0.et.json"),
-        "gap": lambda: ([str(_gap_folder(tmp_path))], "missing trace files for rank(s) [1]"),
+        "over_limit": lambda: ([str(DEMO_DP), "--max-decompressed-bytes", "64KiB"],
+                               "expands past the limit of 65,536 bytes"),
         "negative_top": lambda: ([str(DEMO_DP), "--top", "-1"], "--top"),
     }[case]()
     assert main(args) == 2

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import time
 from collections import Counter
 from functools import lru_cache
@@ -12,8 +13,10 @@ import pytest
 
 from actors.errors import TraceError
 from actors.trace import TensorArg, compute_liveness, load_trace, read_json
+from actors.trace.collectives import C10D_KINDS, FUNCTIONAL, FUNCTIONAL_CALLS
+from actors.trace.source import discover
 from tests.et_json import (ADD, ADD_, CLONE, EMBEDDING, EMPTY, ONES, RELU, VIEW, node, scalar, step_node,
-                     tensor, write_trace)
+                     tensor, tensor_list, write_trace)
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_DP = REPO / "demo" / "traces" / "gpt_dp_4"
@@ -122,10 +125,22 @@ def test_dlrm_eight_ranks(dlrm_rank_dir):
         assert devices(trace) <= {f"cuda:{r}", "cpu"}
 
 
-def test_multi_rank_archive_is_refused(public_trace_dir):
-    with pytest.raises(TraceError, match="holds 8 JSON files; expected exactly one") as err:
-        load_trace(public_trace_dir / DLRM_ARCHIVE)
-    assert err.value.path == str(public_trace_dir / DLRM_ARCHIVE)
+def test_multi_rank_archive_members(public_trace_dir, dlrm_rank_dir):
+    """Each rank reads its own member of the DLRM archive, by name or from its shipped bytes."""
+    archive = public_trace_dir / DLRM_ARCHIVE
+    sources = discover(archive)
+    assert sorted(sources) == list(range(8))
+    source = sources[3]
+    assert source.member == "dlrm_pytorch_et/dlrm_eg_3.json" and os.fspath(source) == str(archive)
+    extracted = load_trace(dlrm_rank_dir / "rank-3.json")
+    for trace in (load_trace(source), load_trace(source, data=source.read_raw())):
+        assert trace.rank == 3 and trace.path == f"{archive}:dlrm_pytorch_et/dlrm_eg_3.json"
+        assert [(op.node_id, op.name) for op in trace.ops] == \
+               [(op.node_id, op.name) for op in extracted.ops]
+    # the archive as one trace file is refused, naming the way to read every rank
+    with pytest.raises(TraceError, match="holds 8 trace files .* pass the archive as trace.dir") as err:
+        load_trace(archive)
+    assert err.value.path == str(archive)
 
 
 # ---------------------------------------------------------------- real gloo captures
@@ -181,8 +196,16 @@ def test_top_level_selection(gloo_trace_dir):
         return None
 
     op_ids = {op.node_id for op in trace.ops}
-    # functional waits are calls of their own even when the observer nests them in a collective
-    promoted = {nid for nid in has_schema if nodes[nid]["name"] == "_c10d_functional::wait_tensor"}
+    # collectives are calls of their own wherever the observer nests them, except the c10d
+    # op an eager functional collective calls to do its work
+    def implements_functional(nid):
+        parent = op_ancestor(nid)
+        return nodes[nid]["name"] not in FUNCTIONAL and parent is not None \
+            and nodes[parent]["name"] in FUNCTIONAL_CALLS
+
+    promoted = {nid for nid in has_schema if nodes[nid]["name"] in C10D_KINDS
+                and op_ancestor(nid) is not None and not implements_functional(nid)}
+    assert any(implements_functional(nid) for nid in has_schema)  # c10d ops inside functional ones
     assert op_ids == {nid for nid in has_schema if op_ancestor(nid) is None} | promoted
     ones = next(op for op in trace.ops if op.name == "aten::ones")
     children = {nid for nid in nodes if nodes[nid]["ctrl_deps"] == ones.node_id}
@@ -321,3 +344,106 @@ def test_tensor_arg_extent():
     """A transposed view reaches as far as its strides say, from its offset."""
     t = TensorArg(1, 1, 8, 6, 4, "cpu", (2, 3), (1, 2), "float32")
     assert t.extent_elems == 8 + 1 + 1 * 1 + 2 * 2
+
+
+# ---------------------------------------------------------------- parent links around collectives
+
+BROADCAST = ("c10d::broadcast_(Tensor[] tensors, __torch__.torch.classes.c10d.ProcessGroup "
+             "process_group, int root_rank, int root_tensor, bool asyncOp, int timeout=-1) -> "
+             "(Tensor[], __torch__.torch.classes.c10d.Work)")
+ALLREDUCE = ("c10d::allreduce_(Tensor[] tensors, __torch__.torch.classes.c10d.ProcessGroup "
+             "process_group, __torch__.torch.classes.c10d.ReduceOp reduce_op, "
+             "Tensor? sparse_indices, bool asyncOp, int timeout=-1) -> "
+             "(Tensor[], __torch__.torch.classes.c10d.Work)")
+FUNC_ALL_REDUCE = "_c10d_functional::all_reduce(Tensor input, str reduce_op, str group_name) -> Tensor"
+FLATTEN = "aten::flatten_dense_tensors(Tensor[] tensors) -> Tensor"
+
+
+def _bcast(nid, t, parent=2, dtype="float"):
+    """A gloo-shaped c10d::broadcast_ of tensor id/storage ``t`` (8 elements) from root 0."""
+    return node(nid, "c10d::broadcast_", parent=parent, schema=BROADCAST,
+                inputs=[tensor_list(tensor(t, t, 8, dtype)), scalar("<Object>", "Object"),
+                        scalar(0), scalar(0), scalar(False, "Bool"), scalar(-1)],
+                outputs=[tensor_list(tensor(t, t, 8, dtype))])
+
+
+def _rpc(nid, parent, t, name="broadcast", dtype="Long"):
+    """An NCCL-shaped record_param_comms record (1.1.0+ attrs) of tensor ``t``."""
+    return node(nid, "record_param_comms", parent=parent,
+                inputs=[tensor_list(tensor(t, t, 8, "long int")), scalar(3), scalar(0),
+                        scalar(name, "String")],
+                collective_name=name, dtype=dtype, pg_name="0", pg_desc="default_pg")
+
+
+def _collectives(trace):
+    return [(op.node_id, op.collective.kind, op.collective.dtype) for op in trace.collectives]
+
+
+def test_collective_nested_under_the_previous_one_is_its_own_op(tmp_path):
+    """gloo shape, as on the root rank of DDP's two buffer broadcasts: the second broadcast and
+    both backend nodes sit under the first broadcast."""
+    trace = load_trace(write_trace(tmp_path, [
+        node(3, "DistributedDataParallel.forward"),
+        _bcast(4, 10, parent=3), node(5, "gloo:broadcast", parent=4),
+        _bcast(6, 11, parent=4, dtype="long int"), node(7, "gloo:broadcast", parent=4),
+        _relu(8, parent=3, k=20),
+    ]))
+    assert _collectives(trace) == [(4, "broadcast", "float32"), (6, "broadcast", "int64")]
+    assert [op.module for op in trace.ops] == ["DistributedDataParallel.forward"] * 3
+
+
+def test_nccl_collective_nested_under_the_previous_one_keeps_its_own_record(tmp_path):
+    trace = load_trace(write_trace(tmp_path, [
+        _bcast(3, 10), _rpc(4, 3, 10, dtype="Float"), node(5, "nccl:broadcast", parent=3),
+        _bcast(6, 11, parent=3, dtype="long int"), _rpc(7, 6, 11),
+    ]))
+    calls = [op.collective for op in trace.collectives]
+    assert [(op.node_id, c.kind, c.dtype, c.source, c.pg_name) for op, c in zip(trace.collectives, calls)] \
+        == [(3, "broadcast", "float32", "record_param_comms", "0"),
+            (6, "broadcast", "int64", "record_param_comms", "0")]
+
+
+def test_collective_under_an_unrelated_op_is_its_own_op(tmp_path):
+    """Seen on rank 0 of a real DDP capture: the int64 buffer broadcast recorded under the
+    flatten of the next bucket; the op keeps its own children (not ops)."""
+    trace = load_trace(write_trace(tmp_path, [
+        node(3, "aten::flatten_dense_tensors", schema=FLATTEN,
+             inputs=[tensor_list(tensor(20, 20, 8))], outputs=[tensor(21, 21, 8)]),
+        _relu(4, parent=3, k=30), _bcast(5, 11, parent=3, dtype="long int"),
+    ]))
+    assert [op.node_id for op in trace.ops] == [3, 5]
+    assert _collectives(trace) == [(5, "broadcast", "int64")]
+
+
+def test_c10d_op_inside_a_functional_collective_is_its_implementation(tmp_path):
+    """Eager functional collectives call a c10d op: one call, not two."""
+    trace = load_trace(write_trace(tmp_path, [
+        node(3, FUNC_ALL_REDUCE.split("(")[0], schema=FUNC_ALL_REDUCE,
+             inputs=[tensor(1, 1, 8), scalar("sum", "String"), scalar("0", "String")],
+             outputs=[tensor(2, 2, 8)]),
+        node(4, "c10d::allreduce_", parent=3, schema=ALLREDUCE,
+             inputs=[tensor_list(tensor(2, 2, 8)), scalar("<Object>", "Object"),
+                     scalar("<Object>", "Object"), scalar(None, "None"), scalar(False, "Bool"),
+                     scalar(-1)], outputs=[tensor_list(tensor(2, 2, 8))]),
+        node(5, "gloo:all_reduce", parent=4),
+    ]))
+    assert [(op.node_id, op.collective.kind, op.collective.source) for op in trace.ops] == \
+        [(3, "all_reduce", "functional")]
+
+
+def test_backend_nodes_are_transparent(tmp_path):
+    """A backend node recorded under a later op (a forward parent link) with an op under it:
+    that op belongs to the backend node's parent, and the backend node names no module."""
+    trace = load_trace(write_trace(tmp_path, [
+        node(3, "aten::unflatten_dense_tensors", schema=FLATTEN,
+             inputs=[tensor_list(tensor(20, 20, 8))], outputs=[tensor(21, 21, 8)]),
+        node(4, "gloo:broadcast", parent=6),
+        node(5, "aten::narrow", parent=3, schema=RELU, inputs=[tensor(20, 20, 8)],
+             outputs=[tensor(22, 20, 4)]),
+        node(6, "aten::slice", parent=5, schema=RELU, inputs=[tensor(20, 20, 8)],
+             outputs=[tensor(23, 20, 4)]),
+        node(7, "aten::as_strided", parent=4, schema=RELU, inputs=[tensor(20, 20, 8)],
+             outputs=[tensor(24, 20, 4)]),
+        node(8, "gloo:all_reduce", parent=2), _relu(9, parent=8, k=40),
+    ]))
+    assert [(op.node_id, op.module) for op in trace.ops] == [(3, ""), (9, "")]

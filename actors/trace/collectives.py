@@ -49,6 +49,11 @@ C10D_KINDS = {
     "_c10d_functional::wait_tensor": "wait",
 }
 
+# Eager functional collectives do their work by calling a c10d op (recorded as their child).
+FUNCTIONAL = frozenset(n for n in C10D_KINDS if n.startswith("_c10d_functional::"))
+FUNCTIONAL_WAITS = frozenset(n for n in FUNCTIONAL if C10D_KINDS[n] == "wait")
+FUNCTIONAL_CALLS = FUNCTIONAL - FUNCTIONAL_WAITS
+
 # collective_name as written by record_param_comms (NCCL and gloo backends, all schemas).
 RPC_KINDS = {
     "allreduce": "all_reduce", "all_reduce": "all_reduce",

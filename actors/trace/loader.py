@@ -1,83 +1,69 @@
-"""Load one rank's Execution Trace (``.json`` / ``.json.gz``) into the compact `Trace` model.
+"""Load one rank's Execution Trace (``.json`` / ``.json.gz``, a file or an archive member)
+into the compact `Trace` model.
 
 Only top-level operators are kept: an op (a node with an op schema, or a
 ``record_param_comms`` node) whose ancestors contain no other op. Annotation nodes
 (``record_function`` ranges, autograd engine frames, ``ProfilerStep#N``) are transparent;
 they only contribute the enclosing module name and step window.
+
+The observer's parent links are not reliable around collectives (see DESIGN.md): a
+collective can be recorded under the previous collective, or under an unrelated op that
+ran around it, on one rank only. Collectives do not call collectives, and no operator
+calls one, so a collective (``c10d::*``, ``_c10d_functional::*``, ``record_param_comms``)
+is its own op wherever it is recorded, with two exceptions: the ``record_param_comms``
+record of a ``c10d::*`` op (its first such child) completes that op, and a ``c10d::*`` op
+(or a ``record_param_comms``) under a functional collective is how eager functional
+collectives do their work. Backend
+nodes (``gloo:*``, ``nccl:*``) are neither ops nor module names: their children are
+treated as children of the backend node's parent.
 """
 from __future__ import annotations
 
 import bisect
 import gc
-import gzip
-import re
-import tarfile
-import zlib
 from functools import lru_cache
-from pathlib import Path
 
 import orjson
 
 from actors.errors import ReplayError, TraceError
 from actors.trace import collectives as coll
+from actors.trace.archive import rank_from_name
 from actors.trace.args import ArgParser
 from actors.trace.model import Op, ProcessGroupInfo, Step, Trace
 from actors.trace.op_schema import parse_schema
 from actors.trace.schema import NodeView, OpSchemaReader, parse_version
+from actors.trace.source import TraceSource, as_source
 from actors.trace.tensor_ids import TensorIdAssigner
 
 PG_INIT = "## process_group:init ##"
 STEP_PREFIX = "ProfilerStep#"
-_RANK_IN_NAME = re.compile(r"rank-?(\d+)")
 # Annotation frames that are not module boundaries.
 _NOT_MODULE = ("[pytorch|profiler", "autograd::engine", STEP_PREFIX, "## process_group")
-_WAIT_TENSOR = "_c10d_functional::wait_tensor"
+_BACKEND_PREFIXES = ("gloo:", "nccl:")
+_MAX_BACKEND_HOPS = 64  # backend nodes chained under backend nodes (bounds a parent cycle)
+# What encloses a node: no op, some op, or a functional collective (which calls c10d ops).
+_FREE, _IN_OP, _IN_FUNCTIONAL = 0, 1, 2
 
 
 def read_json(path, data: bytes | None = None) -> dict:
-    """Read a trace file's JSON (plain, gzip, or a tar archive with one JSON member).
+    """Read a trace's JSON: ``path`` is a file (plain, gzip, or a one-trace tar archive) or
+    a `TraceSource` (which may name an archive member and carries the decompression limit).
 
-    ``data`` are the file's bytes when they arrived another way (Ray's object store).
+    ``data`` are the stored bytes of the file or member when they arrived another way
+    (Ray's object store).
     """
-    path = Path(path)
-    if data is None:
-        try:
-            data = path.read_bytes()
-        except OSError as e:
-            raise TraceError(path, f"cannot read file: {e.strerror or e}") from None
-    try:
-        if data[:2] == b"\x1f\x8b":
-            data = gzip.decompress(data)
-        if len(data) > 262 and data[257:262] == b"ustar":
-            data = _single_tar_member(path, data)
-    except (OSError, EOFError, zlib.error, tarfile.TarError) as e:
-        raise TraceError(path, f"truncated or corrupt compressed file ({e})") from None
+    source = as_source(path)
+    data = source.read_json_bytes(data)
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError as e:
         if data and e.pos >= len(data):
-            raise TraceError(path, f"truncated JSON: the data ends at byte {len(data)} inside the "
-                                   "document (was the file cut while being written or copied?)") from None
-        raise TraceError(path, f"invalid JSON ({e}); expected an Execution Trace JSON object") from None
+            raise TraceError(source, f"truncated JSON: the data ends at byte {len(data)} inside the "
+                                     "document (was the file cut while being written or copied?)") from None
+        raise TraceError(source, f"invalid JSON ({e}); expected an Execution Trace JSON object") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
-        raise TraceError(path, "expected a JSON object with a 'nodes' list")
+        raise TraceError(source, "expected a JSON object with a 'nodes' list")
     return doc
-
-
-def _single_tar_member(path, data: bytes) -> bytes:
-    import io
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        members = [m for m in tar.getmembers() if m.isfile() and m.name.endswith(".json")]
-        if len(members) != 1:
-            raise TraceError(path, f"tar archive holds {len(members)} JSON files; expected exactly one "
-                                   "(extract multi-rank archives into rank-<r>.json files)")
-        return tar.extractfile(members[0]).read()
-
-
-def rank_from_name(path) -> int | None:
-    """The rank encoded in a file name like ``rank-3.et.json.gz`` (None if absent)."""
-    m = _RANK_IN_NAME.search(Path(path).name)
-    return int(m.group(1)) if m else None
 
 
 @lru_cache(maxsize=4096)
@@ -90,20 +76,25 @@ def _schema_arg_names(schema: str) -> tuple[str, ...]:
 
 
 def load_trace(path, rank: int | None = None, data: bytes | None = None) -> Trace:
-    """Load and validate one rank's trace file (or its bytes, named by ``path``) into a `Trace`."""
+    """Load and validate one rank's trace into a `Trace`.
+
+    ``path``: a file or a `TraceSource`; ``data``: its stored bytes if they came another way.
+    ``rank`` defaults to the rank in the file or member name (`actors.trace.archive`).
+    """
     # Parsing and building create millions of small containers, none in a reference cycle;
     # left on, the cyclic GC rescans the growing heap over and over (2-3x the load time).
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _load_trace(Path(path), rank, data)
+        return _load_trace(as_source(path), rank, data)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
-def _load_trace(path: Path, rank: int | None, data: bytes | None) -> Trace:
-    doc = read_json(path, data)
+def _load_trace(source: TraceSource, rank: int | None, data: bytes | None) -> Trace:
+    doc = read_json(source, data)
+    path = str(source)
     version = parse_version(path, doc.get("schema"))
     flat = version < (1, 0, 2)
     nodes = doc.pop("nodes")  # _build_ops frees the raw nodes as it goes (peak memory)
@@ -121,7 +112,7 @@ def _load_trace(path: Path, rank: int | None, data: bytes | None) -> Trace:
     return Trace(path=str(path), schema=doc["schema"], num_nodes=num_nodes, ops=ops,
                  process_groups=pgs, steps=steps, num_tensors=assigner.num_tensors,
                  num_storages=assigner.num_storages,
-                 rank=rank if rank is not None else rank_from_name(path),
+                 rank=rank if rank is not None else rank_from_name(source.name),
                  meta={"pid": doc.get("pid"), "time": doc.get("time"),
                        "num_ops_outside_steps": num_outside})
 
@@ -132,11 +123,13 @@ def _build_ops(path, nodes: list, flat: bool):
     Empties ``nodes``: once the ops are selected the other raw nodes are dropped, and each
     selected one right after its op is built, so the raw JSON and the model never peak together.
     """
-    # Per node id: (inside an op?, step index, module name). Parents precede children in id order.
-    ctx: dict[int, tuple[bool, int, str]] = {}
+    # Per node id: (what encloses it, step index, module name). Parents precede children in
+    # id order, except under backend nodes (resolved through ``backend_parent``).
+    ctx: dict[int, tuple[int, int, str]] = {}
+    backend_parent: dict[int, int] = {}
     top_level: list = []  # [raw node, step, module] per selected op
-    rpc_child: dict[int, dict] = {}
-    top_names: dict[int, str] = {}  # node id -> name of each selected op
+    rpc_child: dict[int, dict] = {}  # c10d op id -> its record_param_comms record
+    c10d_calls: set[int] = set()  # ids of selected collective calls that may take such a record
     step_names: list[str] = []
     step_spans: list[list[int]] = []  # [first id, last id] of each ProfilerStep subtree
     pgs: list[ProcessGroupInfo] = []
@@ -153,18 +146,27 @@ def _build_ops(path, nodes: list, flat: bool):
         except (TypeError, AttributeError):
             raise TraceError(path, "malformed node; expected an object with 'attrs' as a list of "
                                    "{name, type, value}", raw.get("id")) from None
-        inside, step, module = ctx.get(parent, (False, -1, ""))
+        for _ in range(_MAX_BACKEND_HOPS):
+            if parent not in backend_parent:
+                break
+            parent = backend_parent[parent]
+        if not is_op and name.startswith(_BACKEND_PREFIXES):
+            backend_parent[nid] = parent
+            continue
+        enclosing, step, module = ctx.get(parent, (_FREE, -1, ""))
         if step >= 0:
             step_spans[step][1] = nid
         if is_op:
-            if not inside or (name == _WAIT_TENSOR and top_names.get(parent) in coll.C10D_KINDS):
-                # The observer's parent links are unreliable around collectives: a functional
-                # wait_tensor (always a call of its own) can show up under the collective it waits for.
-                top_level.append([raw, step, module])
-                top_names[nid] = name
-            elif name == "record_param_comms" and parent in top_names:
+            collective = name == "record_param_comms" or name in coll.C10D_KINDS
+            if name == "record_param_comms" and parent in c10d_calls and parent not in rpc_child:
                 rpc_child[parent] = raw
-            ctx[nid] = (True, step, module)
+            elif enclosing == _FREE or (collective and (enclosing == _IN_OP
+                                                        or name in coll.FUNCTIONAL)):
+                top_level.append([raw, step, module])
+                if name in coll.C10D_KINDS and name not in coll.FUNCTIONAL_WAITS:
+                    c10d_calls.add(nid)
+            ctx[nid] = (_IN_FUNCTIONAL if name in coll.FUNCTIONAL_CALLS else max(enclosing, _IN_OP),
+                        step, module)
             continue
         if name.startswith(STEP_PREFIX) and step < 0:
             step = len(step_names)
@@ -174,9 +176,9 @@ def _build_ops(path, nodes: list, flat: bool):
             pgs = _parse_pg_init(path, NodeView(raw, flat))
         elif not name.startswith(_NOT_MODULE):
             module = name
-        ctx[nid] = (inside, step, module)
+        ctx[nid] = (enclosing, step, module)
     nodes.clear()
-    del ctx
+    del ctx, backend_parent
     num_outside = 0
     if step_names:  # honour ProfilerStep windows: ops outside them are set-up, not iterations
         _assign_steps(top_level, step_spans)

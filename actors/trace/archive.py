@@ -1,0 +1,126 @@
+"""Trace bytes out of gzip files and tar archives, never expanding past a stated limit.
+
+**The rank of a file or archive member** is the integer right before its ``.json`` suffix
+(``.et.json``, ``.json.gz`` and ``.et.json.gz`` included), preceded by ``rank``, ``-``,
+``_`` or ``.``: ``rank-3.et.json.gz``, ``rank3.json``, ``dlrm_eg_3.json``, ``foo_rank_3.json``
+and ``trace.3.json`` are rank 3; ``resnet_et.json`` and ``gpt2.json`` carry no rank.
+
+**Bounded reads.** A gzip stream is inflated in chunks and refused as soon as it passes the
+limit (a gzip bomb costs at most the limit, not the machine); a tar member is refused from
+its header's size before a byte of it is read.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import re
+import tarfile
+import zlib
+from pathlib import PurePosixPath
+
+from actors.errors import TraceError
+
+DEFAULT_MAX_DECOMPRESSED_BYTES = 4 << 30
+_CHUNK_BYTES = 1 << 20
+_RANK_IN_NAME = re.compile(r"(?:rank|[-_.])(\d+)(?:\.et)?\.json(?:\.gz)?$")
+_TRACE_NAME = re.compile(r"\.json(?:\.gz)?$")
+_LIMIT_KEY = "trace.max_decompressed_bytes"
+
+
+def rank_from_name(name) -> int | None:
+    """The rank a file or member name carries (see the module doc), None without one."""
+    m = _RANK_IN_NAME.search(PurePosixPath(str(name)).name)
+    return int(m.group(1)) if m else None
+
+
+def is_trace_name(name) -> bool:
+    """``*.json`` or ``*.json.gz``, not a hidden file (``._x.json`` is macOS metadata)."""
+    base = PurePosixPath(str(name)).name
+    return bool(_TRACE_NAME.search(base)) and not base.startswith(".")
+
+
+def is_gzip(data: bytes) -> bool:
+    return data[:2] == b"\x1f\x8b"
+
+
+def is_tar_bytes(data: bytes) -> bool:
+    """POSIX/GNU tar: the ``ustar`` magic of the first header."""
+    return len(data) > 262 and data[257:262] == b"ustar"
+
+
+def _too_big(where, limit: int) -> TraceError:
+    return TraceError(where, f"expands past the limit of {limit:,} bytes; if the trace is "
+                             f"genuine, raise the limit: {_LIMIT_KEY}=16GiB (tracefleet) or "
+                             "--max-decompressed-bytes 16GiB (tracefleet-inspect)")
+
+
+def gunzip(data: bytes, limit: int, where) -> bytes:
+    """Inflate a gzip stream (all members) in chunks; TraceError past ``limit`` bytes."""
+    out = bytearray()
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
+            while chunk := stream.read(_CHUNK_BYTES):
+                out += chunk
+                if len(out) > limit:
+                    raise _too_big(where, limit)
+    except (OSError, EOFError, zlib.error) as e:
+        raise TraceError(where, f"truncated or corrupt compressed file (gzip: {e})") from None
+    return bytes(out)
+
+
+def _open_tar(path, data: bytes | None):
+    # "r|*" streams: members are visited once, in order, and skipped without being kept.
+    if data is not None:
+        return tarfile.open(fileobj=io.BytesIO(data), mode="r|*")
+    return tarfile.open(path, mode="r|*")
+
+
+def trace_members(path, limit: int, data: bytes | None = None) -> list[str]:
+    """Names of the regular ``*.json[.gz]`` members of a tar archive (``data``: its bytes).
+
+    Walks the archive without keeping it; a member whose header says it is larger than
+    ``limit`` is refused here, before anything reads it.
+    """
+    names = []
+    try:
+        with _open_tar(path, data) as tar:
+            for member in tar:
+                if member.isfile() and is_trace_name(member.name):
+                    if member.size > limit:
+                        raise _too_big(f"{path}:{member.name}", limit)
+                    names.append(member.name)
+    except (OSError, EOFError, zlib.error, tarfile.TarError) as e:
+        raise TraceError(path, f"truncated or corrupt tar archive ({e})") from None
+    return names
+
+
+def read_member(path, member: str, limit: int, data: bytes | None = None) -> bytes:
+    """The bytes of one tar member, as stored (still gzip if it is a ``.json.gz``).
+
+    Streams the archive up to the member; refuses it from its header if larger than ``limit``.
+    """
+    where = f"{path}:{member}"
+    try:
+        with _open_tar(path, data) as tar:
+            for info in tar:
+                if info.name != member:
+                    continue
+                if not info.isfile():
+                    raise TraceError(where, "is not a regular file in the archive")
+                if info.size > limit:
+                    raise _too_big(where, limit)
+                return tar.extractfile(info).read()
+    except (OSError, EOFError, zlib.error, tarfile.TarError) as e:
+        raise TraceError(where, f"truncated or corrupt tar archive ({e})") from None
+    raise TraceError(where, "no such member in the archive")
+
+
+def single_member(path, data: bytes, limit: int) -> bytes:
+    """The one trace member of an (already inflated) tar archive; TraceError otherwise."""
+    names = trace_members(path, limit, data)
+    if len(names) != 1:
+        raise TraceError(path, f"tar archive holds {len(names)} trace files "
+                               f"({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}); "
+                               "a rank trace is one of them: pass the archive as trace.dir "
+                               "(or to tracefleet-inspect) to read every rank")
+    return read_member(path, names[0], limit, data)
