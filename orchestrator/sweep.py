@@ -51,7 +51,7 @@ def with_sweep_dir(argv: list[str]) -> list[str]:
             any(a.startswith("hydra.sweep.dir=") for a in argv):
         return list(argv)
     overrides = sorted(a for a in argv if "=" in a and not a.startswith("-")
-                       and not a.startswith(_NOT_IN_SWEEP_ID))
+                       and not a.lstrip("+~").startswith(_NOT_IN_SWEEP_ID))
     digest = hashlib.sha1("\n".join(overrides).encode()).hexdigest()[:10]
     return [*argv, f"hydra.sweep.dir={SWEEP_ROOT}/sweep-{digest}"]
 

@@ -5,17 +5,15 @@ import math
 
 import pandas as pd
 import pytest
-import torch
 
 from actors.errors import ConfigError
 from actors.replay.engine import ReplayEngine
 from actors.trace import load_trace
+from actors.replay.config import AllocationConfig, ReplayConfig
 from orchestrator.config import ExperimentConfig, RunConfig, TraceConfig
 from orchestrator.min_memory import MinMemoryConfig, bisect, combos, search
 from orchestrator.results import CSV_NAME
-from actors.replay.config import AllocationConfig, ReplayConfig
-
-N = 1024  # float32 elements per tensor: 4096 B each
+from tests.chain_trace import N, capture_chain
 
 
 @pytest.mark.parametrize("answer", [1, 777, 123_457, 999_999])
@@ -42,23 +40,7 @@ def test_bisection_stops_at_max_steps():
 
 @pytest.fixture(scope="module")
 def chain_trace(tmp_path_factory):
-    """y = relu(x); z = y + x; w = relu(z) on 1024 floats, x created before the trace.
-
-    By hand (4096 B per tensor): lazy and faithful hold at most x, y and z together (at the
-    add): 12288 B, the liveness bound. pre_allocate keeps x and every intermediate to the
-    end of the iteration: x, y, z and w, 16384 B.
-    """
-    from torch.profiler import ExecutionTraceObserver
-
-    path = tmp_path_factory.mktemp("chain") / "rank-0.et.json"
-    x = torch.ones(N)
-    et = ExecutionTraceObserver()
-    et.register_callback(str(path))
-    et.start()
-    (x.relu() + x).relu()
-    et.stop()
-    et.unregister_callback()
-    return path
+    return capture_chain(tmp_path_factory.mktemp("chain") / "rank-0.et.json")
 
 
 def _cfg(trace_dir, modes, **mm):

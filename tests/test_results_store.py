@@ -69,7 +69,7 @@ def test_exit_code_summarises_the_sweep():
 def test_sweep_dir_depends_on_the_overrides_only():
     one = with_sweep_dir(["--multirun", "a=1,2", "b=x"])
     again = with_sweep_dir(["b=x", "--multirun", "a=1,2", "hydra/launcher=ray",
-                            "experiment.resume=false"])
+                            "+hydra.launcher.ray.init.num_cpus=8", "experiment.resume=false"])
     other = with_sweep_dir(["-m", "a=1,3", "b=x"])
     sweep_dir = [a for a in one if a.startswith("hydra.sweep.dir=")]
     assert len(sweep_dir) == 1 and sweep_dir[0].startswith("hydra.sweep.dir=multirun/sweep-")
