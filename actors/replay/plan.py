@@ -11,7 +11,7 @@ from operator import itemgetter
 
 import torch
 
-from actors.replay import index_safety, resolve
+from actors.replay import index_safety, resolve, standins, translate
 from actors.trace.model import Arg, Op, TensorArg
 
 _TYPE_CONVERTERS = {
@@ -97,7 +97,10 @@ def compile_step(op: Op, device: torch.device, mode: str) -> Step:
         return Step(op, "collective") if mode != "compute" else Step(op, "skip", "out of scope")
     if mode == "comms":
         return Step(op, "skip", "out of scope")
-    resolved = resolve.resolve_op(op.name, op.schema)
+    # An op that cannot run on this device runs as an equivalent (a GPU-only kernel on cpu or
+    # meta) or, on meta, returns its recorded outputs when computing them needs values.
+    resolved = translate.lookup(op, device) or standins.lookup(op, device) or \
+        resolve.resolve_op(op.name, op.schema)
     if isinstance(resolved, resolve.Unresolved):
         return Step(op, "skip", resolved.reason)
     schema_args = resolved.schema.args
@@ -139,7 +142,8 @@ def compile_step(op: Op, device: torch.device, mode: str) -> Step:
                 template=template, kwargs=kwargs or None, tensor_slots=tuple(slots),
                 list_slots=tuple(list_slots), kw_tensor_slots=tuple(kw_slots),
                 single_out=single, out_dtype=resolve.torch_dtype_or_none(single.dtype) if single else None,
-                schema_args=tuple(schema_args))
+                schema_args=tuple(schema_args), translated_from=resolved.translated_from,
+                standin=resolved.standin)
 
 
 def _wrapped_number(op: Op, value: TensorArg, schema_type: str) -> bool:

@@ -56,10 +56,12 @@ class Unresolved:
 class ResolvedOp:
     """A callable overload plus how the trace's positional value list maps onto its call."""
 
-    overload: object  # torch._ops.OpOverload
+    overload: object  # torch._ops.OpOverload, or a callable taking the recorded arguments
     schema: OpSchema  # as recorded in the trace
     num_positional: int  # leading recorded values passed positionally
     kwarg_names: tuple[str, ...]  # names of the recorded values after those, in order
+    translated_from: str = ""  # the recorded op's name when ``overload`` runs an equivalent
+    standin: str = ""  # why ``overload`` returns stand-ins from the trace instead of computing
 
     def split_args(self, values) -> tuple[tuple, dict]:
         """Split recorded values (all schema args in order, trailing ones may be missing)."""
