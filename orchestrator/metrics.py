@@ -125,7 +125,8 @@ def _memory(ranks: list[dict]) -> dict:
             "peak_memory_bytes": top.get("peak_memory_bytes"),
             "peak_memory_source": top.get("peak_memory_source", "accounted") if top else None,
             "memory_measure_method": next(iter(_values(ranks, "memory_measure_method")), None),
-            "persistent_bytes": max(_values(ranks, "persistent_bytes"), default=None)}
+            "persistent_bytes": max(_values(ranks, "persistent_bytes"), default=None),
+            "device_memory_threshold": next(iter(_values(ranks, "device_memory_threshold")), None)}
 
 
 def _first_oom(reports: list[dict]) -> dict | None:

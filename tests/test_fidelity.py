@@ -281,14 +281,13 @@ def test_host_gaps_are_spent_before_their_ops(step_trace):
     gaps = [0.0] * len(trace.ops)
     gaps[3], gaps[10] = 0.004, 0.006
     cfg = _cfg(iters=3, measure_memory=False)
-    plain = ReplayEngine(trace, cfg).run().to_dict()
     engine = ReplayEngine(trace, cfg, extensions=[HostGaps(gaps, "synthetic")])
     gapped = engine.run().to_dict()
     report = gapped["host_gaps"]
     assert report["num_gaps"] == 2 and report["recorded_s_per_iteration"] == pytest.approx(0.010)
     # spinning can only overshoot (a busy machine preempts the spinning thread)
     assert report["added_s_per_iteration"] >= 0.010
-    assert min(gapped["iteration_times_s"]) >= 0.010 + min(plain["iteration_times_s"]) * 0.5
+    assert min(gapped["iteration_times_s"]) >= 0.010
     # each gap is spent right before its op
     order = [entry[-1] for entry in engine.sequence]
     for i in (3, 10):
