@@ -23,7 +23,7 @@ from actors.trace.model import Arg, Op
 VALUE_DEPENDENT = frozenset({
     "aten::item", "aten::_local_scalar_dense", "aten::is_nonzero", "aten::equal",
     "aten::nonzero", "aten::nonzero_numpy", "aten::argwhere", "aten::masked_select",
-    "aten::unique", "aten::_unique", "aten::_unique2", "aten::unique_dim",
+    "aten::_unique", "aten::_unique2", "aten::unique_dim",
     "aten::unique_consecutive", "aten::unique_dim_consecutive", "aten::bincount",
     "aten::_pack_padded_sequence",
 })
