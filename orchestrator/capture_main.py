@@ -1,11 +1,14 @@
 """`tracefleet-capture`: train a workload on a Ray worker group and record one ET per rank.
 
-Writes ``rank-<r>.et.json.gz`` for every rank and ``meta.json`` (world size, workload
-knobs, versions, eager iteration times measured without the observer) into ``out_dir``.
-Examples::
+Writes ``rank-<r>.et.json.gz`` and the profiler trace of the same iteration,
+``rank-<r>.kineto.json.gz``, for every rank, and ``meta.json`` (world size, workload knobs,
+versions, eager iteration times measured without the observer, the original's measured
+memory) into ``out_dir``. ``workload.device=meta`` captures in this process over a fake
+process group instead (no Ray, any world size, no timings or memory). Examples::
 
     tracefleet-capture world_size=4 out_dir=demo/traces/gpt_dp_4
     tracefleet-capture workload.kind=gpt_zero3 workload.leaf_modules=true world_size=2
+    tracefleet-capture workload=llama_70b world_size=8     # meta, seconds
 """
 from __future__ import annotations
 
@@ -23,12 +26,13 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from actors.capture import trace_file_name
+from actors.capture import kineto_file_name, trace_file_name
 from actors.capture.workloads import WorkloadConfig, validate as validate_workload
 from orchestrator.config import Transfer
 from actors.errors import ConfigError, TracefleetError
 from orchestrator.cli import run_app, user_errors
 from orchestrator.cluster import ClusterConfig
+from orchestrator.units import human_bytes
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
@@ -44,6 +48,8 @@ class CaptureConfig:
     # Number of ranks (one Ray actor each).
     world_size: int = 4
     # Iterations run before timing (not recorded): allocator, DeepSpeed and gloo warm-up.
+    # The last one is the memory-measured iteration (cpu: under the profiler's allocator
+    # events, so none of them is timed). meta runs exactly one (the optimizer state).
     warmup_iters: int = 3
     # Iterations timed without the observer; each rank reports their median.
     timing_iters: int = 5
@@ -52,6 +58,9 @@ class CaptureConfig:
     num_threads: int = 0
     # Also mark each module's backward with begin/end marker nodes (adds autograd hook ops).
     module_backward_ranges: bool = True
+    # Also record the iteration with torch.profiler (rank-<r>.kineto.json.gz): the host
+    # time between ops, for replay.host_gaps. Not on meta.
+    record_kineto: bool = True
     # Timeout of one gloo collective on the ranks, seconds.
     dist_timeout_s: float = 300.0
     # Bound on the whole capture on every rank, seconds (a cold DeepSpeed op build takes ~90 s).
@@ -69,9 +78,10 @@ class CaptureConfig:
         validate_workload(self.workload)
         if self.world_size < 1:
             raise ConfigError(f"world_size={self.world_size}: expected >= 1")
-        if self.warmup_iters < 0 or self.timing_iters < 1:
-            raise ConfigError(f"warmup_iters={self.warmup_iters} must be >= 0 and "
-                              f"timing_iters={self.timing_iters} >= 1")
+        if self.warmup_iters < 1 or self.timing_iters < 1:
+            raise ConfigError(f"warmup_iters={self.warmup_iters} and timing_iters="
+                              f"{self.timing_iters} must be >= 1 (the last warm-up iteration "
+                              "is the memory-measured one)")
         self.cluster.validate()
 
     def rank_cfg(self) -> dict:
@@ -79,7 +89,8 @@ class CaptureConfig:
         return {"workload": dataclasses.asdict(self.workload), "warmup_iters": self.warmup_iters,
                 "timing_iters": self.timing_iters, "num_threads": self.num_threads,
                 "dist_timeout_s": self.dist_timeout_s,
-                "module_backward_ranges": self.module_backward_ranges}
+                "module_backward_ranges": self.module_backward_ranges,
+                "profile_host": self.record_kineto}
 
 
 def register_configs() -> None:
@@ -87,12 +98,14 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="capture_schema", node=CaptureConfig)
     cs.store(group="cluster", name="schema", node=ClusterConfig)
+    cs.store(group="workload", name="schema", node=WorkloadConfig)
 
 
 def prepare_out_dir(out_dir: str, overwrite: bool) -> None:
     """Create out_dir; refuse (or with overwrite, delete) rank traces already there."""
     os.makedirs(out_dir, exist_ok=True)
-    stale = sorted(glob.glob(os.path.join(out_dir, "rank-*.et.json*")))
+    stale = sorted(glob.glob(os.path.join(out_dir, "rank-*.et.json*"))
+                   + glob.glob(os.path.join(out_dir, "rank-*.kineto.json*")))
     if stale and not overwrite:
         raise ConfigError(f"out_dir={out_dir} already holds {len(stale)} rank trace(s) "
                           f"({os.path.basename(stale[0])}, ...); pass overwrite=true or "
@@ -103,19 +116,34 @@ def prepare_out_dir(out_dir: str, overwrite: bool) -> None:
 
 def run_capture_job(cfg: CaptureConfig) -> dict:
     """Capture ``cfg.world_size`` rank traces into cfg.out_dir; returns the meta dict."""
+    cfg.validate()
+    out_dir = os.path.abspath(cfg.out_dir)
+    prepare_out_dir(out_dir, cfg.overwrite)
+    start = time.perf_counter()
+    if cfg.workload.device == "meta":
+        from actors.capture.meta_world import run_meta_capture
+
+        ranks = run_meta_capture(cfg.rank_cfg(), out_dir, cfg.world_size)
+    else:
+        ranks = _capture_on_ray(cfg, out_dir)
+    meta = build_meta(cfg, ranks, out_dir, time.perf_counter() - start)
+    with open(os.path.join(out_dir, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=2)
+    return meta
+
+
+def _capture_on_ray(cfg: CaptureConfig, out_dir: str) -> list[dict]:
+    """One CaptureActor per rank; their facts in rank order, files in out_dir."""
     import ray  # keeps `--help` fast
 
     from actors.capture.actor import CaptureActor
     from orchestrator.cluster import connect
     from orchestrator.worker_group import WorkerGroup
 
-    cfg.validate()
-    out_dir = os.path.abspath(cfg.out_dir)
-    prepare_out_dir(out_dir, cfg.overwrite)
-    start = time.perf_counter()
     handle = connect(cfg.cluster, cfg.world_size)
     try:
-        group = WorkerGroup(ray.remote(CaptureActor), cfg.world_size, cfg.cluster)
+        group = WorkerGroup(ray.remote(CaptureActor), cfg.world_size, cfg.cluster,
+                            use_gpu=cfg.workload.device == "cuda")
         try:
             group.start()
             results = group.run("capture", cfg.rank_cfg(), out_dir,
@@ -131,44 +159,61 @@ def run_capture_job(cfg: CaptureConfig) -> dict:
                               f"{details}")
     ranks = [r.value for r in results]
     for info in ranks:
-        if "trace_bytes" in info:
-            info["path"] = os.path.join(out_dir, trace_file_name(info["rank"]))
-            with open(info["path"], "wb") as f:
-                f.write(info.pop("trace_bytes"))
-        elif not os.path.exists(info["path"]):
-            raise TracefleetError(
-                f"rank {info['rank']} wrote {info['path']} on {info['hostname']}, but the "
-                "driver cannot see it: use a shared out_dir or transfer=object_store")
-    meta = build_meta(cfg, ranks, out_dir, time.perf_counter() - start)
-    with open(os.path.join(out_dir, "meta.json"), "w") as f:
-        json.dump(meta, f, indent=2)
-    return meta
+        for key, bytes_key, name in (("path", "trace_bytes", trace_file_name),
+                                     ("kineto_path", "kineto_bytes", kineto_file_name)):
+            data = info.pop(bytes_key, None)
+            if data is not None:
+                info[key] = os.path.join(out_dir, name(info["rank"]))
+                with open(info[key], "wb") as f:
+                    f.write(data)
+            elif info.get(key) and not os.path.exists(info[key]):
+                raise TracefleetError(
+                    f"rank {info['rank']} wrote {info[key]} on {info['hostname']}, but the "
+                    "driver cannot see it: use a shared out_dir or transfer=object_store")
+    return ranks
 
 
 def build_meta(cfg: CaptureConfig, ranks: list[dict], out_dir: str, wall_s: float) -> dict:
-    """meta.json: the capture's settings, versions and eager timings (rank order)."""
+    """meta.json: the capture's settings, versions, eager timings and the original's measured
+    memory (rank order; times and memory null on meta, where nothing is measured)."""
     first = ranks[0]
     rank_times_s = [r["iteration_time_s"] for r in ranks]
+    measured = [r for r in ranks if r["peak_memory_bytes"] is not None]
     meta = {
         "world_size": cfg.world_size,
         "workload": dataclasses.asdict(cfg.workload),
         "num_params": first["num_params"],
         "torch_version": first["torch_version"],
-        "iteration_time_s": statistics.median(rank_times_s),
+        "iteration_time_s": (statistics.median(rank_times_s)
+                             if None not in rank_times_s else None),
         "rank_iteration_time_s": rank_times_s,
-        "warmup_iters": cfg.warmup_iters,
-        "timing_iters": cfg.timing_iters,
+        "memory": {
+            "method": first["memory_method"],
+            "peak_bytes": max((r["peak_memory_bytes"] for r in measured), default=None),
+            "iteration_start_bytes": max((r["iteration_start_bytes"] for r in measured),
+                                         default=None),
+        },
+        "warmup_iters": 1 if cfg.workload.device == "meta" else cfg.warmup_iters,
+        "timing_iters": 0 if cfg.workload.device == "meta" else cfg.timing_iters,
         "module_backward_ranges": cfg.module_backward_ranges,
         "captured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "capture_wall_s": wall_s,
         "ranks": [{"rank": r["rank"], "file": os.path.relpath(r["path"], out_dir),
+                   "kineto_file": (os.path.relpath(r["kineto_path"], out_dir)
+                                   if r["kineto_path"] else None),
                    "file_bytes": r["file_bytes"], "hostname": r["hostname"],
                    "num_threads": r["num_threads"], "iteration_time_s": r["iteration_time_s"],
-                   "iteration_times_s": r["iteration_times_s"]} for r in ranks],
+                   "iteration_times_s": r["iteration_times_s"],
+                   "peak_memory_bytes": r["peak_memory_bytes"],
+                   "iteration_start_bytes": r["iteration_start_bytes"],
+                   # [host ops of the profiler-only iteration linked to the ET's, of all]
+                   "kineto_aligned_ops": r.get("kineto_aligned_ops")} for r in ranks],
     }
     for key in ("deepspeed_version", "shm_comm_op", "ds_config"):
         if key in first:
             meta[key] = first[key]
+    if "recorded_as_rank" in first:  # meta: one rank recorded, its trace written for all
+        meta["recorded_rank"] = first["recorded_as_rank"]
     return meta
 
 
@@ -180,11 +225,19 @@ def _app(cfg: DictConfig) -> None:
     with user_errors("tracefleet-capture"):
         capture_cfg = OmegaConf.to_object(cfg)
         meta = run_capture_job(capture_cfg)
-    out_dir = os.path.abspath(capture_cfg.out_dir)
+    print(summary_line(meta, os.path.abspath(capture_cfg.out_dir)))
+
+
+def summary_line(meta: dict, out_dir: str) -> str:
+    """The one line the CLI prints: files written, eager time and peak memory where measured."""
     total_kib = sum(r["file_bytes"] for r in meta["ranks"]) / 1024
-    print(f"tracefleet-capture: wrote {meta['world_size']} rank traces ({total_kib:.0f} KiB) "
-          f"and meta.json to {out_dir}; eager iteration "
-          f"{meta['iteration_time_s'] * 1e3:.1f} ms (median over ranks)")
+    line = (f"tracefleet-capture: wrote {meta['world_size']} rank traces ({total_kib:.0f} KiB) "
+            f"and meta.json to {out_dir}")
+    if meta["iteration_time_s"] is not None:
+        line += f"; eager iteration {meta['iteration_time_s'] * 1e3:.1f} ms (median over ranks)"
+    if meta["memory"]["peak_bytes"] is not None:
+        line += f", peak memory {human_bytes(meta['memory']['peak_bytes'])} (max over ranks)"
+    return line
 
 
 def main() -> None:

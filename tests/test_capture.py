@@ -1,4 +1,5 @@
-"""Trace capture: tiny captures on a local Ray cluster, the CLI's error path, the demo traces."""
+"""Trace capture: tiny captures on a local Ray cluster (traces, profiler traces, the original's
+memory), CPU against meta capture of the same Llama, the CLI's error path, the demo traces."""
 from __future__ import annotations
 
 import gzip
@@ -8,20 +9,25 @@ import shutil
 import statistics
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import orjson
 import pytest
 import ray
 
-from actors.capture import (BWD_BEGIN, BWD_END, FORWARD, MODULE_PREFIX, module_range_name,
-                            parse_module_range, trace_file_name)
-from actors.capture.workloads import GPT, Block, WorkloadConfig
+from actors.capture import (BWD_BEGIN, BWD_END, FORWARD, MODULE_PREFIX, kineto_file_name,
+                            module_range_name, parse_module_range, trace_file_name)
+from actors.capture.gpt import Block
+from actors.capture.workloads import WorkloadConfig, build_model
 from actors.capture.worker import workload_config
 from actors.errors import ConfigError
-from actors.trace import load_trace
+from actors.trace import compute_liveness, load_trace
+from actors.trace.kineto import host_gaps_s, kineto_path_for, read_kineto
+from actors.trace.stats import trace_stats
 from orchestrator.capture_main import CaptureConfig, prepare_out_dir, run_capture_job
 from orchestrator.cluster import ClusterConfig
+from tests.test_capture_meta import SMALL_LLAMA, meta_capture
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "demo" / "traces"
@@ -47,11 +53,15 @@ def ray_cluster(torch_extensions_dir):
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def _capture(out_dir: Path, **workload) -> dict:
-    cfg = CaptureConfig(workload=WorkloadConfig(**{**TINY, **workload}), world_size=2,
-                        warmup_iters=1, timing_iters=2, out_dir=str(out_dir),
+def _capture(out_dir: Path, warmup_iters: int = 1, base: dict = TINY, **workload) -> dict:
+    cfg = CaptureConfig(workload=WorkloadConfig(**{**base, **workload}), world_size=2,
+                        warmup_iters=warmup_iters, timing_iters=2, out_dir=str(out_dir),
                         capture_timeout_s=240, cluster=ClusterConfig(timeout_s=60))
     return run_capture_job(cfg)
+
+
+def _params(wl: WorkloadConfig) -> list:
+    return list(build_model(wl)[0].parameters())
 
 
 def _raw_names(path: Path) -> list[str]:
@@ -65,7 +75,7 @@ def _signatures(trace) -> list[tuple]:
     return [op.collective.signature() for op in trace.collectives]
 
 
-def _fetch_units(model: GPT, leaf: bool) -> list[tuple[str, int, int]]:
+def _fetch_units(model, leaf: bool) -> list[tuple[str, int, int]]:
     """(qualname, elements, tensors) of each ZeRO-3 fetch, in forward order.
 
     A module's own parameters are gathered together; a leaf Block with its whole subtree.
@@ -87,13 +97,15 @@ def _fetch_units(model: GPT, leaf: bool) -> list[tuple[str, int, int]]:
 @pytest.fixture(scope="module")
 def dp_capture(ray_cluster, tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("gpt_dp_2")
-    return out_dir, _capture(out_dir)
+    # Two warm-up iterations: the measured (last) one starts with the optimizer state made.
+    return out_dir, _capture(out_dir, warmup_iters=2)
 
 
 def test_dp_capture_writes_rank_traces_and_meta(dp_capture):
     out_dir, meta = dp_capture
-    assert sorted(p.name for p in out_dir.iterdir()) == ["meta.json", "rank-0.et.json.gz",
-                                                         "rank-1.et.json.gz"]
+    assert sorted(p.name for p in out_dir.iterdir()) == [
+        "meta.json", "rank-0.et.json.gz", "rank-0.kineto.json.gz", "rank-1.et.json.gz",
+        "rank-1.kineto.json.gz"]
     on_disk = json.loads((out_dir / "meta.json").read_text())
     assert on_disk["world_size"] == 2 and on_disk["workload"]["kind"] == "gpt_dp"
     # Eager times: per rank the median of its timed iterations, overall the median of ranks.
@@ -102,7 +114,51 @@ def test_dp_capture_writes_rank_traces_and_meta(dp_capture):
                for r in on_disk["ranks"])
     assert on_disk["rank_iteration_time_s"] == [r["iteration_time_s"] for r in on_disk["ranks"]]
     assert on_disk["iteration_time_s"] == statistics.median(on_disk["rank_iteration_time_s"])
-    assert on_disk["num_params"] == sum(p.numel() for p in GPT(WorkloadConfig(**TINY)).parameters())
+    assert on_disk["num_params"] == sum(p.numel() for p in _params(WorkloadConfig(**TINY)))
+    assert [r["kineto_file"] for r in on_disk["ranks"]] == [kineto_file_name(r) for r in range(2)]
+
+
+def test_dp_capture_measures_the_originals_memory(dp_capture):
+    """meta.json's memory per the contract, and plausible: when the measured iteration starts,
+    parameters, last iteration's gradients and AdamW's two moments are alive (4 x the
+    parameter bytes, computed from the model); inside it activations come on top."""
+    out_dir, meta = dp_capture
+    on_disk = json.loads((out_dir / "meta.json").read_text())
+    param_bytes = 4 * on_disk["num_params"]  # float32
+    ranks = on_disk["ranks"]
+    for r in ranks:
+        assert r["iteration_start_bytes"] >= 4 * param_bytes
+        assert r["peak_memory_bytes"] > r["iteration_start_bytes"]
+        assert r["peak_memory_bytes"] < 4 * param_bytes + 2 * 2**20  # no stray megabytes
+    memory = on_disk["memory"]
+    assert memory["method"].startswith("torch.profiler allocator events")
+    assert memory["peak_bytes"] == max(r["peak_memory_bytes"] for r in ranks)
+    assert memory["iteration_start_bytes"] == max(r["iteration_start_bytes"] for r in ranks)
+
+
+def test_dp_host_gaps_are_the_non_op_time_of_the_step(dp_capture):
+    """Uncorrected gaps + the host thread's op time fill the profiled step, minus the time the
+    host waited for gloo's worker threads (sync all-reduces): nothing counted twice."""
+    out_dir, meta = dp_capture
+    for rank in range(2):
+        trace = load_trace(out_dir / trace_file_name(rank))
+        kineto = kineto_path_for(trace.path)
+        assert kineto == out_dir / kineto_file_name(rank)
+        gaps = host_gaps_s(trace, kineto, corrected=False)
+        assert len(gaps) == len(trace.ops) and sum(gaps) > 0
+        events = read_kineto(kineto)
+        step = next(e for e in events if e.get("name") == trace.steps[0].name)
+        spans = {e["args"]["Record function id"]: e for e in events
+                 if e.get("cat") == "cpu_op" and "Record function id" in e.get("args", {})}
+        host = [spans[op.rf_id] for op in trace.ops
+                if op.rf_id in spans and spans[op.rf_id]["tid"] == step["tid"]]
+        assert len(host) == len(trace.ops)  # every op linked (CPU: one thread runs them all)
+        op_us = sum(e["dur"] for e in host)
+        waited_us = sum(e["dur"] for e in events if str(e.get("name")).startswith("gloo:"))
+        assert op_us + sum(gaps) * 1e6 <= step["dur"] * 1.001
+        assert op_us + sum(gaps) * 1e6 + waited_us >= 0.95 * step["dur"]
+        corrected = host_gaps_s(trace, kineto)
+        assert sum(corrected) <= sum(gaps)
 
 
 def test_dp_traces_have_step_ranges_and_modules(dp_capture):
@@ -110,7 +166,7 @@ def test_dp_traces_have_step_ranges_and_modules(dp_capture):
     for rank in range(2):
         trace = load_trace(out_dir / trace_file_name(rank))
         assert trace.rank == rank
-        assert [s.name for s in trace.steps] == ["ProfilerStep#3"]
+        assert [s.name for s in trace.steps] == ["ProfilerStep#4"]  # 2 warm-up + 2 timed
         assert trace.steps[0].first == 0 and trace.steps[0].end == len(trace.ops)
         # The embedding's indices carry their value range: [0, vocab).
         embeddings = [op for op in trace.ops if op.name == "aten::embedding"]
@@ -130,7 +186,7 @@ def test_dp_collectives_match_across_ranks(dp_capture):
     out_dir, meta = dp_capture
     sigs = [_signatures(load_trace(out_dir / trace_file_name(r))) for r in range(2)]
     assert sigs[0] == sigs[1]
-    params = list(GPT(WorkloadConfig(**TINY)).parameters())
+    params = _params(WorkloadConfig(**TINY))
     assert len(sigs[0]) == len(params)  # one all-reduce per gradient
     assert {s[0] for s in sigs[0]} == {"all_reduce"} and {s[3] for s in sigs[0]} == {"float32"}
     assert sum(s[1] for s in sigs[0]) == meta["num_params"]
@@ -157,13 +213,13 @@ def test_zero3_collectives_match_across_ranks(zero3_capture, torch_extensions_di
     # Every gradient element is reduce-scattered once; ZeRO-3 pads each tensor to a multiple
     # of the world size (2), so at most one element more per tensor.
     scattered = sum(s[1] for s in sigs[0] if s[0] == "reduce_scatter_tensor")
-    num_tensors = len(list(GPT(WorkloadConfig(**TINY)).parameters()))
+    num_tensors = len(_params(WorkloadConfig(**TINY)))
     assert meta["num_params"] <= scattered <= meta["num_params"] + num_tensors
 
 
 def _check_zero3_gathers(trace, wl: WorkloadConfig, world_size: int) -> None:
     """One all-gather per fetch unit in forward, inside the unit's range, and one in backward."""
-    units = _fetch_units(GPT(wl), wl.leaf_modules)
+    units = _fetch_units(build_model(wl)[0], wl.leaf_modules)
     gathers = [op for op in trace.collectives if op.collective.kind == "all_gather_into_tensor"]
     # No prefetch and no reuse (the workload's defaults): each unit is gathered in forward,
     # released, and gathered again in backward.
@@ -197,16 +253,72 @@ def test_config_errors_are_precise():
         CaptureConfig(workload=WorkloadConfig(d_model=30, n_heads=4)).validate()
 
 
-def test_cli_reports_a_bad_value_in_one_line(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator.capture_main", "workload.kind=gpt_nope",
+def _cli(tmp_path, *overrides):
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.capture_main", *overrides,
          f"out_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path / 'hydra'}"],
         capture_output=True, text=True, timeout=120, cwd=REPO)
+
+
+def test_cli_refuses_bad_values_before_any_work(tmp_path):
+    proc = _cli(tmp_path, "workload.kind=gpt_nope")  # Hydra refuses the choice at compose time
     assert proc.returncode == 2, proc.stderr
-    assert proc.stdout == ""
+    assert proc.stdout == "" and "gpt_nope" in proc.stderr and "llama_dp" in proc.stderr
+    proc = _cli(tmp_path, "workload.kind=llama_zero3", "workload.device=meta")
+    assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [
-        "tracefleet-capture: error: workload.kind='gpt_nope': expected one of gpt_dp, gpt_zero3"]
+        "tracefleet-capture: error: workload.kind=llama_zero3 runs DeepSpeed, which needs real "
+        "tensors; on workload.device=meta use a *_local kind (plain traces for the ZeRO-3 "
+        "emulation) or *_dp"]
     assert not (tmp_path / "out").exists()  # refused before any work
+
+
+def test_cli_meta_capture_prints_one_line(tmp_path):
+    proc = _cli(tmp_path, "workload.kind=llama_dp", "workload.device=meta", "world_size=3",
+                "workload.d_model=32", "workload.n_heads=4", "workload.vocab=64",
+                "workload.n_layers=1", "workload.seq_len=8")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [
+        f"tracefleet-capture: wrote 3 rank traces "
+        f"({sum(p.stat().st_size for p in (tmp_path / 'out').glob('rank-*')) / 1024:.0f} KiB) "
+        f"and meta.json to {tmp_path / 'out'}"]
+
+
+@pytest.mark.slow
+def test_llama_on_cpu_and_on_meta_agree(ray_cluster, tmp_path):
+    """The same small Llama captured on CPU (gloo, real data) and on meta (fake group): the same
+    ops, all-reduces, parameters and liveness bound. One exception, counted: the autograd
+    engine accumulates a gradient that several uses produce in place on CPU (``add_``) and
+    out of place on meta (``add``), because torch treats meta tensors as subclass-like
+    (ATen/TensorSubclassLikeUtils.h) and only accumulates plain tensors in place. One intra-op
+    thread on CPU: a parallel kernel's scratch allocations on pool threads are top-level ops
+    of their own thread."""
+    cpu_dir, meta_dir = tmp_path / "cpu", tmp_path / "meta"
+    cfg = CaptureConfig(workload=WorkloadConfig(**SMALL_LLAMA), world_size=2, warmup_iters=1,
+                        timing_iters=1, num_threads=1, record_kineto=False, out_dir=str(cpu_dir),
+                        capture_timeout_s=240, cluster=ClusterConfig(timeout_s=60))
+    run_capture_job(cfg)
+    meta_capture(meta_dir, 2)
+    cpu, meta = (load_trace(d / trace_file_name(1)) for d in (cpu_dir, meta_dir))
+
+    def engine_adds(trace):  # the autograd engine's own ops sit in no module or node range
+        return Counter(op.name for op in trace.ops
+                       if op.module == "" and op.name in ("aten::add", "aten::add_"))
+
+    cpu_engine, meta_engine = engine_adds(cpu), engine_adds(meta)
+    in_place = cpu_engine["aten::add_"]
+    assert in_place > 0 and meta_engine == Counter({"aten::add": cpu_engine.total()})
+    expected = Counter(op.name for op in cpu.ops)
+    expected["aten::add_"] -= in_place
+    expected["aten::add"] += in_place
+    assert Counter(op.name for op in meta.ops) == +expected
+    assert [op.collective.signature() for op in cpu.collectives] == \
+        [op.collective.signature() for op in meta.collectives]
+    cpu_stats, meta_stats = trace_stats(cpu), trace_stats(meta)
+    assert cpu_stats["params"] == meta_stats["params"]
+    # Equal up to the few bytes of 0-dim CPU scalars whose address reuse varies by run.
+    assert compute_liveness(cpu.ops, cpu.num_storages).lower_bound_bytes == pytest.approx(
+        compute_liveness(meta.ops, meta.num_storages).lower_bound_bytes, abs=64)
 
 
 def test_module_range_names_round_trip():
@@ -219,12 +331,21 @@ def test_module_range_names_round_trip():
 def test_demo_traces_load_and_agree_across_ranks(folder):
     kind, world_size = DEMO_FOLDERS[folder]
     path = DEMO / folder
-    assert sorted(p.name for p in path.iterdir()) == \
+    assert sorted(p.name for p in path.iterdir()) == sorted(
         ["meta.json"] + [trace_file_name(r) for r in range(world_size)]
+        + [kineto_file_name(r) for r in range(world_size)])
     assert sum(p.stat().st_size for p in path.iterdir()) < MAX_DEMO_FOLDER_BYTES
     meta = json.loads((path / "meta.json").read_text())
     assert (meta["world_size"], meta["workload"]["kind"]) == (world_size, kind)
     assert meta["iteration_time_s"] > 0
+    param_bytes = 4 * meta["num_params"]
+    # ZeRO-3 keeps 1/world of the parameters and of AdamW's state, plus DeepSpeed's buffers.
+    least = 4 * param_bytes if kind == "gpt_dp" else 3 * param_bytes // world_size
+    assert meta["memory"]["peak_bytes"] > meta["memory"]["iteration_start_bytes"] >= least
+    for r in range(world_size):  # every op links to the profiler trace
+        trace = load_trace(path / trace_file_name(r))
+        gaps = host_gaps_s(trace, path / kineto_file_name(r))
+        assert len(gaps) == len(trace.ops) and 0 < sum(gaps) < meta["iteration_time_s"]
     traces = [load_trace(path / trace_file_name(r)) for r in range(world_size)]
     assert [t.rank for t in traces] == list(range(world_size))
     for t in traces:  # exactly the recorded iteration

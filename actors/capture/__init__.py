@@ -3,7 +3,9 @@
 This package's ``__init__`` holds the naming conventions of captured traces, without
 importing torch, so trace readers can parse them cheaply:
 
-* file per rank: ``rank-<r>.et.json.gz`` (:func:`trace_file_name`);
+* file per rank: ``rank-<r>.et.json.gz`` (:func:`trace_file_name`), and beside it the
+  profiler (Kineto) trace of the same iteration, ``rank-<r>.kineto.json.gz``
+  (:func:`kineto_file_name`; read by :mod:`actors.trace.kineto`);
 * the recorded iteration is wrapped in a ``ProfilerStep#<n>`` range (:data:`STEP_PREFIX`);
 * every module call is wrapped in a range named ``## module:<qualified name> ##`` (its
   node is the ``ctrl_deps`` ancestor of the module's forward operators), where the
@@ -37,6 +39,11 @@ _PREFIXES = ((MODULE_PREFIX, FORWARD), (MODULE_BWD_BEGIN_PREFIX, BWD_BEGIN),
 def trace_file_name(rank: int) -> str:
     """The file name of one rank's captured trace."""
     return f"rank-{rank}.et.json.gz"
+
+
+def kineto_file_name(rank: int) -> str:
+    """The file name of one rank's profiler (Kineto) trace of the recorded iteration."""
+    return f"rank-{rank}.kineto.json.gz"
 
 
 def module_range_name(qualname: str, kind: str = FORWARD) -> str:

@@ -18,14 +18,17 @@ class CaptureActor(RankWorkerBase):
         """Run :func:`run_capture`; the driver has exported the rendezvous env via setup().
 
         With ``return_bytes`` the trace is written to a private temp dir and its bytes come
-        back as ``trace_bytes`` (no shared filesystem between the nodes and the driver).
+        back as ``trace_bytes`` (and the profiler trace's as ``kineto_bytes``): no shared
+        filesystem between the nodes and the driver.
         """
         work_dir = tempfile.mkdtemp(prefix="tracefleet-capture-") if return_bytes else out_dir
         try:
             result = run_capture(cfg_dict, work_dir)
             if return_bytes:
-                with open(result["path"], "rb") as f:
-                    result["trace_bytes"] = f.read()
+                for path_key, bytes_key in (("path", "trace_bytes"), ("kineto_path", "kineto_bytes")):
+                    if result[path_key]:
+                        with open(result[path_key], "rb") as f:
+                            result[bytes_key] = f.read()
             return result
         except TracefleetError:
             raise

@@ -5,20 +5,24 @@ The trace follows the conventions in :mod:`actors.capture`: the iteration runs i
 and each module's backward between ``## module_bwd_begin/end:<qualname> ##`` markers (from
 full backward hooks), so a replayer can tell which parameters each stretch of operators
 uses. Integral input tensors carry their value range (``tensor_range`` attr) so index ops
-replay with valid indices.
+replay with valid indices. Optionally a profiler (Kineto) trace is written beside it: the
+host time between ops that the ET does not show.
 """
 from __future__ import annotations
 
 import gzip
 import os
 import shutil
+import time
 import warnings
 from typing import Callable
 
+import torch
 import torch.nn as nn
-from torch.profiler import ExecutionTraceObserver, record_function
+from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, record_function
 
 from actors.capture import BWD_BEGIN, BWD_END, STEP_PREFIX, module_range_name
+from actors.capture.host_profile import write_relabeled
 
 # Read by the observer when it registers: any value turns tensor ranges on.
 TENSOR_RANGE_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE"
@@ -78,27 +82,87 @@ class ModuleRanges:
 
 
 def record_iteration(step: Callable[[tuple], None], batch: tuple, model: nn.Module,
-                     step_index: int, out_path: str, module_backward: bool = True) -> str:
+                     step_index: int, out_path: str, module_backward: bool = True,
+                     kineto_path: str | None = None, tensor_ranges: bool = True,
+                     eager_iteration_s: float | None = None, num_timing_iters: int = 3) -> dict:
     """Run ``step(batch)`` once under the ET observer and write the gzipped trace to out_path.
 
+    With ``kineto_path``, the profiler (Kineto) trace of the host time between ops is
+    written there, gzipped: the ET's iteration runs under ``torch.profiler`` too (so their
+    record-function ids agree), then the fastest of ``num_timing_iters`` iterations under the
+    profiler alone gives the timing, which the observer would inflate (see
+    actors/capture/host_profile.py);
+    ``eager_iteration_s``, the bare iteration's time, is stored with it for the reader.
+    ``tensor_ranges`` records integral tensors' value ranges (impossible on meta tensors).
     The batch is made before the observer starts: data loading is not part of the step.
+    Returns ``{"path", "kineto_path", "aligned_host_ops", "et_host_ops"}``.
     """
-    os.environ[TENSOR_RANGE_ENV] = "1"  # must precede register_callback()
-    raw_path = out_path[:-len(".gz")] if out_path.endswith(".gz") else out_path + ".json"
-    raw_path += ".partial"
+    if tensor_ranges:
+        os.environ[TENSOR_RANGE_ENV] = "1"  # must precede register_callback()
+    else:
+        os.environ.pop(TENSOR_RANGE_ENV, None)
+    raw_path = _partial_path(out_path)
     observer = ExecutionTraceObserver()
     observer.register_callback(raw_path)
+    step_name = f"{STEP_PREFIX}{step_index}"
+    profiles = []  # (exported Chrome trace, s): the ET's iteration, the timing one, the rest
     try:
-        with ModuleRanges(model, backward=module_backward), warnings.catch_warnings():
-            # Expected for embeddings (see the module docstring), not worth a warning per rank.
-            warnings.filterwarnings("ignore", message="Full backward hook is firing")
-            observer.start()
-            with record_function(f"{STEP_PREFIX}{step_index}"):
-                step(batch)
-            observer.stop()
+        try:
+            with ModuleRanges(model, backward=module_backward), warnings.catch_warnings():
+                # Expected for embeddings (see the module docstring), not worth a warning per rank.
+                warnings.filterwarnings("ignore", message="Full backward hook is firing")
+                if kineto_path is None:
+                    observer.start()
+                    with record_function(step_name):
+                        step(batch)
+                    observer.stop()
+                else:
+                    # The profiler starts, stops and finalizes the observer with itself.
+                    profiles.append(_profile_once(step, batch, step_name, kineto_path, 0, observer))
+                    # The fastest of a few: a preempted iteration would inflate its gaps.
+                    timing = [_profile_once(step, batch, step_name, kineto_path, 1 + i)
+                              for i in range(num_timing_iters)]
+                    fastest = min(timing, key=lambda p: p[1])
+                    profiles += [fastest] + [p for p in timing if p is not fastest]
+        finally:
+            observer.unregister_callback()  # finalizes the JSON (a no-op once the profiler did)
+        _gzip_to(raw_path, out_path)
+        result = {"path": out_path, "kineto_path": kineto_path}
+        if profiles:
+            result.update(write_relabeled(profiles[0][0], profiles[1][0], kineto_path,
+                                          eager_iteration_s))
+        return result
     finally:
-        observer.unregister_callback()  # finalizes the JSON
+        for path, _ in profiles:
+            if os.path.exists(path):
+                os.remove(path)
+
+
+def _profile_once(step, batch, step_name: str, kineto_path: str, index: int,
+                  observer: ExecutionTraceObserver | None = None) -> tuple[str, float]:
+    """Run the step once under the profiler; ``(exported Chrome trace path, seconds)``."""
+    with profile(activities=_activities(), execution_trace_observer=observer) as prof:
+        start = time.perf_counter()
+        with record_function(step_name):
+            step(batch)
+        elapsed = time.perf_counter() - start
+    path = f"{_partial_path(kineto_path)}.{index}"
+    prof.export_chrome_trace(path)
+    return path, elapsed
+
+
+def _activities() -> list:
+    """CPU ops always; the device's kernels too when the rank has a GPU."""
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+
+
+def _partial_path(out_path: str) -> str:
+    """Where the uncompressed file is written before it is gzipped to ``out_path``."""
+    raw = out_path[:-len(".gz")] if out_path.endswith(".gz") else out_path + ".json"
+    return raw + ".partial"
+
+
+def _gzip_to(raw_path: str, out_path: str) -> None:
     with open(raw_path, "rb") as src, gzip.open(out_path, "wb", compresslevel=6) as dst:
         shutil.copyfileobj(src, dst)
     os.remove(raw_path)
-    return out_path

@@ -1,7 +1,14 @@
-"""The per-rank capture procedure: join the gloo group, train, time, record one iteration.
+"""The per-rank capture procedure: join the group, build, measure memory, time, record.
 
 Runs the same inside a Ray actor (:mod:`actors.capture.actor`) or a plain process; it only
-needs the usual env rendezvous variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+needs the usual env rendezvous variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, and
+LOCAL_RANK on cuda). Order on every rank:
+
+1. the memory meter starts (CPU: before the model exists, see actors/capture/memory.py);
+2. the workload is built and warmed up; the last warm-up iteration is the measured one;
+3. ``timing_iters`` iterations are timed with nothing attached;
+4. one iteration is recorded by the ET observer, and on real devices by the profiler too
+   (``rank-<r>.kineto.json.gz``: the host time between ops).
 """
 from __future__ import annotations
 
@@ -15,9 +22,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from actors.capture import trace_file_name
+from actors.capture import kineto_file_name, trace_file_name
+from actors.capture.memory import MemoryMeter
 from actors.capture.recorder import record_iteration
-from actors.capture.workloads import WorkloadConfig, build_workload
+from actors.capture.workloads import Workload, WorkloadConfig, build_workload
 from actors.errors import ConfigError
 
 REQUIRED_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -42,13 +50,25 @@ def _rendezvous_env() -> tuple[int, int]:
     return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
 
-def run_capture(cfg: Mapping, out_dir: str) -> dict:
-    """Capture one rank's trace into ``out_dir/rank-<r>.et.json.gz``; returns its facts.
+def _rank_device(wl_cfg: WorkloadConfig, rank: int) -> torch.device:
+    if wl_cfg.device != "cuda":
+        return torch.device(str(wl_cfg.device))
+    if not torch.cuda.is_available():
+        raise ConfigError(f"workload.device=cuda, but capture rank {rank} on "
+                          f"{socket.gethostname()} sees no CUDA device")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(device)
+    return device
 
-    cfg keys: ``workload`` (WorkloadConfig fields), ``warmup_iters`` (untimed, unrecorded),
-    ``timing_iters`` (timed without the observer), ``num_threads`` (torch intra-op threads;
-    0 keeps torch's default), ``dist_timeout_s`` (gloo collective timeout),
-    ``module_backward_ranges`` (also wrap module backward in ranges).
+
+def run_capture(cfg: Mapping, out_dir: str) -> dict:
+    """Capture one rank's trace into ``out_dir``; returns its facts (see :func:`rank_facts`).
+
+    cfg keys: ``workload`` (WorkloadConfig fields), ``warmup_iters`` (untimed, unrecorded;
+    the last one is measured for memory), ``timing_iters`` (timed without the observer),
+    ``num_threads`` (torch intra-op threads; 0 keeps torch's default), ``dist_timeout_s``
+    (collective timeout), ``module_backward_ranges`` (also mark module backward),
+    ``profile_host`` (also record the Kineto trace).
     """
     rank, world_size = _rendezvous_env()
     wl_cfg = workload_config(cfg)
@@ -58,35 +78,71 @@ def run_capture(cfg: Mapping, out_dir: str) -> dict:
     if int(cfg.get("num_threads", 0)) > 0:
         torch.set_num_threads(int(cfg["num_threads"]))
     os.makedirs(out_dir, exist_ok=True)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size,
+    device = _rank_device(wl_cfg, rank)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank,
+                            world_size=world_size,
                             timeout=timedelta(seconds=float(cfg.get("dist_timeout_s", 300))))
     try:
-        workload = build_workload(wl_cfg, rank, world_size)
-        for _ in range(warmup_iters):
-            workload.step(workload.next_batch())
+        meter = MemoryMeter(device)
+        meter.start()
+        try:
+            workload = build_workload(wl_cfg, rank, world_size, device)
+            warm_up(workload, warmup_iters, meter)
+        finally:
+            meter.stop()
         dist.barrier()  # start timing together so no rank waits for a late peer
         times_s = []
         for _ in range(timing_iters):
             batch = workload.next_batch()
             start = time.perf_counter()
             workload.step(batch)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             times_s.append(time.perf_counter() - start)
         dist.barrier()
+        profile_host = bool(cfg.get("profile_host", True))
         path = os.path.join(out_dir, trace_file_name(rank))
-        record_iteration(workload.step, workload.next_batch(), workload.model,
-                         step_index=warmup_iters + timing_iters, out_path=path,
-                         module_backward=bool(cfg.get("module_backward_ranges", True)))
+        kineto = os.path.join(out_dir, kineto_file_name(rank)) if profile_host else None
+        recorded = record_iteration(
+            workload.step, workload.next_batch(), workload.model,
+            step_index=warmup_iters + timing_iters, out_path=path,
+            module_backward=bool(cfg.get("module_backward_ranges", True)), kineto_path=kineto,
+            eager_iteration_s=statistics.median(times_s))
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    facts = rank_facts(rank, world_size, workload, path, kineto, times_s, meter.result())
+    if kineto:
+        facts["kineto_aligned_ops"] = [recorded["aligned_host_ops"], recorded["et_host_ops"]]
+    return facts
+
+
+def warm_up(workload: Workload, num_iters: int, meter: MemoryMeter | None = None) -> None:
+    """Run ``num_iters`` untimed iterations; the last one inside ``meter.iteration()``."""
+    for i in range(num_iters):
+        batch = workload.next_batch()
+        if meter is not None and i == num_iters - 1:
+            with meter.iteration():
+                workload.step(batch)
+        else:
+            workload.step(batch)
+
+
+def rank_facts(rank: int, world_size: int, workload: Workload, path: str, kineto: str | None,
+               times_s: list[float], memory: dict) -> dict:
+    """What a rank reports for meta.json (times and memory None where not measured)."""
     return {
         "rank": rank,
         "world_size": world_size,
         "hostname": socket.gethostname(),
         "path": os.path.abspath(path),
         "file_bytes": os.path.getsize(path),
-        "iteration_time_s": statistics.median(times_s),
+        "kineto_path": os.path.abspath(kineto) if kineto else None,
+        "iteration_time_s": statistics.median(times_s) if times_s else None,
         "iteration_times_s": times_s,
+        "peak_memory_bytes": memory["peak_memory_bytes"],
+        "iteration_start_bytes": memory["iteration_start_bytes"],
+        "memory_method": memory["method"],
         "num_params": workload.num_params,
         "num_threads": torch.get_num_threads(),
         "torch_version": torch.__version__,

@@ -1,0 +1,188 @@
+"""The profiler (Kineto) trace recorded beside an ET: host time between top-level ops.
+
+An ET records operators, not the Python and framework time between them. Capture writes a
+profiler trace beside it (``rank-<r>.kineto.json.gz`` next to ``rank-<r>.et.json.gz``).
+Both carry the record-function id of every op: the ET node's ``rf_id`` attr and the
+Kineto ``cpu_op`` event's ``args["Record function id"]``, with the event's ``ts``/``dur``
+in microseconds. Capture's file holds the timing of a profiler-only iteration keyed to the
+ET's ids, and the eager iteration time (``doc["tracefleet"]``; see
+actors/capture/host_profile.py). Pure data: orjson only.
+"""
+from __future__ import annotations
+
+import bisect
+import gzip
+import re
+import zlib
+from pathlib import Path
+
+import orjson
+
+from actors.errors import TraceError
+from actors.trace.model import Trace
+
+_ET_NAME = re.compile(r"^(?P<stem>.+?)(?:\.et)?\.json(?:\.gz)?$")
+_KINETO_SUFFIXES = (".kineto.json.gz", ".kineto.json")
+_RF_ID = "Record function id"
+_US_PER_S = 1e6
+_DEVICE_RUNTIME = ("cuda_runtime", "cuda_driver")
+
+
+def kineto_path_for(trace_path) -> Path | None:
+    """The profiler trace next to an ET file (``rank-0.et.json.gz`` -> ``rank-0.kineto.json.gz``,
+    or ``.kineto.json``), None when there is none."""
+    path = Path(trace_path)
+    m = _ET_NAME.match(path.name)
+    if m is None:
+        return None
+    for suffix in _KINETO_SUFFIXES:
+        candidate = path.with_name(m.group("stem") + suffix)
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def read_kineto_doc(kineto_path) -> dict:
+    """A Kineto trace file's JSON object (gzip or plain); TraceError naming the file."""
+    path = Path(kineto_path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise TraceError(path, f"cannot read profiler trace: {e.strerror or e}") from None
+    try:
+        if data[:2] == b"\x1f\x8b":
+            data = gzip.decompress(data)
+        doc = orjson.loads(data)
+    except (OSError, EOFError, zlib.error) as e:
+        raise TraceError(path, f"truncated or corrupt compressed profiler trace ({e})") from None
+    except orjson.JSONDecodeError as e:
+        raise TraceError(path, f"invalid JSON ({e}); expected a Kineto trace object") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise TraceError(path, "expected a Kineto trace: a JSON object with a 'traceEvents' list")
+    return doc
+
+
+def read_kineto(kineto_path) -> list[dict]:
+    """The ``traceEvents`` of a Kineto trace file."""
+    return read_kineto_doc(kineto_path)["traceEvents"]
+
+
+def host_gaps_s(trace: Trace, kineto_path, corrected: bool = True) -> list[float]:
+    """Per op of ``trace.ops``: CPU seconds the original spent after the previous top-level op
+    ended and before this one started.
+
+    Measured on the thread that ran the step (its ``ProfilerStep#<n>`` range's thread); the
+    first op of a step from the start of that range. Time the thread spent blocked on work
+    of other threads is not host time (a collective's ``work.wait()``, which no op records,
+    waits for the ``gloo:*`` range on a worker thread; a device synchronize waits for the
+    GPU): the gap starts when the last such work that ended inside it ended, and the
+    replay's collectives take that time themselves. A gap is 0.0 for ops of other threads,
+    where either end is unknown (an op without ``rf_id``, or one the profiler trace does not
+    hold under the same name) or negative.
+
+    ``corrected``: the profiled iteration runs the module ranges' hooks and the profiler,
+    which the original's eager iteration (timed bare, ``doc["tracefleet"]
+    ["eager_iteration_s"]``) did not; the hooks are Python, so their cost is host time. When
+    the file gives the eager time, each step's gaps are scaled so that their sum shrinks by
+    the step's excess over it: ``scale = 1 - (step - eager) / sum(gaps)`` in [0, 1].
+    TraceError when the file is unreadable or no op links to it (another run's profile).
+    """
+    doc = read_kineto_doc(kineto_path)
+    events = [e for e in doc["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
+    spans = _op_spans(events)
+    if not spans:
+        raise TraceError(kineto_path, f"no cpu_op event carries args[{_RF_ID!r}]; expected the "
+                                      "torch.profiler trace recorded with the ET")
+    step_events = {e.get("name"): e for e in events if e.get("cat") == "user_annotation"}
+    gaps, linked = [0.0] * len(trace.ops), 0
+    windows = [(s.name, s.first, s.end) for s in trace.steps] or [(None, 0, len(trace.ops))]
+    for name, first, end in windows:
+        step_ev = step_events.get(name)
+        found = _step_gaps(trace, first, end, step_ev, events, spans, gaps)
+        linked += found
+        if corrected and step_ev is not None and found:
+            _scale_to_eager(gaps, first, end, step_ev, doc.get("tracefleet"))
+    if trace.ops and not linked:
+        raise TraceError(kineto_path, f"none of the {len(trace.ops)} ops of {trace.path} links to "
+                                      "this profiler trace (record-function id and name); "
+                                      "expected the profile of the same recorded iteration")
+    return gaps
+
+
+def _step_gaps(trace: Trace, first: int, end: int, step_ev: dict | None, events: list[dict],
+               spans: dict, gaps: list[float]) -> int:
+    """Fill gaps[first:end] for one step window; returns how many of its ops linked."""
+    host_tid = step_ev.get("tid") if step_ev else None
+    prev_end = float(step_ev["ts"]) if step_ev else None
+    blocked = _BlockedUntil(events, host_tid)
+    linked = 0
+    for i in range(first, end):
+        op = trace.ops[i]
+        span = spans.get(op.rf_id) if op.rf_id is not None else None
+        if span is not None and span[0] != op.name:
+            span = None  # same id, another op: not this run's profile
+        linked += span is not None
+        if span is None:
+            prev_end = None  # an unknown op, possibly on the host thread: next gap unknown
+            continue
+        if span[3] != host_tid:
+            continue
+        start = span[1]
+        if prev_end is not None:
+            begin = max(prev_end, blocked.last_end(prev_end, start))
+            if start > begin:
+                gaps[i] = (start - begin) / _US_PER_S
+        prev_end = span[2]
+    return linked
+
+
+def _scale_to_eager(gaps: list[float], first: int, end: int, step_ev: dict, meta) -> None:
+    """Shrink gaps[first:end] by the step's excess over the eager iteration (see host_gaps_s)."""
+    eager_s = meta.get("eager_iteration_s") if isinstance(meta, dict) else None
+    total = sum(gaps[first:end])
+    if not isinstance(eager_s, (int, float)) or total <= 0:
+        return
+    excess = float(step_ev.get("dur", 0.0)) / _US_PER_S - eager_s
+    if excess <= 0:
+        return
+    scale = max(0.0, 1.0 - excess / total)
+    for i in range(first, end):
+        gaps[i] *= scale
+
+
+def _op_spans(events: list[dict]) -> dict[int, tuple[str, float, float, object]]:
+    """rf_id -> (name, start us, end us, tid) of every cpu_op event."""
+    spans = {}
+    for ev in events:
+        if ev.get("cat") != "cpu_op":
+            continue
+        rf_id = (ev.get("args") or {}).get(_RF_ID)
+        try:
+            start = float(ev["ts"])
+            spans[rf_id] = (ev.get("name"), start, start + float(ev.get("dur", 0.0)), ev.get("tid"))
+        except (KeyError, TypeError, ValueError):
+            continue
+    spans.pop(None, None)
+    return spans
+
+
+class _BlockedUntil:
+    """Ends of the work the host thread can block on: every event of another thread (gloo's
+    collective ranges run on its worker threads), and device synchronizations."""
+
+    def __init__(self, events: list[dict], host_tid):
+        ends = []
+        for ev in events:
+            other = ev.get("tid") != host_tid
+            sync = "Synchronize" in str(ev.get("name")) and ev.get("cat") in _DEVICE_RUNTIME
+            if other or sync:
+                try:
+                    ends.append(float(ev["ts"]) + float(ev.get("dur", 0.0)))
+                except (KeyError, TypeError, ValueError):
+                    continue
+        self._ends = sorted(ends)
+
+    def last_end(self, after: float, before: float) -> float:
+        """The latest end in (after, before], or ``after`` when none."""
+        i = bisect.bisect_right(self._ends, before) - 1
+        return self._ends[i] if i >= 0 and self._ends[i] > after else after
