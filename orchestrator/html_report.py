@@ -16,6 +16,7 @@ from pathlib import Path
 
 import orjson
 import pandas as pd
+from omegaconf import OmegaConf
 
 from actors.errors import ConfigError
 from orchestrator import plots
@@ -25,6 +26,7 @@ from orchestrator.units import human_bytes
 REPORT_NAME = "report.html"
 PLOTS_DIR = "report"
 MAX_POINT_TIMELINES = 12  # a sweep page shows this many points' memory timelines
+MAX_REASON_CHARS = 120  # a table cell shows this much of a point's reason
 _OVERRIDE_KEY = re.compile(r"(?:^| )[+~]?([\w./@-]+)=")  # the keys in a row's ``point``
 _CAPACITY = "replay.device_memory_capacity"
 _MODE = "replay.allocation.mode"
@@ -80,8 +82,13 @@ def write_report(directory) -> Path:
 
 def load_run(run_dir: Path) -> tuple[dict, list[dict]]:
     """A run dir's summary and its rank reports, each with its memory timeline (from the
-    summary, else from ``memory/rank-<r>.csv``)."""
+    summary, else from ``memory/rank-<r>.csv``); the flush threshold from ``config.yaml``
+    when the summary lacks it."""
     summary = orjson.loads((run_dir / "summary.json").read_bytes())
+    config = run_dir / "config.yaml"
+    if summary.get("device_memory_threshold") is None and config.is_file():
+        alloc = OmegaConf.load(config).get("replay", {}).get("allocation", {})
+        summary["device_memory_threshold"] = alloc.get("device_memory_threshold")
     ranks = []
     for rank in summary.get("ranks") or []:
         rank = dict(rank)
@@ -130,14 +137,16 @@ def _table_report(root: Path, rows: pd.DataFrame) -> str:
             parts.append(_img(out / f"{name}.png", alt))
     answers = rows[rows["kind"] == "min_memory"] if "kind" in rows else rows.iloc[0:0]
     if not answers.empty:
-        parts += ["<h2>Minimum memory</h2>", _frame_html(_display(answers, override_keys(answers)))]
+        parts += ["<h2>Minimum memory</h2>", _frame_html(_display(answers, [
+            *override_keys(answers), "min_capacity_bytes", "max_failing_capacity_bytes",
+            "tolerance_bytes", "num_steps", "search_s"]))]
     if not points.empty:
         keys = override_keys(points)
         swept = [k for k in keys if points[k].nunique(dropna=False) > 1]
         fixed = ", ".join(f"{k}={points[k].iloc[0]}" for k in keys if k not in swept)
         parts += ["<h2>Points</h2>", f"<p>every point: {html.escape(fixed)}</p>" if fixed else "",
                   _frame_html(_display(points, swept))]
-    parts += _point_timelines(root, points, out)
+        parts += _point_timelines(root, points, swept, out)
     return "\n".join(parts)
 
 
@@ -160,7 +169,7 @@ def map_axes(points: pd.DataFrame) -> tuple[str | None, str | None]:
     return (swept + [None, None])[0], (swept + [None, None])[1]
 
 
-def _point_timelines(root: Path, points: pd.DataFrame, out: Path) -> list[str]:
+def _point_timelines(root: Path, points: pd.DataFrame, swept: list[str], out: Path) -> list[str]:
     parts = []
     for _, row in points.head(MAX_POINT_TIMELINES).iterrows():
         run_dir = root / str(row.get("run_dir") or "")
@@ -169,17 +178,21 @@ def _point_timelines(root: Path, points: pd.DataFrame, out: Path) -> list[str]:
         summary, ranks = load_run(run_dir)
         path = out / f"timeline_{str(row['run_dir']).replace('/', '_')}.png"
         if plots.plot_memory_timeline(summary, ranks, path):
-            label = ", ".join(f"{k}={row[k]}" for k in override_keys(points)) or str(row["run_dir"])
+            label = ", ".join(f"{k}={row[k]}" for k in swept) or str(row["run_dir"])
             parts += [f"<h3>{html.escape(label)}</h3>", _img(path, f"memory timeline {label}")]
     return (["<h2>Memory timelines</h2>"] + parts) if parts else []
 
 
 def _display(rows: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """The columns a reader compares, bytes and seconds in readable units."""
+    """``keys`` then status, reason and the metrics a reader compares, bytes and seconds in
+    readable units."""
     cols = [*keys, "status", "reason", *(c for c in _TABLE_METRICS if c in rows and rows[c].notna().any())]
     shown = rows[[c for c in dict.fromkeys(cols) if c in rows]].copy()
     for col in shown.columns:
-        if col.endswith("_bytes"):
+        if col == "reason":  # the full text is in results.csv
+            shown[col] = shown[col].map(lambda v: v if pd.isna(v) or len(v) <= MAX_REASON_CHARS
+                                        else v[:MAX_REASON_CHARS - 3] + "...")
+        elif col.endswith("_bytes"):
             shown[col] = shown[col].map(lambda v: human_bytes(v) if pd.notna(v) else "-")
         elif col.endswith("_s"):
             shown[col] = shown[col].map(lambda v: f"{v * 1e3:.2f} ms" if pd.notna(v) else "-")

@@ -53,6 +53,7 @@ def plot_memory_timeline(summary: dict, rank_reports: list[dict], path: Path) ->
     fig = Figure(figsize=(10, 5), dpi=100)
     ax = fig.add_subplot()
     num_flushes = 0
+    marker_size = 5 if sum(len(r.get("flush_ticks") or []) for r in ranks) < 200 else 2
     for r in ranks:
         ops, held = zip(*r["memory_timeline"])
         line, = ax.plot(ops, [b / scale for b in held], drawstyle="steps-post", linewidth=0.8,
@@ -60,7 +61,7 @@ def plot_memory_timeline(summary: dict, rank_reports: list[dict], path: Path) ->
         ticks = r.get("flush_ticks") or []
         num_flushes += len(ticks)
         ax.plot(ticks, [_held_at(r["memory_timeline"], t) / scale for t in ticks], "v",
-                color=line.get_color(), markersize=5)
+                color=line.get_color(), markersize=marker_size)
     if bound:
         ax.axhline(bound / scale, color="black", linestyle="--", linewidth=1,
                    label=f"liveness lower bound ({human_bytes(bound)})")
@@ -212,7 +213,7 @@ def plot_min_memory(frame: pd.DataFrame, path: Path) -> bool:
     ax.set_xlabel(f"device capacity ({unit})")
     ax.set_title("Minimum-memory search: probes and answer")
     ax.grid(alpha=0.3, axis="x")
-    ax.legend(fontsize="small", loc="lower right")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return _save(fig, path)
 
 
