@@ -55,3 +55,16 @@ def test_deepspeed_traces_replay_with_strategy_none(two_node_cluster, tmp_path, 
     assert summary["status"] == "ok", summary["error"]
     assert summary["coverage"] == 1.0 and summary["zero3"] is None
     assert summary["collectives"]["all_gather_into_tensor"]["num_calls"] > 0
+
+
+def test_hpz_keeps_backward_gathers_inside_each_node(two_node_cluster, tmp_path):
+    summary = _run(two_node_cluster, "gpt_dp_4", tmp_path,
+                   Zero3Config(strategy="leaf_coalesced", leaf_modules=["blocks.*"],
+                               param_persistence_threshold=0, hpz_partition_size=2))
+    assert summary["status"] == "ok", summary["error"]
+    z = summary["zero3"]
+    # ranks 0-1 on the head, 2-3 on the worker: groups of 2 consecutive ranks are the nodes;
+    # every backward fetch found its node-local shards from the forward release
+    assert z["hpz_partition_size"] == 2
+    assert z["num_allgathers_intra_group_per_iteration"] * 2 == z["num_allgathers_per_iteration"]
+    assert z["hpz_secondary_peak_bytes"] > z["shard_bytes"]  # 1/2 of each unit vs 1/4

@@ -1,5 +1,6 @@
 """ZeRO-3 partitioning: DeepSpeed's padding, and shards that all-gather back into every
-parameter exactly, over real gloo groups of 2 and 4 ranks, for every gather layout."""
+parameter exactly, over real gloo groups of 2 and 4 ranks, for every gather layout, in
+forward (world group) and in backward from hpZ's node-group shards."""
 from __future__ import annotations
 
 import os
@@ -78,33 +79,42 @@ def _rank_main(rank: int, world: int, port: int) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=60))
     try:
+        hpz = 2  # ZeRO++ groups of 2 consecutive ranks
+        node_groups = [dist.new_group([k, k + 1]) for k in range(0, world, hpz)]
         params = make_params()
         single = [Home(k, [p]) for k, p in enumerate(params)]
         flat = Home(len(params), params, flat=True)
         store, memory = FakeStore(), FakeMemory()
         rt = Zero3Runtime(single + [flat], world, rank, torch.device("cpu"), store, memory,
-                          dist.group.WORLD, init_full=full_values)
+                          dist.group.WORLD, full_values, hpz, node_groups[rank // hpz])
         rt.allocate()
         shard_bytes = memory.held_bytes
         assert shard_bytes == 4 * (sum(shard_numel(n, world) for n in STORAGE_NUMEL)
                                    + flat_offsets(STORAGE_NUMEL, world)[1] // world)
-        gathers = [Gather(k, [h], "single", "t", h.gathered_numel(world)) for k, h in enumerate(single)]
-        gathers.append(Gather(10, single, "coalesced", "t",
-                              sum(h.gathered_numel(world) for h in single)))
-        gathers.append(Gather(11, [flat], "flat", "t", flat.gathered_numel(world)))
-        for g in gathers:
-            rt.run([("gather", g), ("wait", g)])
-            for h in g.homes:
-                for p in h.params:
+        units = [("single", [h]) for h in single] + [("coalesced", single), ("flat", [flat])]
+        for k, (kind, homes) in enumerate(units):
+            numel = sum(h.gathered_numel(world) for h in homes)
+            # forward over the world; backward over the node group, from the secondary shards
+            # the forward release kept
+            for backward in (False, True):
+                g = Gather(2 * k + backward, homes, kind, "t", numel, backward)
+                rt.run([("gather", g), ("wait", g)])
+                for p in (p for h in homes for p in h.params):
                     got = store.bound[p.views[0].uid][1]
-                    assert torch.equal(got, expected_view(p)), (world, g.kind, p)
-            rt.run([("release", h) for h in g.homes])
-            assert store.bound == {} and memory.held_bytes == shard_bytes, (world, g.kind)
-        assert rt.metrics.num_allgathers == len(gathers)
+                    assert torch.equal(got, expected_view(p)), (world, kind, backward, p)
+                rt.run([("release", h) for h in homes])
+                assert store.bound == {}, (world, kind)
+            secondary = sum(4 * h.gathered_numel(world) // hpz for h in homes)
+            assert memory.held_bytes == shard_bytes + secondary, (world, kind)
+            rt.run([("drop_secondary", None)])
+            assert memory.held_bytes == shard_bytes
+        assert rt.metrics.num_allgathers == 2 * len(units)
+        assert rt.metrics.num_allgathers_intra_group == len(units)
     finally:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # 2 and 4 spawned gloo ranks
 @pytest.mark.parametrize("world", [2, 4])
 def test_partition_and_gather_reconstruct_every_parameter(world):
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -63,7 +63,11 @@ class Zero3Config:
     # 1/N, all-gathers are allocations of the gathered size with no communication. null: the
     # real world size.
     world_size: int | None = None
-    # ZeRO++ hierarchical partitioning: ranks per secondary group (e.g. GPUs per node). 1 is off.
+    # ZeRO++ hierarchical partitioning (hpZ): ranks per secondary group, normally the ranks per
+    # node (tracefleet orders ranks by node, so groups of consecutive ranks are nodes). The
+    # forward release keeps a 1/hpz_partition_size copy of each unit on every rank, and backward
+    # all-gathers run within the group from those copies; they are dropped before the update.
+    # 1 is off. Must divide the world size.
     hpz_partition_size: int = 1
 
     def __post_init__(self):

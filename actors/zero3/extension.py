@@ -7,6 +7,10 @@ events into one hook.
 """
 from __future__ import annotations
 
+from datetime import timedelta
+
+import torch.distributed as dist
+
 from actors.errors import ConfigError
 from actors.replay.extension import ReplayExtension
 from actors.zero3.config import Zero3Config
@@ -36,9 +40,16 @@ class Zero3Extension(ReplayExtension):
             world = group.size()
         else:  # compute mode: the trace's world, emulated
             world = trace_world_size(engine.trace)
+        hpz = self.cfg.hpz_partition_size
+        if world % hpz:
+            raise ConfigError(f"zero3.hpz_partition_size={hpz} does not divide the world size "
+                              f"{world}; expected the ranks per node (e.g. GPUs per node)")
         self.z = build_plan(engine.trace, engine.liveness, self.cfg, world, self.marks)
+        hpz_group = _node_group(engine.rank, world, hpz, engine.cfg.collective_timeout_s) \
+            if group is not None and hpz > 1 else None
         self.runtime = Zero3Runtime(self.z.plan.homes, world, engine.rank % world, engine.device,
-                                    engine.store, engine.memory, group, self.init_full)
+                                    engine.store, engine.memory, group, self.init_full,
+                                    hpz, hpz_group)
         self.runtime.allocate()
 
     def owned_storages(self) -> set[int]:
@@ -74,10 +85,22 @@ class Zero3Extension(ReplayExtension):
                "num_partitioned": sum(1 for p in z.params if not z.home_of[p.suid].persistent),
                "param_bytes": sum(p.nbytes for p in z.params),
                "leaf_modules": [z.tree.modules[name].label for name in z.plan.leaves],
-               "prefetch": cfg.prefetch}
+               "prefetch": cfg.prefetch, "hpz_partition_size": cfg.hpz_partition_size}
         out.update(self.runtime.metrics.summary())
         out["modules"] = module_report(z, cfg.module_granularity_threshold)
         return out
+
+
+def _node_group(rank: int, world: int, size: int, timeout_s: float):
+    """This rank's hpZ group: ranks [k*size, (k+1)*size) (one node when ranks are ordered by
+    node). Every rank creates every group, in the same order (a collective call)."""
+    mine = None
+    for k in range(world // size):
+        pg = dist.new_group(list(range(k * size, (k + 1) * size)),
+                            timeout=timedelta(seconds=timeout_s))
+        if k == rank // size:
+            mine = pg
+    return mine
 
 
 def trace_world_size(trace) -> int:

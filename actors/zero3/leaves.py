@@ -15,7 +15,7 @@ import sys
 from fnmatch import fnmatchcase
 
 from actors.errors import ConfigError
-from actors.zero3.modules import ModuleTree
+from actors.zero3.modules import ModuleTree, ancestors
 
 _MAX_LEAF_NUMEL = 10**9  # DeepSpeed's Z3_MAX_LEAF_SIZE
 _NEVER = sys.maxsize
@@ -23,20 +23,17 @@ _NEVER = sys.maxsize
 
 def granularities(tree: ModuleTree) -> dict[str, int]:
     """DeepSpeed's granularity of every module (sys.maxsize where it never qualifies)."""
-    children: dict[str, list[str]] = {name: [] for name in tree.modules}
-    for name in tree.modules:
-        if name:
-            children[name.rsplit(".", 1)[0] if "." in name else ""].append(name)
+    children = tree.children
     out: dict[str, int] = {}
 
     def walk(name: str) -> tuple[int, int]:  # (layers, elements) of the subtree
         m = tree.modules[name]
-        sub = [walk(c) for c in children[name]]
+        sub = [walk(c) for c in children(name)]
         numel = sum(p.numel for p in m.own) + sum(n for _, n in sub)
         out[name] = _NEVER
         if numel == 0:
             return 0, 0
-        if not children[name]:
+        if not children(name):
             return 1, numel
         layers = sum(n for n, _ in sub)
         if not m.called:  # a container
@@ -60,8 +57,9 @@ def select_leaves(tree: ModuleTree, patterns: list[str], threshold: int) -> list
                           f"modules are {', '.join(names[:12])}{' ...' if len(names) > 12 else ''} "
                           "(patterns match qualified names, not class names)")
     leaves: list[str] = []
+    numel = _subtree_numel(tree)
     for name in sorted(tree.modules, key=lambda n: (n.count(".") + bool(n), n)):
-        if any(_inside(name, leaf) for leaf in leaves) or not tree.subtree_params(name):
+        if any(a in leaves for a in ancestors(name)[1:]) or not numel[name]:
             continue
         by_pattern = any(fnmatchcase(_label(name), p) for p in patterns)
         if by_pattern or gran.get(name, _NEVER) <= threshold:
@@ -69,8 +67,14 @@ def select_leaves(tree: ModuleTree, patterns: list[str], threshold: int) -> list
     return sorted(leaves)
 
 
-def _inside(name: str, leaf: str) -> bool:
-    return leaf == "" or name.startswith(leaf + ".")
+def _subtree_numel(tree: ModuleTree) -> dict[str, int]:
+    out: dict[str, int] = {}
+
+    def walk(name: str) -> int:
+        out[name] = sum(p.numel for p in tree.modules[name].own) + sum(map(walk, tree.children(name)))
+        return out[name]
+    walk("")
+    return out
 
 
 def _label(name: str) -> str:

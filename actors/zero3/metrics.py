@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import statistics
 
-_PER_ITERATION = ("num_allgathers", "allgather_bytes", "fetch_host_s", "release_host_s",
-                  "wait_s", "bubble_s")
+_PER_ITERATION = ("num_allgathers", "num_allgathers_intra_group", "allgather_bytes",
+                  "fetch_host_s", "release_host_s", "wait_s", "bubble_s")
 
 
 class Zero3Metrics:
@@ -25,11 +25,13 @@ class Zero3Metrics:
         self.gathered_peak_bytes = 0
         self.scratch_bytes = 0  # full-size parameters bound for the update phase
         self.scratch_peak_bytes = 0
+        self.secondary_bytes = 0  # hpZ: node-local shards kept from forward to backward
+        self.secondary_peak_bytes = 0
         self.iterations: list[dict] = []
         self.start_iteration()
 
     def start_iteration(self) -> None:
-        self.num_allgathers = self.allgather_bytes = 0
+        self.num_allgathers = self.num_allgathers_intra_group = self.allgather_bytes = 0
         self.fetch_host_s = self.release_host_s = self.wait_s = self.bubble_s = 0.0
 
     def end_iteration(self, measured: bool) -> None:
@@ -39,6 +41,10 @@ class Zero3Metrics:
     def add_gathered(self, nbytes: int) -> None:
         self.gathered_bytes += nbytes
         self.gathered_peak_bytes = max(self.gathered_peak_bytes, self.gathered_bytes)
+
+    def add_secondary(self, nbytes: int) -> None:
+        self.secondary_bytes += nbytes
+        self.secondary_peak_bytes = max(self.secondary_peak_bytes, self.secondary_bytes)
 
     def add_scratch(self, nbytes: int) -> None:
         self.scratch_bytes += nbytes
@@ -50,12 +56,16 @@ class Zero3Metrics:
         med = (lambda k: statistics.median(it[k] for it in its)) if its else (lambda k: None)
         return {
             "num_allgathers_per_iteration": its[-1]["num_allgathers"] if its else None,
+            # hpZ: of those, the ones within the rank's node group
+            "num_allgathers_intra_group_per_iteration":
+                its[-1]["num_allgathers_intra_group"] if its else None,
             "allgather_bytes_per_iteration": its[-1]["allgather_bytes"] if its else None,
             "fetch_host_s": med("fetch_host_s"), "release_host_s": med("release_host_s"),
             "wait_s": med("wait_s"), "bubble_s": med("bubble_s"),
             "gathered_peak_bytes": self.gathered_peak_bytes, "shard_bytes": self.shard_bytes,
             "persistent_bytes": self.persistent_bytes,
             "update_scratch_peak_bytes": self.scratch_peak_bytes,
+            "hpz_secondary_peak_bytes": self.secondary_peak_bytes,
         }
 
 
@@ -67,11 +77,12 @@ def summarize_ranks(rank_reports: list[dict]) -> dict | None:
     zs = [r["zero3"] for r in rank_reports if isinstance(r.get("zero3"), dict)]
     if not zs:
         return None
-    out = {k: zs[0][k] for k in ("strategy", "world_size", "emulated", "prefetch",
-                                 "leaf_modules", "num_params", "num_partitioned")}
-    for key in ("num_allgathers_per_iteration", "allgather_bytes_per_iteration",
-                "gathered_peak_bytes", "shard_bytes", "persistent_bytes",
-                "update_scratch_peak_bytes"):
+    out = {k: zs[0].get(k) for k in ("strategy", "world_size", "emulated", "prefetch",
+                                     "hpz_partition_size", "leaf_modules", "num_params",
+                                     "num_partitioned")}
+    for key in ("num_allgathers_per_iteration", "num_allgathers_intra_group_per_iteration",
+                "allgather_bytes_per_iteration", "gathered_peak_bytes", "shard_bytes",
+                "persistent_bytes", "update_scratch_peak_bytes", "hpz_secondary_peak_bytes"):
         values = [z[key] for z in zs if z.get(key) is not None]
         out[key] = max(values) if values else None
     for key in ("fetch_host_s", "release_host_s", "wait_s", "bubble_s"):

@@ -46,22 +46,35 @@ class ModuleTree:
 
     def __init__(self):
         self.modules: dict[str, Module] = {}
+        self._children: dict[str, list[str]] | None = None  # built on first use, once complete
 
     def get(self, name: str) -> Module:
         """The module ``name``, created with its ancestors on first mention."""
         m = self.modules.get(name)
         if m is None:
             m = self.modules[name] = Module(name)
+            self._children = None
             if name:
                 self.get(parent_name(name))
         return m
 
-    def children(self, name: str) -> list[Module]:
-        return [m for m in self.modules.values() if m.name and parent_name(m.name) == name]
+    def children(self, name: str) -> list[str]:
+        """Names of ``name``'s direct children."""
+        if self._children is None:
+            self._children = {n: [] for n in self.modules}
+            for n in self.modules:
+                if n:
+                    self._children[parent_name(n)].append(n)
+        return self._children[name]
 
     def subtree(self, name: str) -> list[Module]:
         """``name`` and every module under it."""
-        return [m for m in self.modules.values() if is_under(m.name, name)]
+        out, todo = [], [name]
+        while todo:
+            n = todo.pop()
+            out.append(self.modules[n])
+            todo += self.children(n)
+        return out
 
     def subtree_params(self, name: str) -> list[Param]:
         return [p for m in self.subtree(name) for p in m.own]

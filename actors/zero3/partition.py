@@ -56,20 +56,21 @@ def flat_shard(fulls: list[torch.Tensor], world: int, rank: int) -> torch.Tensor
     return flat[rank * s:(rank + 1) * s].clone()
 
 
-def reassemble(gathered: torch.Tensor, numels: list[int], world: int) -> list[torch.Tensor]:
-    """Each parameter of a rank-major coalesced gather, copied out whole (``numels[i]``
-    elements; DeepSpeed's layout)."""
-    shards = [shard_numel(n, world) for n in numels]
+def reassemble(gathered: torch.Tensor, numels: list[int], world: int,
+               align: int | None = None) -> list[torch.Tensor]:
+    """Each parameter of a rank-major coalesced gather over ``world`` ranks, copied out whole
+    with its padding (DeepSpeed's layout; ``align``: the world size the padding was made for,
+    when the gather ran over a subgroup, as hpZ's does). Parameter i is ``out[i][:numels[i]]``."""
+    shards = [aligned_numel(n, align or world) // world for n in numels]
     chunk = sum(shards)
     out, off = [], 0
-    for n, s in zip(numels, shards):
-        pieces = [gathered[r * chunk + off:r * chunk + off + s] for r in range(world)]
-        out.append(torch.cat(pieces)[:n])
+    for s in shards:
+        out.append(torch.cat([gathered[r * chunk + off:r * chunk + off + s] for r in range(world)]))
         off += s
     return out
 
 
 def flat_views(gathered: torch.Tensor, numels: list[int], world: int) -> list[torch.Tensor]:
-    """Each parameter of a gathered flat unit buffer, as a view into it."""
+    """Each parameter of a gathered flat unit buffer (padded for ``world``), as a view."""
     offsets, _ = flat_offsets(numels, world)
     return [gathered[off:off + n] for off, n in zip(offsets, numels)]

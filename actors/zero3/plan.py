@@ -60,6 +60,7 @@ class Window:
     homes: list[Home]
     unit: str  # who needs them: a module name, "param #k", "bucket k"
     scratch: bool = False  # update phase: full-size scratch, no all-gather
+    backward: bool = False  # opens in the backward phase (hpZ gathers within the node there)
 
 
 @dataclass(eq=False)
@@ -72,6 +73,7 @@ class Gather:
     kind: str
     unit: str
     numel: int  # gathered elements
+    backward: bool = False  # issued for a backward window
 
 
 @dataclass
@@ -129,7 +131,7 @@ def simulate(windows: list[Window], num_ops: int, world: int, split) -> Plan:
             else:
                 for kind, hs in split(lacking):
                     g = Gather(len(gathers), hs, kind, w.unit,
-                               sum(h.gathered_numel(world) for h in hs))
+                               sum(h.gathered_numel(world) for h in hs), w.backward)
                     gathers.append(g)
                     out += [("gather", g), ("wait", g)]
             for h in w.homes:

@@ -9,7 +9,7 @@ from actors.trace.model import Trace
 from actors.zero3.config import Zero3Config
 from actors.zero3.leaves import granularities
 from actors.zero3.markers import backward_windows
-from actors.zero3.modules import ModuleTree, build_tree, op_module, phases
+from actors.zero3.modules import BWD, UPDATE, ModuleTree, build_tree, op_module, phases
 from actors.zero3.params import Param, discover_params, params_by_ref
 from actors.zero3.plan import Home, Plan, add_prefetch, simulate, uncovered_uses
 from actors.zero3.strategies import STRATEGIES, Context, orphan_windows
@@ -46,11 +46,15 @@ def build_plan(trace: Trace, liveness: Liveness, cfg: Zero3Config, world: int,
     home_of = strategy.homes()
     windows = strategy.windows(home_of)
     windows += orphan_windows(ctx, home_of, windows)
+    for w in windows:
+        w.backward = w.start < len(trace.ops) and ctx.phase[w.start] == BWD
     plan = simulate(windows, len(trace.ops), world, strategy.split)
     plan.homes = list({id(h): h for h in home_of.values()}.values())
     plan.leaves = strategy.leaves
     if cfg.prefetch:
         add_prefetch(plan, world, cfg.prefetch_bucket_size, cfg.max_live_parameters)
+    if cfg.hpz_partition_size > 1:
+        _drop_secondary_before_update(plan, ctx)
     bad = uncovered_uses(plan, params, home_of)
     if bad:  # a planning bug, not a user error: the op would silently allocate the parameter
         i, p = bad[0]
@@ -58,6 +62,14 @@ def build_plan(trace: Trace, liveness: Liveness, cfg: Zero3Config, world: int,
                           f"(node {trace.ops[i].node_id} {trace.ops[i].name}); "
                           f"{len(bad)} such uses")
     return Zero3Plan(plan, params, home_of, tree, world)
+
+
+def _drop_secondary_before_update(plan: Plan, ctx: Context) -> None:
+    """hpZ's node-local copies serve the backward only: dropped when the update starts (the
+    optimizer changes the parameters), or at the end of the step window."""
+    for first, end in ctx.steps:
+        b = next((i for i in range(first, end) if ctx.phase[i] == UPDATE), end)
+        plan.events.setdefault(b, []).insert(0, ("drop_secondary", None))
 
 
 def _refuse_zero3_trace(trace: Trace, cfg: Zero3Config) -> None:

@@ -7,6 +7,12 @@ world, compute mode) the other ranks' slots are filled locally instead, timed as
 Waiting binds the parameters' trace views to the gathered data: views into the buffer
 (``single``, ``flat``) or per-parameter copies out of it (``coalesced``, after which the
 buffer is dropped). Releasing unbinds and discharges.
+
+hpZ (``hpz`` ranks per group > 1, ZeRO++'s hierarchical partitioning): releasing a home
+gathered in forward keeps this rank's 1/hpz of it (the secondary shard); a backward gather
+of homes that all have one runs within the rank's group of ``hpz`` consecutive ranks (one
+node when ranks are ordered by node, as tracefleet orders them). ``drop_secondary`` frees
+them before the optimizer step changes the parameters.
 """
 from __future__ import annotations
 
@@ -32,15 +38,19 @@ class Zero3Runtime:
     """Shards and gathered buffers of one rank; ``run(events)`` is the body of every hook."""
 
     def __init__(self, homes: list[Home], world: int, rank: int, device: torch.device,
-                 store, memory, group=None, init_full=None):
+                 store, memory, group=None, init_full=None, hpz: int = 1, hpz_group=None):
         self.homes, self.world, self.rank, self.device = homes, world, rank, device
         self.store, self.memory, self.group = store, memory, group
+        self.hpz, self.hpz_group = hpz, hpz_group  # ranks per secondary group, its group
         # init_full(param) -> its full values (tests); default: the store's constant fill
         self.init_full = init_full
         self.shards: dict[Home, torch.Tensor] = {}
-        self.held: dict[Home, tuple[int, object]] = {}  # gathered/scratch: (bytes, buffer)
-        self.inflight: dict[int, tuple[torch.Tensor, object]] = {}  # gather id -> (out, work)
+        self.secondary: dict[Home, torch.Tensor] = {}
+        # gathered homes: (charged bytes, padded buffer); scratch ones: (bytes, [full, ...])
+        self.held: dict[Home, tuple[int, object]] = {}
+        self.inflight: dict[int, tuple[torch.Tensor, object, int]] = {}  # id -> (out, work, ranks)
         self.scratched: set[Home] = set()
+        self.forward_gathered: set[Home] = set()
         self.metrics = Zero3Metrics()
 
     # --- set-up ---------------------------------------------------------------------------
@@ -58,9 +68,13 @@ class Zero3Runtime:
                 numel = flat_offsets([p.numel for p in h.params], self.world)[1] // self.world
             else:
                 numel = shard_numel(h.params[0].numel, self.world)
-            shard = self._empty(h, numel)
+            shard = torch.empty(numel, dtype=torch_dtype(h.dtype), device=self.device)
             if self.init_full is not None:
-                self._fill_shard(h, shard)
+                fulls = [self._full(p) for p in h.params]
+                shard.copy_(flat_shard(fulls, self.world, self.rank) if h.flat
+                            else param_shard(fulls[0], self.world, self.rank))
+            elif self.device.type != "meta":
+                shard.fill_(FLOAT_FILL)
             self.shards[h] = shard
             self.memory.charge(_nbytes(shard))
             m.shard_bytes += _nbytes(shard)
@@ -72,12 +86,6 @@ class Zero3Runtime:
             if h.persistent:
                 self._bind(h.params[0], full)
 
-    def _empty(self, h: Home, numel: int) -> torch.Tensor:
-        x = torch.empty(numel, dtype=torch_dtype(h.dtype), device=self.device)
-        if self.device.type != "meta":
-            x.fill_(FLOAT_FILL)
-        return x
-
     def _full(self, p: Param) -> torch.Tensor:
         if self.init_full is not None:
             return self.init_full(p).reshape(-1).to(self.device)
@@ -85,11 +93,6 @@ class Zero3Runtime:
         if self.device.type != "meta":
             x.fill_(FLOAT_FILL)
         return x
-
-    def _fill_shard(self, h: Home, shard: torch.Tensor) -> None:
-        fulls = [self._full(p) for p in h.params]
-        shard.copy_(flat_shard(fulls, self.world, self.rank) if h.flat
-                    else param_shard(fulls[0], self.world, self.rank))
 
     # --- events ---------------------------------------------------------------------------
     def run(self, events: list[tuple[str, object]]) -> None:
@@ -101,58 +104,81 @@ class Zero3Runtime:
 
     def gather(self, g: Gather) -> None:
         t0 = time.perf_counter()
-        h0 = g.homes[0]
-        out = torch.empty(g.numel, dtype=torch_dtype(h0.dtype), device=self.device)
-        self.memory.charge(_nbytes(out))
-        chunk = g.numel // self.world
-        slot = out[self.rank * chunk:(self.rank + 1) * chunk]
-        if len(g.homes) > 1:
-            torch.cat([self.shards[h] for h in g.homes], out=slot)
-        else:
-            slot.copy_(self.shards[h0])
-        work = None
-        if self.group is not None:
-            work = dist.all_gather_into_tensor(out, slot, group=self.group, async_op=True)
-        self.inflight[g.id] = (out, work)
         m = self.metrics
+        local = self.hpz > 1 and g.backward and all(h in self.secondary for h in g.homes)
+        ranks, rank, group, sources = (self.hpz, self.rank % self.hpz, self.hpz_group,
+                                       self.secondary) if local else \
+            (self.world, self.rank, self.group, self.shards)
+        out = torch.empty(g.numel, dtype=torch_dtype(g.homes[0].dtype), device=self.device)
+        self.memory.charge(_nbytes(out))
+        chunk = g.numel // ranks
+        slot = out[rank * chunk:(rank + 1) * chunk]
+        if len(g.homes) > 1:
+            torch.cat([sources[h] for h in g.homes], out=slot)
+        else:
+            slot.copy_(sources[g.homes[0]])
+        work = None
+        if group is not None:
+            work = dist.all_gather_into_tensor(out, slot, group=group, async_op=True)
+        self.inflight[g.id] = (out, work, ranks)
         m.num_allgathers += 1
+        m.num_allgathers_intra_group += local
         m.allgather_bytes += _nbytes(out)
         m.add_gathered(_nbytes(out))
         m.fetch_host_s += time.perf_counter() - t0
 
     def wait(self, g: Gather) -> None:
-        out, work = self.inflight.pop(g.id)
+        out, work, ranks = self.inflight.pop(g.id)
         m = self.metrics
         t0 = time.perf_counter()
         if work is not None:
             work.wait()
-        elif self.device.type != "meta" and self.world > 1:
+        elif self.device.type != "meta" and ranks > 1:
             out.fill_(FLOAT_FILL)  # the other ranks' slots, standing in for the transfer
         t1 = time.perf_counter()
         m.wait_s += t1 - t0
-        numels = [p.numel for h in g.homes for p in h.params]
         if g.kind == "coalesced":
-            fulls = reassemble(out, numels, self.world)
-            for h, full in zip(g.homes, fulls):
-                nbytes = full.untyped_storage().nbytes()
-                self.memory.charge(nbytes)
-                m.add_gathered(nbytes)
-                self.held[h] = (nbytes, full)
-                self._bind(h.params[0], full)
+            numels = [h.params[0].numel for h in g.homes]
+            for h, padded in zip(g.homes, reassemble(out, numels, ranks, self.world)):
+                self._hold(h, padded, _nbytes(padded))
+                self._bind(h.params[0], padded[:h.params[0].numel])
             self.memory.discharge(_nbytes(out))
             m.add_gathered(-_nbytes(out))
         else:
             h = g.homes[0]
-            views = flat_views(out, numels, self.world) if g.kind == "flat" else [out[:numels[0]]]
-            self.held[h] = (_nbytes(out), out)
-            for p, view in zip(h.params, views):
+            self._hold(h, out, 0)
+            numels = [p.numel for p in h.params]
+            for p, view in zip(h.params, flat_views(out, numels, self.world)):
                 self._bind(p, view)
+        if not g.backward:
+            self.forward_gathered.update(g.homes)
         m.fetch_host_s += time.perf_counter() - t1
+
+    def _hold(self, h: Home, padded: torch.Tensor, charge: int) -> None:
+        """``padded`` now holds home ``h`` (``charge`` more bytes than the gathered buffer)."""
+        if charge:
+            self.memory.charge(charge)
+            self.metrics.add_gathered(charge)
+        self.held[h] = (_nbytes(padded), padded)
 
     def release(self, h: Home) -> None:
         t0 = time.perf_counter()
+        if self.hpz > 1 and h in self.forward_gathered and h not in self.secondary:
+            padded = self.held[h][1]
+            chunk = padded.numel() // self.hpz
+            r = self.rank % self.hpz
+            self.secondary[h] = sec = padded[r * chunk:(r + 1) * chunk].clone()
+            self.memory.charge(_nbytes(sec))
+            self.metrics.add_secondary(_nbytes(sec))
+        self.forward_gathered.discard(h)
         self._drop(h)
         self.metrics.release_host_s += time.perf_counter() - t0
+
+    def drop_secondary(self, _=None) -> None:
+        for sec in self.secondary.values():
+            self.memory.discharge(_nbytes(sec))
+            self.metrics.add_secondary(-_nbytes(sec))
+        self.secondary.clear()
 
     def scratch(self, h: Home) -> None:
         """The update phase works on the whole parameter locally (ZeRO-3 steps the shard)."""
@@ -189,12 +215,13 @@ class Zero3Runtime:
 
     def drop_all(self) -> None:
         """Release whatever an interrupted iteration left gathered (persistent ones stay)."""
-        for _, work in self.inflight.values():
+        for out, work, _ in self.inflight.values():
             if work is not None:
                 work.wait()
-        for g_out, _ in self.inflight.values():
-            self.memory.discharge(_nbytes(g_out))
-            self.metrics.add_gathered(-_nbytes(g_out))
+            self.memory.discharge(_nbytes(out))
+            self.metrics.add_gathered(-_nbytes(out))
         self.inflight.clear()
         for h in [h for h in self.held if not h.persistent]:
             self._drop(h)
+        self.forward_gathered.clear()
+        self.drop_secondary()

@@ -12,7 +12,7 @@ from collections import defaultdict
 
 from actors.zero3.config import Zero3Config, Zero3Strategy
 from actors.zero3.leaves import select_leaves
-from actors.zero3.modules import BWD, FWD, UPDATE, Module, ModuleTree
+from actors.zero3.modules import BWD, FWD, UPDATE, Module, ModuleTree, ancestors
 from actors.zero3.params import Param
 from actors.zero3.plan import Home, Window, split_by_layout
 
@@ -136,10 +136,9 @@ class LeafCoalesced(PerModule):
         return home_of
 
     def windows(self, home_of):
-        out = []
+        out, leaves = [], set(self.leaves)
         for m in self.ctx.tree.modules.values():
-            if any(m.name.startswith(leaf + ".") or leaf == "" and m.name
-                   for leaf in self.leaves):
+            if any(a in leaves for a in ancestors(m.name)[1:]):
                 continue  # fetched with its leaf
             params = self.ctx.tree.subtree_params(m.name) if m.name in self.leaves else m.own
             homes = _fetched(params, home_of)
