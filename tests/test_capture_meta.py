@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import resource
+import shutil
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -152,3 +154,32 @@ def test_llama_8b_preset_takes_seconds_and_little_memory(tmp_path):
     assert sum(s[1] for s in _signatures(trace)) == meta["num_params"]
     counts = Counter(op.name for op in trace.ops)
     assert counts["aten::_scaled_dot_product_flash_attention_for_cpu_backward"] == 32
+
+
+@pytest.mark.slow
+def test_comms_replay_of_a_meta_capture(tmp_path):
+    """The all-reduces recorded on meta replay over gloo, at their recorded sizes and dtype."""
+    import ray
+
+    from actors.replay.config import ReplayConfig
+    from orchestrator.cluster import ClusterConfig
+    from orchestrator.config import ExperimentConfig, RunConfig, TraceConfig
+    from orchestrator.launch import run_replay
+
+    traces = tmp_path / "traces"
+    meta = meta_capture(traces, 2, dtype="bfloat16")
+    ray_dir = tempfile.mkdtemp(prefix="tf-meta-", dir="/tmp")  # short: socket path limit
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=ray_dir, log_to_driver=False)
+    try:
+        summary = run_replay(RunConfig(
+            cluster=ClusterConfig(timeout_s=60), trace=TraceConfig(dir=str(traces)),
+            replay=ReplayConfig(mode="comms", iters=1, warmup_iters=0, collective_timeout_s=60),
+            experiment=ExperimentConfig(replay_timeout_s=120, failure_grace_s=3)), tmp_path / "run")
+    finally:
+        ray.shutdown()
+        shutil.rmtree(ray_dir, ignore_errors=True)
+    assert summary["status"] == "ok", summary["error"]
+    calls = len(load_trace(traces / trace_file_name(0)).collectives)
+    assert summary["collectives"]["all_reduce"]["num_calls"] == 2 * calls  # both ranks, once
+    assert all(r["coverage"] == 1.0 for r in summary["ranks"])
+    assert meta["num_params"] > 0
