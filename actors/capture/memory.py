@@ -13,7 +13,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
-from torch._C._autograd import DeviceType
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from actors.errors import TracefleetError
