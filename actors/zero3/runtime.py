@@ -30,6 +30,10 @@ from actors.zero3.partition import flat_offsets, flat_shard, flat_views, param_s
 from actors.zero3.plan import Gather, Home
 
 
+# torch 2.13 renamed all_gather_into_tensor (the old name warns on every call)
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def _nbytes(x: torch.Tensor) -> int:
     return x.numel() * x.element_size()
 
@@ -119,7 +123,7 @@ class Zero3Runtime:
             slot.copy_(sources[g.homes[0]])
         work = None
         if group is not None:
-            work = dist.all_gather_into_tensor(out, slot, group=group, async_op=True)
+            work = _ALL_GATHER(out, slot, group=group, async_op=True)
         self.inflight[g.id] = (out, work, ranks)
         m.num_allgathers += 1
         m.num_allgathers_intra_group += local

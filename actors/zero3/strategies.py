@@ -95,8 +95,8 @@ class PerModule:
         out = []
         for m in self.ctx.tree.modules.values():
             homes = _fetched(m.own, home_of)
-            out += [Window(a, e, homes, m.label) for a, e in self.ctx.module_windows(m, m.own)] \
-                if homes else []
+            if homes:
+                out += [Window(a, e, homes, m.label) for a, e in self.ctx.module_windows(m, m.own)]
         return out
 
     def split(self, homes: list[Home]) -> list[tuple[str, list[Home]]]:
@@ -160,16 +160,18 @@ class Bucketed(PerModule):
                          key=lambda e: (e[0], e[2].id))
         out: list[Window] = []
         size = self.ctx.cfg.prefetch_bucket_size
-        filled = size
+        filled = 0
         for start, end, h in entries:
-            if filled + h.numel > size and out and out[-1].homes or not out:
+            if out and h in out[-1].homes:
+                out[-1].end = max(out[-1].end, end)
+                continue
+            if not out or filled + h.numel > size:  # a bucket holds at least one home
                 out.append(Window(start, end, [], f"bucket {len(out)}"))
                 filled = 0
             w = out[-1]
             w.end = max(w.end, end)
-            if h not in w.homes:
-                w.homes.append(h)
-                filled += h.numel
+            w.homes.append(h)
+            filled += h.numel
         return out
 
 
