@@ -108,7 +108,8 @@ def _run_report(run_dir: Path) -> str:
                if summary.get(key) is not None]
     parts = ["<h2>Summary</h2>", _kv_table(figures)]
     if summary.get("zero3"):
-        parts += ["<h3>ZeRO-3</h3>", _kv_table(sorted((k, str(v)) for k, v in summary["zero3"].items()))]
+        parts += ["<h3>ZeRO-3</h3>", _kv_table(sorted(
+            (k, str(v)) for k, v in summary["zero3"].items() if not isinstance(v, (list, dict))))]
     for name, plot in (("memory_timeline", plots.plot_memory_timeline),
                        ("iteration_times", plots.plot_iteration_times)):
         if plot(summary, ranks, out / f"{name}.png"):

@@ -1,5 +1,6 @@
-"""`tracefleet --multirun` end to end: every point recorded (OOM included), the exit code, the
-cluster kept across points, resume, and a sweep killed mid-way keeping its finished rows."""
+"""`tracefleet --multirun` end to end: every point recorded (OOM and refused ones included),
+the exit code, the cluster kept across points, resume, and a sweep killed mid-way keeping its
+finished rows."""
 from __future__ import annotations
 
 import os
@@ -17,6 +18,7 @@ import psutil
 import pytest
 
 from orchestrator.results import CSV_NAME, PARQUET_NAME, ROWS_DIR
+from tests.chain_trace import capture_chain
 
 pytestmark = pytest.mark.slow
 
@@ -107,3 +109,20 @@ def test_killed_sweep_keeps_its_finished_rows(tmp_path, ray_temp):
     for table in (pd.read_csv(root / CSV_NAME), pd.read_parquet(root / PARQUET_NAME)):
         assert list(table["status"]) == ["oom"]
         assert list(table["replay.device_memory_capacity"]) == ["1MiB"]
+
+
+def test_a_refused_point_is_recorded_and_the_sweep_exits_2(tmp_path, ray_temp):
+    """pre_allocate never flushes, so threshold 0.5 is a config error for it alone: that point
+    is an 'invalid' row naming the key, the lazy point still runs, the exit code is 2."""
+    trace_dir = capture_chain(tmp_path / "rank-0.et.json").parent
+    cmd = [*ENTRY, "--multirun", f"trace.dir={trace_dir}", "replay=dry_run", "replay.iters=1",
+           "replay.device_memory_capacity=1MiB", "replay.allocation.device_memory_threshold=0.5",
+           "replay.allocation.mode=pre_allocate,lazy", f"cluster.temp_dir={ray_temp}",
+           "experiment.report=false", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    table = pd.read_csv(tmp_path / "sweep" / CSV_NAME).set_index("replay.allocation.mode")
+    assert table.loc["pre_allocate", "status"] == "invalid"
+    assert "device_memory_threshold" in table.loc["pre_allocate", "reason"]
+    assert table.loc["lazy", "status"] == "ok"
+    assert "tracefleet: error: point #0" in proc.stderr
