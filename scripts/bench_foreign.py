@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from actors.replay.config import AllocationConfig, ReplayConfig  # noqa: E402
 from actors.replay.engine import ReplayEngine  # noqa: E402
+from actors.replay.translate import TRANSLATIONS  # noqa: E402
 from actors.trace import load_trace  # noqa: E402
 from actors.trace.source import discover  # noqa: E402
 
@@ -114,10 +115,13 @@ def main():
     skipped = Counter()
     for r in runs:
         skipped.update({f"{r['device']} {k}": v for k, v in r["skipped"].items()})
+    translated = sorted({name for r in runs for name in r["translated"]})
     result = {"traces": str(args.traces), "num_runs": len(runs), "min_coverage": min_coverage,
               "target_met": all(r["status"] == "ok" and r["coverage"] >= TARGET_COVERAGE
                                 for r in runs),
-              "skipped_total": dict(skipped), "runs": runs}
+              "skipped_total": dict(skipped),
+              "equivalents": {name: TRANSLATIONS[name].target for name in translated},
+              "runs": runs}
     archive = args.traces / DLRM_ARCHIVE
     if not args.no_cli and archive.is_file():
         result["cli"] = cli_run(archive)
