@@ -2,9 +2,9 @@
 
 Each rank of each file under ``shared/traces/public/param/`` (the DLRM archive's eight rank
 members included) is loaded and replayed through `ReplayEngine` in compute mode, one
-iteration, on ``cpu`` and on ``meta`` (after one warm-up there). Per run: coverage, ops translated from a GPU-only
-kernel, stand-ins (meta ops that need values), skipped ops by name and reason, load and
-iteration time. Then the DLRM archive runs on 8 ranks through the CLI
+iteration, on ``cpu`` and on ``meta`` (after one warm-up there). Per run: coverage, ops
+translated from a GPU-only kernel, stand-ins (meta ops that need values), skipped ops by name
+and reason, load and iteration time. Then the DLRM archive runs on 8 ranks through the CLI
 (``tracefleet trace.dir=<archive> replay=dry_run``). Target: coverage >= 0.99 everywhere.
 
     python scripts/bench_foreign.py [--traces DIR] [--no-cli]
@@ -111,7 +111,8 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)
     runs = engine_runs(args.traces)
-    min_coverage = {d: min(r["coverage"] for r in runs if r["device"] == d) for d in ("cpu", "meta")}
+    min_coverage = {d: min(r["coverage"] for r in runs if r["device"] == d)
+                    for d in ("cpu", "meta")}
     skipped = Counter()
     for r in runs:
         skipped.update({f"{r['device']} {k}": v for k, v in r["skipped"].items()})

@@ -112,28 +112,28 @@ def without_kernels(tmp_path: Path):
     ht, wt_ = (_conv_t_out(n, 3, s, p, d, o) for n, s, p, d, o in
                zip((9, 10), stride, padding, dilation, out_pad))
     yt = lambda tid: t(tid, tid, 2 * 6 * ht * wt_, shape=[2, 6, ht, wt_])  # noqa: E731
-    b, g = et_json.scalar, et_json.scalar(2)
-    flags3, flags2 = [b(False, "Bool")] * 3, [b(False, "Bool")] * 2
-    alpha = b(0.5, "Double")
+    scalar, groups = et_json.scalar, et_json.scalar(2)
+    flags3, flags2 = [scalar(False, "Bool")] * 3, [scalar(False, "Bool")] * 2
+    alpha = scalar(0.5, "Double")
     schema = lambda name: str(getattr(A, name).default._schema)  # noqa: E731
     nodes = [
-        ("cudnn_convolution", [x, w, i(padding), i(stride), i(dilation), g, *flags3], [y(10)]),
+        ("cudnn_convolution", [x, w, i(padding), i(stride), i(dilation), groups, *flags3], [y(10)]),
         ("cudnn_convolution_transpose",
-         [x, wt, i(padding), i(out_pad), i(stride), i(dilation), g, *flags3], [yt(11)]),
-        ("cudnn_convolution_relu", [x, w, bias, i(stride), i(padding), i(dilation), g], [y(12)]),
+         [x, wt, i(padding), i(out_pad), i(stride), i(dilation), groups, *flags3], [yt(11)]),
+        ("cudnn_convolution_relu", [x, w, bias, i(stride), i(padding), i(dilation), groups], [y(12)]),
         ("cudnn_convolution_add_relu",
-         [x, w, z, alpha, bias, i(stride), i(padding), i(dilation), g], [y(13)]),
-        ("miopen_convolution", [x, w, bias, i(padding), i(stride), i(dilation), g, *flags2], [y(14)]),
+         [x, w, z, alpha, bias, i(stride), i(padding), i(dilation), groups], [y(13)]),
+        ("miopen_convolution", [x, w, bias, i(padding), i(stride), i(dilation), groups, *flags2], [y(14)]),
         ("miopen_depthwise_convolution",
-         [x, w, bias, i(padding), i(stride), i(dilation), g, *flags2], [y(15)]),
+         [x, w, bias, i(padding), i(stride), i(dilation), groups, *flags2], [y(15)]),
         ("miopen_convolution_transpose",
-         [x, wt, bias, i(padding), i(out_pad), i(stride), i(dilation), g, *flags2], [yt(16)]),
-        ("miopen_convolution_relu", [x, w, bias, i(stride), i(padding), i(dilation), g], [y(17)]),
+         [x, wt, bias, i(padding), i(out_pad), i(stride), i(dilation), groups, *flags2], [yt(16)]),
+        ("miopen_convolution_relu", [x, w, bias, i(stride), i(padding), i(dilation), groups], [y(17)]),
         ("miopen_convolution_add_relu",
-         [x, w, z, alpha, bias, i(stride), i(padding), i(dilation), g], [y(18)]),
-        ("pin_memory", [x, b("<None>", "None")], [t(19, 19, 2 * 4 * 9 * 10, shape=[2, 4, 9, 10])]),
-        ("_pin_memory", [x, b("<None>", "None")], [t(20, 20, 2 * 4 * 9 * 10, shape=[2, 4, 9, 10])]),
-        ("record_stream", [x, b("<Stream>", "Stream")], []),
+         [x, w, z, alpha, bias, i(stride), i(padding), i(dilation), groups], [y(18)]),
+        ("pin_memory", [x, scalar("<None>", "None")], [t(19, 19, 2 * 4 * 9 * 10, shape=[2, 4, 9, 10])]),
+        ("_pin_memory", [x, scalar("<None>", "None")], [t(20, 20, 2 * 4 * 9 * 10, shape=[2, 4, 9, 10])]),
+        ("record_stream", [x, scalar("<Stream>", "Stream")], []),
     ]
     lengths = t(30, 30, 384, dtype="int", shape=[384])
     indices = t(31, 31, 768, dtype="long int", shape=[768])
@@ -144,8 +144,8 @@ def without_kernels(tmp_path: Path):
         ("fbgemm::bounds_check_indices",
          "fbgemm::bounds_check_indices(Tensor rows_per_table, Tensor(a!) indices, Tensor(b!) offsets, "
          "int bounds_check_mode, Tensor(c!) warning, Tensor(d!)? weights=None) -> ()",
-         [t(34, 34, 3, dtype="long int", shape=[3]), indices, offsets, et_json.scalar(1),
-          t(35, 35, 1, dtype="long int", shape=[1]), b("<None>", "None")], []),
+         [t(34, 34, 3, dtype="long int", shape=[3]), indices, offsets, scalar(1),
+          t(35, 35, 1, dtype="long int", shape=[1]), scalar("<None>", "None")], []),
     ]
     written = [et_json.node(100 + k, f"aten::{name}", inputs=ins, outputs=outs, schema=schema(name))
                for k, (name, ins, outs) in enumerate(nodes)]
