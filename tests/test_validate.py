@@ -2,7 +2,6 @@
 layouts, the recorded world, subsets per mode, mismatches refused or warned per mode."""
 import json
 import shutil
-import tarfile
 from datetime import timedelta
 from pathlib import Path
 
