@@ -31,7 +31,6 @@ from actors.errors import TracefleetError
 from orchestrator import cli
 from orchestrator.results import INVALID, REPLAY_STATUSES, ResultsStore, make_row, point_key, \
     summary_columns
-from orchestrator.session import ReplaySession
 
 log = logging.getLogger("tracefleet")
 
@@ -40,7 +39,7 @@ _MULTIRUN_FLAGS = ("--multirun", "-m")
 # Overrides that do not change a point's result, left out of the sweep root's name.
 _NOT_IN_SWEEP_ID = ("hydra.", "hydra/", "experiment.resume=", "experiment.report=")
 
-_session: ReplaySession | None = None  # kept across the points of a sweep (basic launcher)
+_session = None  # the ReplaySession kept across the points of a sweep (basic launcher)
 last_exit_code: int | None = None  # set when a sweep ends; main() exits with it
 
 
@@ -69,13 +68,14 @@ def exit_code(statuses) -> int:
     return 0 if all(s == "ok" for s in statuses) else 1
 
 
-def shared_session() -> ReplaySession | None:
+def shared_session():
     """The session kept across points, when they run in this process one after another;
     None under another launcher (points in other processes each start their own)."""
     global _session
     if HydraConfig.get().runtime.choices.get("hydra/launcher") != "basic":
         return None
     if _session is None:
+        from orchestrator.session import ReplaySession  # Ray: only once a point runs
         _session = ReplaySession()
     return _session
 

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from orchestrator.results import CSV_NAME, PARQUET_NAME, ROWS_DIR
-from tests.chain_trace import capture_chain
+from tests.chain_trace import TENSOR_BYTES, capture_chain
 
 pytestmark = pytest.mark.slow
 
@@ -126,3 +126,29 @@ def test_a_refused_point_is_recorded_and_the_sweep_exits_2(tmp_path, ray_temp):
     assert "device_memory_threshold" in table.loc["pre_allocate", "reason"]
     assert table.loc["lazy", "status"] == "ok"
     assert "tracefleet: error: point #0" in proc.stderr
+
+
+def test_min_memory_run_finds_the_known_answer_on_one_cluster(tmp_path, ray_temp):
+    """experiment=min_memory through the CLI and Ray: the hand-computed capacities (see
+    tests/chain_trace.py), every probe after the first on the same cluster and actors."""
+    trace_dir = capture_chain(tmp_path / "rank-0.et.json").parent
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [*ENTRY, "experiment=min_memory", f"trace.dir={trace_dir}", f"hydra.run.dir={run_dir}",
+         "experiment.min_memory.allocation_modes=[lazy,pre_allocate]",
+         "experiment.min_memory.tolerance=0", "experiment.min_memory.tolerance_bytes=1",
+         f"cluster.temp_dir={ray_temp}"],
+        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = pd.read_csv(run_dir / CSV_NAME)
+    answers = table[table["kind"] == "min_memory"].set_index("replay.allocation.mode")
+    assert answers.loc["lazy", "min_capacity_bytes"] == 3 * TENSOR_BYTES
+    assert answers.loc["pre_allocate", "min_capacity_bytes"] == 4 * TENSOR_BYTES
+    assert answers.loc["pre_allocate", "max_failing_capacity_bytes"] == 4 * TENSOR_BYTES - 1
+    probes = table[table["kind"] == "probe"]
+    assert len(probes) == answers["num_steps"].sum() > 10
+    timings = [orjson.loads((run_dir / d / "summary.json").read_bytes())["timings_s"]
+               for d in probes["run_dir"]]
+    assert all(t["cluster_start_s"] < 0.5 and t["actor_start_s"] < 2.0 for t in timings[1:])
+    assert (run_dir / "report.html").stat().st_size > 10_000
+    assert "min_memory lazy threshold 1: 12288 B" in proc.stdout
