@@ -298,3 +298,20 @@ def test_host_gaps_are_spent_before_their_ops(step_trace):
 def test_host_gaps_without_a_profiler_trace_is_a_clear_error(step_trace):
     with pytest.raises(ReplayError, match="kineto.json.gz"):
         ReplayEngine(load_trace(step_trace), _cfg(host_gaps=True))
+
+
+def test_an_op_needing_values_on_meta_stands_in_with_its_recorded_output(tmp_path):
+    repeat = "aten::repeat_interleave.Tensor(Tensor repeats, *, SymInt? output_size=None) -> Tensor"
+    repeats = tensor(1, 1, 4, dtype="long int")
+    out = tensor(2, 2, 10, dtype="long int")
+    nodes = [step_node(3, 1),  # repeats: an input made before the trace
+             node(5, "aten::repeat_interleave", parent=3, inputs=[repeats], outputs=[out],
+                  schema=repeat),
+             node(6, "aten::relu", parent=3, inputs=[out], outputs=[tensor(3, 3, 10, dtype="long int")],
+                  schema=RELU)]
+    trace = load_trace(write_trace(tmp_path, nodes))
+    _, r = _run(trace, device="meta", iters=2, strict=True)
+    assert r["status"] == "ok", r["error"]
+    # the data-sized op returned the trace's output shape, so the op after it ran on it
+    assert r["standin_ops"] == {"aten::repeat_interleave": 1}
+    assert r["coverage"] == 1.0 and r["num_shape_mismatches"] == 0

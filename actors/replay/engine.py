@@ -15,7 +15,7 @@ import torch
 
 from actors.errors import ReplayError
 from actors.replay import plan as planning
-from actors.replay import resolve
+from actors.replay import resolve, standins
 from actors.replay.allocation import make_policy
 from actors.replay.config import ReplayConfig, parse_bytes
 from actors.replay.host_gaps import HostGaps
@@ -236,8 +236,9 @@ class ReplayEngine:
     def _op_failed(self, step, e: Exception):
         """An op raised. An input a flush dropped (the fast path passes it as None, which a
         required argument refuses) is re-materialized and the op retried; the device refusing
-        memory is an OOM; anything else skips the op from now on, with its reason counted.
-        Returns the op's outputs when the retry ran."""
+        memory is an OOM; on meta, an op that needs values returns its recorded outputs from
+        now on (a stand-in); anything else skips the op from now on, with its reason counted.
+        Returns the op's outputs when the retry or the stand-in ran."""
         tensors = self.store.tensors
         if step.fast is not None and any(tensors[t.uid] is None for _, t in step.tensor_slots):
             try:
@@ -247,6 +248,12 @@ class ReplayEngine:
         if is_allocation_failure(e):
             raise OutOfMemory(self.memory.held_bytes, 0, self.memory.capacity_bytes,
                               f"{type(e).__name__}: {str(e).splitlines()[0][:300]}") from None
+        standin = standins.fallback(step, e) if self.device.type == "meta" else None
+        if standin is not None:  # needs values meta tensors do not have: the trace's outputs
+            step.fn, step.fast = standin, None
+            step.standin = f"needs values on meta: {str(e).splitlines()[0][:120]}"
+            self._dirty = True
+            return self._call(step)
         step.kind = "failed"
         step.fast = None
         step.reason = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
