@@ -36,7 +36,7 @@ class RankActor(RankWorkerBase):
         world_size = int(os.environ["WORLD_SIZE"])
         engine = None
         try:
-            device = pick_device(cfg.device)
+            device = pick_device(cfg.device, self.device_index)
             if device.type == "cuda":
                 torch.cuda.set_device(device)
             t0 = time.perf_counter()
@@ -49,7 +49,8 @@ class RankActor(RankWorkerBase):
                                         timeout=timedelta(seconds=cfg.collective_timeout_s))
                 groups = ProcessGroups.create(pg_table, rank, world_size, backend,
                                               cfg.collective_timeout_s, group_map)
-                comm = CollectiveReplayer(groups, device, ops=trace.ops)
+                comm = CollectiveReplayer(groups, device, ops=trace.ops,
+                                          cuda_sync_timing=cfg.cuda_sync_collectives)
             t2 = time.perf_counter()
             engine = ReplayEngine(trace, cfg, device=device, comm=comm, rank=rank,
                                   extensions=zero3_extensions(zero3, trace, trace_bytes))
