@@ -68,9 +68,3 @@ def reassemble(gathered: torch.Tensor, numels: list[int], world: int,
         out.append(torch.cat([gathered[r * chunk + off:r * chunk + off + s] for r in range(world)]))
         off += s
     return out
-
-
-def flat_views(gathered: torch.Tensor, numels: list[int], world: int) -> list[torch.Tensor]:
-    """Each parameter of a gathered flat unit buffer (padded for ``world``), as a view."""
-    offsets, _ = flat_offsets(numels, world)
-    return [gathered[off:off + n] for off, n in zip(offsets, numels)]

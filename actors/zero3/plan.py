@@ -178,22 +178,23 @@ def add_prefetch(plan: Plan, world: int, lookahead_numel: int, max_live_numel: i
     plan.events = dict(events)
 
 
-def uncovered_uses(plan: Plan, params: list[Param], home_of: dict[int, Home]) -> list[tuple]:
+def uncovered_uses(plan: Plan, params: list[Param]) -> list[tuple]:
     """(op index, param) pairs where an op uses a parameter that is not gathered, bound as
     scratch or persistent at that moment; empty for a sound plan."""
     use_at: dict[int, list[Param]] = defaultdict(list)
     for p in params:
         for i in p.uses:
             use_at[i].append(p)
-    bound: set[Home] = {h for h in plan.homes if h.persistent}
+    bound: set[int] = {p.suid for h in plan.homes if h.persistent for p in h.params}
     bad = []
     for i in range(plan.num_ops):
         for kind, obj in plan.events.get(i, ()):
-            if kind == "wait":
-                bound.update(obj.homes)
-            elif kind == "scratch":
-                bound.add(obj)
-            elif kind in ("release", "unscratch"):
-                bound.discard(obj)
-        bad += [(i, p) for p in use_at.get(i, ()) if home_of[p.suid] not in bound]
+            homes = obj.homes if kind == "wait" else [obj] if kind in (
+                "scratch", "release", "unscratch") else []
+            suids = {p.suid for h in homes for p in h.params}
+            if kind in ("wait", "scratch"):
+                bound |= suids
+            else:
+                bound -= suids
+        bad += [(i, p) for p in use_at.get(i, ()) if p.suid not in bound]
     return bad

@@ -55,7 +55,7 @@ def build_plan(trace: Trace, liveness: Liveness, cfg: Zero3Config, world: int,
         add_prefetch(plan, world, cfg.prefetch_bucket_size, cfg.max_live_parameters)
     if cfg.hpz_partition_size > 1:
         _drop_secondary_before_update(plan, ctx)
-    bad = uncovered_uses(plan, params, home_of)
+    bad = uncovered_uses(plan, params)
     if bad:  # a planning bug, not a user error: the op would silently allocate the parameter
         i, p = bad[0]
         raise ReplayError(f"{trace.path}: zero3 plan leaves {p} unfetched at op {i} "

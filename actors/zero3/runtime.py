@@ -25,8 +25,7 @@ from actors.replay.resolve import torch_dtype
 from actors.replay.tensor_store import FLOAT_FILL
 from actors.zero3.metrics import Zero3Metrics
 from actors.zero3.params import Param
-from actors.zero3.partition import flat_offsets, flat_shard, flat_views, param_shard, \
-    reassemble, shard_numel
+from actors.zero3.partition import flat_offsets, flat_shard, param_shard, reassemble, shard_numel
 from actors.zero3.plan import Gather, Home
 
 
@@ -36,6 +35,13 @@ _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 
 def _nbytes(x: torch.Tensor) -> int:
     return x.numel() * x.element_size()
+
+
+def _stride(v) -> tuple:
+    """A view's strides (contiguous ones where the trace has none)."""
+    if v.stride is not None and len(v.stride) == len(v.shape):
+        return v.stride
+    return torch.empty(v.shape, device="meta").stride()
 
 
 class Zero3Runtime:
@@ -56,6 +62,12 @@ class Zero3Runtime:
         self.scratched: set[Home] = set()
         self.forward_gathered: set[Home] = set()
         self.metrics = Zero3Metrics()
+        # per home: (param, element offset in its gathered buffer), and per parameter its
+        # views as (TensorArg, shape, stride, offset): computed once, bound at every fetch
+        self._offsets = {h: list(zip(h.params, flat_offsets([p.numel for p in h.params], world)[0]))
+                         for h in homes}
+        self._views = {p.suid: [(v, v.shape, _stride(v), v.offset) for v in p.views]
+                       for h in homes for p in h.params}
 
     # --- set-up ---------------------------------------------------------------------------
     def allocate(self) -> None:
@@ -151,9 +163,8 @@ class Zero3Runtime:
         else:
             h = g.homes[0]
             self._hold(h, out, 0)
-            numels = [p.numel for p in h.params]
-            for p, view in zip(h.params, flat_views(out, numels, self.world)):
-                self._bind(p, view)
+            for p, offset in self._offsets[h]:
+                self._bind(p, out, offset)
         if not g.backward:
             self.forward_gathered.update(g.homes)
         m.fetch_host_s += time.perf_counter() - t1
@@ -209,13 +220,14 @@ class Zero3Runtime:
         else:
             self.metrics.add_gathered(-nbytes)
 
-    def _bind(self, p: Param, full: torch.Tensor) -> None:
-        """Every trace view of ``p`` over ``full`` (its storage's elements, flat)."""
-        base = full.storage_offset()
-        for v in p.views:
-            stride = v.stride if v.stride is not None and len(v.stride) == len(v.shape) \
-                else torch.empty(v.shape, device="meta").stride()
-            self.store.bind(v, torch.as_strided(full, v.shape, stride, base + v.offset))
+    def _bind(self, p: Param, data: torch.Tensor, offset: int = 0) -> None:
+        """Every trace view of ``p`` over ``data``, whose element ``offset`` is the first of
+        ``p``'s storage."""
+        base = data.storage_offset() + offset
+        bind = self.store.bind
+        for v, shape, stride, off in self._views.get(p.suid) or \
+                [(v, v.shape, _stride(v), v.offset) for v in p.views]:
+            bind(v, torch.as_strided(data, shape, stride, base + off))
 
     def drop_all(self) -> None:
         """Release whatever an interrupted iteration left gathered (persistent ones stay)."""

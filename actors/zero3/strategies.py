@@ -179,12 +179,14 @@ STRATEGIES = {cls.name: cls for cls in (PerParam, PerModule, LeafCoalesced, Buck
 
 
 def orphan_windows(ctx: Context, home_of: dict[int, Home], windows: list[Window]) -> list[Window]:
-    """Windows for the uses of partitioned parameters that ``windows`` do not cover."""
+    """Windows for the uses of partitioned parameters that ``windows`` do not cover. A scratch
+    window binds its one parameter (a home of its own), whatever home holds its shard."""
     covered: dict[Home, list[tuple[int, int]]] = defaultdict(list)
     for w in windows:
         for h in w.homes:
             covered[h].append((w.start, w.end))
     out = []
+    next_id = 1 + max((h.id for h in home_of.values()), default=0)
     for p in ctx.params:
         h = home_of[p.suid]
         if h.persistent:
@@ -194,8 +196,13 @@ def orphan_windows(ctx: Context, home_of: dict[int, Home], windows: list[Window]
         if not orphans:
             continue
         loose = Param(p.suid, p.index, p.numel, p.dtype, p.itemsize, p.tensor_ids, p.views, orphans)
+        own = None
         for a, e, ph in ctx.use_windows([loose], (FWD, BWD, UPDATE)):
-            out.append(Window(a, e, [h], f"param #{p.index}", scratch=ph == UPDATE))
+            if ph == UPDATE and own is None:
+                own = Home(next_id, [p])
+                next_id += 1
+            out.append(Window(a, e, [own if ph == UPDATE else h], f"param #{p.index}",
+                              scratch=ph == UPDATE))
     return out
 
 
