@@ -45,8 +45,9 @@ class Zero3Config:
     module_granularity_threshold: int = 0
     # Parameters of modules the trace does not delimit (no module ranges), as
     # {module qualname: [parameter, ...]}; each parameter by zero3.modules_by. The modules are
-    # fetched as units around the uses of their parameters and can be leaf_modules.
-    modules: dict[str, list[int]] | None = None
+    # fetched as units around the uses of their parameters and can be leaf_modules. On the
+    # command line: '+zero3.modules={blocks.0:[0,1,2],head:[3]}'.
+    modules: dict[str, list[int]] = field(default_factory=dict)
     # How zero3.modules names parameters: tensor_id (the trace's tensor ids) or order
     # (0-based position among detected parameters, in order of first use).
     modules_by: ParamRef = ParamRef.tensor_id
