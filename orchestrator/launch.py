@@ -75,8 +75,7 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
             replay_window_s = time.perf_counter() - t3
         finally:
             t_down = time.perf_counter()
-            session.release(group, results is not None and all(r.ok for r in results),
-                            cfg.cluster.timeout_s)
+            session.release(group, results, cfg.cluster.timeout_s)
     finally:
         if own_session:
             session.close()

@@ -7,8 +7,8 @@ folder, until ``close()``. The actors keep their loaded traces too (``RankActor`
 by file version), so a later point skips the load as well.
 
 Reuse is only safe from a known state: the actors are reused only when every rank returned a
-report (whatever its status) and then released their process groups; otherwise the group is
-killed and the next replay starts a new one on the same cluster.
+report of a clean end (ok or oom) and then released their process groups; otherwise the
+group is killed and the next replay starts a new one on the same cluster.
 """
 from __future__ import annotations
 
@@ -25,6 +25,9 @@ from orchestrator.validate import PreflightResult, preflight
 from orchestrator.worker_group import WorkerGroup, rank_envs
 
 log = logging.getLogger("tracefleet")
+
+_REUSABLE = ("ok", "oom")  # rank statuses after which its actor is kept for the next replay
+_RELEASE_S = 10.0  # bound on the actors' release of their process groups
 
 
 def _files_key(paths) -> tuple:
@@ -46,7 +49,6 @@ class ReplaySession:
         self._group_key: tuple | None = None
         self._preflight: dict[tuple, tuple[tuple, PreflightResult]] = {}
         self._blobs: dict[tuple, object] = {}  # (path, size, mtime) -> ObjectRef of its bytes
-        self.num_replays = 0
 
     def preflight(self, trace_dir: str, world_size: int | None,
                   group_map: dict | None, **options) -> PreflightResult:
@@ -118,16 +120,20 @@ class ReplaySession:
         self._group, self._group_key = group, key
         return group
 
-    def release(self, group: WorkerGroup, every_rank_returned: bool, timeout_s: float) -> None:
-        """After a replay: keep the actors (their process groups destroyed) when every rank
-        returned a report, else kill them."""
-        self.num_replays += 1
+    def release(self, group: WorkerGroup, results: list | None, timeout_s: float) -> None:
+        """After a replay: keep the actors, their process groups destroyed, when every rank
+        returned a report of a clean end (``ok``, or ``oom``: the accounting or the allocator
+        refused before the op ran); kill them after anything else (a failed collective can
+        leave a rank's communicator in an unknown state). ``results``: the group's Results."""
+        reusable = results is not None and all(
+            r.ok and isinstance(r.value, dict) and r.value.get("status") in _REUSABLE
+            for r in results)
         if group is not self._group:
             group.shutdown()
             return
-        if every_rank_returned:
+        if reusable:
             refs = [w.shutdown.remote() for w in group.workers]
-            done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=min(timeout_s, _RELEASE_S))
             if len(done) == len(refs):
                 try:
                     ray.get(refs)
