@@ -90,7 +90,7 @@ class CaptureConfig:
                 "timing_iters": self.timing_iters, "num_threads": self.num_threads,
                 "dist_timeout_s": self.dist_timeout_s,
                 "module_backward_ranges": self.module_backward_ranges,
-                "profile_host": self.record_kineto}
+                "record_kineto": self.record_kineto}
 
 
 def register_configs() -> None:

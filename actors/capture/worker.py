@@ -68,7 +68,7 @@ def run_capture(cfg: Mapping, out_dir: str) -> dict:
     the last one is measured for memory), ``timing_iters`` (timed without the observer),
     ``num_threads`` (torch intra-op threads; 0 keeps torch's default), ``dist_timeout_s``
     (collective timeout), ``module_backward_ranges`` (also mark module backward),
-    ``profile_host`` (also record the Kineto trace).
+    ``record_kineto`` (also write the profiler trace).
     """
     rank, world_size = _rendezvous_env()
     wl_cfg = workload_config(cfg)
@@ -100,9 +100,9 @@ def run_capture(cfg: Mapping, out_dir: str) -> dict:
                 torch.cuda.synchronize(device)
             times_s.append(time.perf_counter() - start)
         dist.barrier()
-        profile_host = bool(cfg.get("profile_host", True))
+        record_kineto = bool(cfg.get("record_kineto", True))
         path = os.path.join(out_dir, trace_file_name(rank))
-        kineto = os.path.join(out_dir, kineto_file_name(rank)) if profile_host else None
+        kineto = os.path.join(out_dir, kineto_file_name(rank)) if record_kineto else None
         recorded = record_iteration(
             workload.step, workload.next_batch(), workload.model,
             step_index=warmup_iters + timing_iters, out_path=path,
