@@ -24,10 +24,9 @@ class Zero3Extension(ReplayExtension):
 
     name = "zero3"
 
-    def __init__(self, cfg: Zero3Config, marks: list[tuple[int, str, str]], init_full=None):
+    def __init__(self, cfg: Zero3Config, marks: list[tuple[int, str, str]]):
         self.cfg = cfg
         self.marks = marks  # backward markers (actors/zero3/markers.py)
-        self.init_full = init_full  # tests: param -> full values
         self.z: Zero3Plan | None = None
         self.runtime: Zero3Runtime | None = None
 
@@ -48,8 +47,8 @@ class Zero3Extension(ReplayExtension):
         hpz_group = _node_group(engine.rank, world, hpz, engine.cfg.collective_timeout_s) \
             if group is not None and hpz > 1 else None
         self.runtime = Zero3Runtime(self.z.plan.homes, world, engine.rank % world, engine.device,
-                                    engine.store, engine.memory, group, self.init_full,
-                                    hpz, hpz_group)
+                                    engine.store, engine.memory, group, hpz=hpz,
+                                    hpz_group=hpz_group)
         self.runtime.allocate()
 
     def owned_storages(self) -> set[int]:
