@@ -16,6 +16,7 @@ from actors.rank_base import RankWorkerBase
 from actors.replay.collectives import CollectiveReplayer
 from actors.replay.config import ReplayConfig
 from actors.replay.engine import ReplayEngine, pick_device
+from actors.replay.memory import OutOfMemory
 from actors.replay.process_groups import ProcessGroups
 from actors.trace import load_trace
 from actors.zero3.config import Zero3Config
@@ -100,8 +101,14 @@ class RankActor(RankWorkerBase):
         last = f"node {op.node_id} {op.name}" if op is not None else None
         text = str(e).splitlines()[0] if str(e) else type(e).__name__
         timed_out = "timed out" in text.lower() or "timeout" in type(e).__name__.lower()
-        detail = "" if isinstance(e, TracefleetError) else "\n" + traceback.format_exc(limit=6)
-        return {"rank": rank, **self._where(),
-                "status": "timeout" if timed_out else "failed",
-                "error": f"rank {rank}" + (f" at {last}" if last else "") + f": {text}",
+        # before the first op: e.g. ZeRO-3 shards that do not fit the device capacity
+        oom = isinstance(e, OutOfMemory)
+        detail = "" if isinstance(e, (TracefleetError, OutOfMemory)) else \
+            "\n" + traceback.format_exc(limit=6)
+        status = "oom" if oom else "timeout" if timed_out else "failed"
+        return {"rank": rank, **self._where(), "status": status,
+                "error": f"rank {rank}" + (f" at {last}" if last else "")
+                         + (": out of memory before the first op" if oom else "") + f": {text}",
+                "oom": {"node_id": None, "op": None, "held_bytes": e.held_bytes,
+                        "requested_bytes": e.requested_bytes} if oom else None,
                 "last_op": last, "traceback": detail or None}

@@ -6,7 +6,7 @@ Files written by ``write_run_outputs`` (paths relative to the run directory):
 
 The rank table has one row of flat scalar columns per rank: scalars are kept as they are,
 ``collectives`` becomes ``coll_<kind>_<field>`` columns, ``oom`` becomes ``oom_<field>``,
-``cuda_memory`` becomes ``cuda_<field>_bytes``, ``iteration_times_s`` also yields
+``memory_measure`` becomes ``measure_<field>``, ``iteration_times_s`` also yields
 ``num_iterations``, and any other list or dict is kept as a JSON string in ``<key>_json``.
 """
 from __future__ import annotations
@@ -51,9 +51,10 @@ def flatten_rank(rank: dict) -> dict:
         elif key == "oom":
             for field, stat in (value or {}).items():
                 row[f"oom_{_column_key(field)}"] = stat
-        elif key == "cuda_memory":
+        elif key == "memory_measure":
             for field, stat in (value or {}).items():
-                row[f"cuda_{_column_key(field)}_bytes"] = stat
+                if not isinstance(stat, (list, dict)):
+                    row[f"measure_{_column_key(field)}"] = stat
         elif key == "iteration_times_s":
             row["num_iterations"] = len(value or [])
             row["iteration_times_s_json"] = _json_str(value)
@@ -174,14 +175,16 @@ def _ranks_table(summary: dict) -> Table:
     table.add_column("rank", justify="right", no_wrap=True)
     table.add_column("node", overflow="fold")
     table.add_column("status", no_wrap=True)
-    for header in ("iter\nms", "comp\nms", "comm\nms", "peak\nMiB", "bound\nMiB", "flush", "cov\n%"):
+    for header in ("iter\nms", "comp\nms", "comm\nms", "measured\nMiB", "accounted\nMiB",
+                   "bound\nMiB", "flush", "cov\n%"):
         table.add_column(header, justify="right", no_wrap=True)
     for r in summary.get("ranks", []):
         coverage = r.get("coverage")
         table.add_row(
             str(r.get("rank")), r.get("node_ip") or "-", _status(r.get("status")),
             _ms(r.get("iteration_time_s")), _ms(r.get("compute_time_s")), _ms(r.get("comm_time_s")),
-            _mib(r.get("peak_memory_bytes")), _mib(r.get("liveness_lower_bound_bytes")),
+            _mib(r.get("measured_peak_bytes")), _mib(r.get("accounted_peak_bytes")),
+            _mib(r.get("liveness_lower_bound_bytes")),
             "-" if r.get("num_flushes") is None else str(r["num_flushes"]),
             "-" if coverage is None else f"{coverage * 100:.1f}",
         )
@@ -203,25 +206,41 @@ def _collectives_table(collectives: dict) -> Table:
 def _footer(summary: dict) -> str:
     stats = summary.get("iteration_time_stats_s") or {}
     parts = [f"status {_status(summary.get('status'))}",
-             f"iter median {_ms(summary.get('iteration_time_s'))} ms "
-             f"(min {_ms(stats.get('min'))}, max {_ms(stats.get('max'))})"]
+             f"iter {_ms(summary.get('iteration_time_s'))} ms slowest rank "
+             f"(median {_ms(summary.get('iteration_time_median_s'))}, "
+             f"min {_ms(stats.get('min'))})"]
     if summary.get("straggler_rank") is not None and summary.get("skew") is not None:
         parts.append(f"straggler rank {summary['straggler_rank']} (skew {summary['skew']:.2f}x)")
-    parts.append(f"peak {human_bytes(summary.get('peak_memory_bytes'))}, "
+    measured = summary.get("measured_peak_bytes")
+    parts.append((f"peak {human_bytes(measured)} measured, " if measured is not None else "")
+                 + f"{human_bytes(summary.get('accounted_peak_bytes'))} accounted, "
                  f"bound {human_bytes(summary.get('liveness_lower_bound_bytes'))}")
     if summary.get("coverage") is not None:
         parts.append(f"coverage {summary['coverage'] * 100:.1f}% (min over ranks)")
     return " | ".join(parts)
 
 
+def _zero3_line(z: dict) -> str:
+    """ZeRO-3 emulation figures per iteration (medians over ranks)."""
+    return (f"zero3 {z.get('strategy')} (world {z.get('world_size')}) | "
+            f"{z.get('num_allgathers_per_iteration')} all-gathers/iter, "
+            f"{human_bytes(z.get('allgather_bytes_per_iteration'))} | host fetch "
+            f"{_ms(z.get('fetch_host_s'))} ms + release {_ms(z.get('release_host_s'))} ms, "
+            f"wait {_ms(z.get('wait_s'))} ms, bubble {_ms(z.get('bubble_s'))} ms | gathered peak "
+            f"{human_bytes(z.get('gathered_peak_bytes'))}, shard {human_bytes(z.get('shard_bytes'))}")
+
+
 def print_summary(summary: dict, console: Console | None = None) -> None:
-    """Print the per-rank table, the collectives table (if any) and a one-line footer."""
+    """Print the per-rank table, the collectives table (if any), a one-line footer and the
+    ZeRO-3 line (when emulating)."""
     # Logs and CI capture are not terminals: rich would fold the tables to 80 columns.
     console = console or Console(width=None if sys.stdout.isatty() else 132)
     console.print(_ranks_table(summary))
     if summary.get("collectives"):
         console.print(_collectives_table(summary["collectives"]))
     console.print(_footer(summary))
+    if summary.get("zero3"):
+        console.print(_zero3_line(summary["zero3"]), markup=False)
     if summary.get("error"):
         # markup=False: error text may contain brackets that rich would parse as styles.
         console.print("error: " + summary["error"], style="bold red", markup=False)

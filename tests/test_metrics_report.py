@@ -243,7 +243,21 @@ def test_print_summary_rows_footer_and_error():
     assert "straggler rank 1 (skew 2.50x)" in text
     assert "status oom" in text
     assert "peak 100.0 MiB measured, 90.0 MiB accounted" in text
+    assert "zero3" not in text  # no emulation, no ZeRO-3 line
     assert "rank 2 oom at node 9 aten::cat: needs [1 GiB] more" in text
+
+
+def test_print_summary_names_the_zero3_figures():
+    summary = aggregate([ok_report(0, 0.1)], world_size=1, extra={"zero3": {
+        "strategy": "leaf_coalesced", "world_size": 4, "num_allgathers_per_iteration": 12,
+        "allgather_bytes_per_iteration": 4 * MiB, "fetch_host_s": 0.0056, "release_host_s": 0.0002,
+        "wait_s": 0.0567, "bubble_s": 0.0635, "gathered_peak_bytes": 774 * 1024,
+        "shard_bytes": 524 * 1024}})
+    console = Console(record=True, width=200)
+    print_summary(summary, console=console)
+    assert ("zero3 leaf_coalesced (world 4) | 12 all-gathers/iter, 4.0 MiB | host fetch 5.60 ms "
+            "+ release 0.20 ms, wait 56.7 ms, bubble 63.5 ms | gathered peak 774.0 KiB, "
+            "shard 524.0 KiB") in console.export_text()
 
 
 @pytest.mark.parametrize("num_bytes, expected", [
