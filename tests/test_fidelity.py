@@ -315,3 +315,27 @@ def test_an_op_needing_values_on_meta_stands_in_with_its_recorded_output(tmp_pat
     # the data-sized op returned the trace's output shape, so the op after it ran on it
     assert r["standin_ops"] == {"aten::repeat_interleave": 1}
     assert r["coverage"] == 1.0 and r["num_shape_mismatches"] == 0
+
+
+def test_a_new_view_of_a_storage_an_op_made_aliases_it(tmp_path):
+    """A tensor first seen as an input on a storage an op produced (a view the trace never
+    recorded being made) is a view of that storage, not a new allocation."""
+    n = 32
+    made, view = tensor(1, 1, n, shape=[n]), tensor(2, 1, n, shape=[4, 8])
+    nodes = [step_node(3, 1),
+             node(4, "aten::ones", parent=3, inputs=[scalar([n], "GenericList[Int]")], outputs=[made],
+                  schema=ONES),
+             node(5, "aten::relu", parent=3, inputs=[view], outputs=[tensor(3, 2, n, shape=[4, 8])],
+                  schema=RELU),
+             node(6, "aten::relu", parent=3, inputs=[made], outputs=[tensor(4, 3, n)], schema=RELU)]
+    trace = load_trace(write_trace(tmp_path, nodes))
+    ptrs = []
+    probe = _Probe(1, lambda engine, it: ptrs.append(
+        [engine.store.tensors[t.uid].data_ptr() for t in (trace.ops[0].outputs[0], trace.ops[1].inputs[0])]))
+    engine = ReplayEngine(trace, _cfg(), extensions=[probe])
+    r = engine.run().to_dict()
+    assert r["status"] == "ok", r["error"]
+    assert ptrs and ptrs[0][0] == ptrs[0][1]
+    # accounting knows it is one storage: a capacity of exactly the accounted peak suffices
+    _, tight = _run(trace, device_memory_capacity=str(r["accounted_peak_bytes"]))
+    assert tight["status"] == "ok", tight["error"]

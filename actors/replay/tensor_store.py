@@ -63,16 +63,34 @@ class TensorStore:
 
     def materialize(self, t: TensorArg) -> torch.Tensor:
         """A view for ``t`` over its storage, allocating the storage if it is not held."""
-        base = self._bases.get(t.suid)
-        if base is None:
-            base = self._allocate(t)
         size, stride = t.shape, t.stride
         if stride is None or len(stride) != len(size):  # not recorded (or not usable): contiguous
             stride = torch.empty(size, device="meta").stride()
-        x = torch.as_strided(base, size, stride, t.offset)
+        x = self._view_of_held(t, size, stride)
+        if x is None:
+            base = self._bases.get(t.suid)
+            if base is None:
+                base = self._allocate(t)
+            x = torch.as_strided(base, size, stride, t.offset)
         self.register(t, x)
         self.num_materialized += 1
         return x
+
+    def _view_of_held(self, t: TensorArg, size, stride) -> torch.Tensor | None:
+        """A view for ``t`` on the storage an op produced (no base of ours: the op allocated
+        it), so writes through it reach the same memory, as they did in the original; None
+        when the storage is not held by an op's output or does not reach the view."""
+        if t.suid in self._bases or not self.memory.held[t.suid]:
+            return None
+        tensors = self.tensors
+        for uid in self.uids_by_suid[t.suid]:
+            other = tensors[uid]
+            if other is not None:
+                try:  # storage_offset is absolute: any tensor of the storage is a base
+                    return torch.as_strided(other, size, stride, t.offset)
+                except RuntimeError:  # the op's storage is smaller than the trace's view
+                    return None
+        return None
 
     def _allocate(self, t: TensorArg) -> torch.Tensor:
         nbytes = max(self.storage_bytes[t.suid], t.extent_elems * t.itemsize)
