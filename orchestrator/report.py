@@ -222,6 +222,11 @@ def _footer(summary: dict) -> str:
 
 def _zero3_line(z: dict) -> str:
     """ZeRO-3 emulation figures per iteration (medians over ranks)."""
+    if z.get("num_params") and not z.get("num_partitioned"):
+        # DeepSpeed's default threshold (1e5 elements) keeps every parameter of a small model
+        return (f"zero3 {z.get('strategy')}: none of the {z['num_params']} parameters is "
+                "partitioned: all are under zero3.param_persistence_threshold (set it to 0 "
+                "to partition them all)")
     return (f"zero3 {z.get('strategy')} (world {z.get('world_size')}) | "
             f"{z.get('num_allgathers_per_iteration')} all-gathers/iter, "
             f"{human_bytes(z.get('allgather_bytes_per_iteration'))} | host fetch "

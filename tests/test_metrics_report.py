@@ -252,7 +252,7 @@ def test_print_summary_names_the_zero3_figures():
         "strategy": "leaf_coalesced", "world_size": 4, "num_allgathers_per_iteration": 12,
         "allgather_bytes_per_iteration": 4 * MiB, "fetch_host_s": 0.0056, "release_host_s": 0.0002,
         "wait_s": 0.0567, "bubble_s": 0.0635, "gathered_peak_bytes": 774 * 1024,
-        "shard_bytes": 524 * 1024}})
+        "shard_bytes": 524 * 1024, "num_params": 30, "num_partitioned": 30}})
     console = Console(record=True, width=200)
     print_summary(summary, console=console)
     assert ("zero3 leaf_coalesced (world 4) | 12 all-gathers/iter, 4.0 MiB | host fetch 5.60 ms "
@@ -290,3 +290,12 @@ def test_rank_errors_name_the_rank_and_op_once():
     assert "rank 1 failed at node 7 aten::mm: shapes cannot be multiplied" in err
     assert "rank 2 failed at node 9 aten::cat: boom" in err
     assert err.count("node 419") == err.count("node 7 ") == 1
+
+
+def test_print_summary_says_when_zero3_partitioned_nothing():
+    summary = aggregate([ok_report(0, 0.1)], world_size=1, extra={"zero3": {
+        "strategy": "per_module", "world_size": 4, "num_params": 30, "num_partitioned": 0,
+        "num_allgathers_per_iteration": 0}})
+    console = Console(record=True, width=250)
+    print_summary(summary, console=console)
+    assert "none of the 30 parameters is partitioned" in console.export_text()
