@@ -7,11 +7,12 @@ one intra-op thread):
 * ``eager_with_ranges_ms``: the same with the module ranges' hooks attached but neither the
   ET observer nor the profiler (the recorded iterations run these hooks, eager does not);
 * ``gaps_ms``: the sum of :func:`actors.trace.kineto.host_gaps_s` as capture writes it (the
-  timing of a profiler-only iteration keyed to the ET, see actors/capture/host_profile.py,
-  scaled to the eager time), ``gaps_uncorrected_ms`` the same unscaled, and
-  ``timing_step_ms``, that iteration's duration (medians of ``--records``);
+  timing of a bare profiler-only iteration keyed to the ET, see
+  actors/capture/host_profile.py), and ``timing_step_ms``, that iteration's duration
+  (medians of ``--records``);
 * ``gaps_with_observer_ms``: the same sum taken from the profile of the ET's own iteration
-  (observer and profiler together), what capture would write without the second iteration;
+  (observer, module ranges' hooks and profiler together), what capture would write without
+  the bare timing iteration;
 * ``*_over_eager``: each sum / eager_ms: the share of the eager iteration the replay will
   busy-wait with ``replay.host_gaps=true``.
 
@@ -78,25 +79,21 @@ def measure_workload(kind: str, iters: int, records: int, work: Path) -> dict:
         eager.append(_timed(workload))
         with ModuleRanges(workload.model):
             ranged.append(_timed(workload))
-    eager_s = statistics.median(eager)
-    gaps, raw, with_observer, steps = [], [], [], []
+    gaps, with_observer, steps = [], [], []
     for i in range(records):
         et, kineto = work / f"{kind}-{i}.et.json.gz", work / f"{kind}-{i}.kineto.json.gz"
         record_iteration(workload.step, workload.next_batch(), workload.model, 0, str(et),
-                         kineto_path=str(kineto), eager_iteration_s=eager_s)
-        trace = load_trace(et)
-        gaps.append(sum(host_gaps_s(trace, kineto)))
-        raw.append(sum(host_gaps_s(trace, kineto, corrected=False)))
+                         kineto_path=str(kineto))
+        gaps.append(sum(host_gaps_s(load_trace(et), kineto)))
         steps.append(next(e["dur"] for e in read_kineto(kineto)
                           if str(e.get("name")).startswith("ProfilerStep")) / 1e3)
         with_observer.append(_gaps_with_observer(workload, work, f"{kind}-{i}-same"))
-    eager_ms = eager_s * 1e3
+    eager_ms = statistics.median(eager) * 1e3
     out = {"eager_ms": eager_ms, "eager_with_ranges_ms": statistics.median(ranged) * 1e3,
            "timing_step_ms": statistics.median(steps),
            "gaps_ms": statistics.median(gaps) * 1e3,
-           "gaps_uncorrected_ms": statistics.median(raw) * 1e3,
            "gaps_with_observer_ms": statistics.median(with_observer) * 1e3}
-    for key in ("timing_step_ms", "gaps_ms", "gaps_uncorrected_ms", "gaps_with_observer_ms"):
+    for key in ("timing_step_ms", "gaps_ms", "gaps_with_observer_ms"):
         out[key.replace("_ms", "_over_eager")] = out[key] / eager_ms
     return {k: round(v, 3) for k, v in out.items()}
 
@@ -120,7 +117,7 @@ def calibrate(work: Path) -> dict:
     step(None)
     et, kineto = work / "tiny.et.json.gz", work / "tiny.kineto.json.gz"
     record_iteration(step, None, model, 0, str(et), kineto_path=str(kineto))
-    gap_us = statistics.median(host_gaps_s(load_trace(et), kineto, corrected=False)[1:]) * 1e6
+    gap_us = statistics.median(host_gaps_s(load_trace(et), kineto)[1:]) * 1e6
     return {"busy_us": BUSY_US, "recorded_gap_us": round(gap_us, 2),
             "recording_adds_us": round(gap_us - BUSY_US, 2)}
 

@@ -137,14 +137,15 @@ def test_dp_capture_measures_the_originals_memory(dp_capture):
 
 
 def test_dp_host_gaps_are_the_non_op_time_of_the_step(dp_capture):
-    """Uncorrected gaps + the host thread's op time fill the profiled step, minus the time the
-    host waited for gloo's worker threads (sync all-reduces): nothing counted twice."""
+    """Gaps + the host thread's op time fill the profiled step, minus the time the host waited
+    for gloo's worker threads (sync all-reduces): nothing counted twice. The ops the bare
+    timing iteration did not run come from the module ranges' hooks."""
     out_dir, meta = dp_capture
     for rank in range(2):
         trace = load_trace(out_dir / trace_file_name(rank))
         kineto = kineto_path_for(trace.path)
         assert kineto == out_dir / kineto_file_name(rank)
-        gaps = host_gaps_s(trace, kineto, corrected=False)
+        gaps = host_gaps_s(trace, kineto)
         assert len(gaps) == len(trace.ops) and sum(gaps) > 0
         events = read_kineto(kineto)
         step = next(e for e in events if e.get("name") == trace.steps[0].name)
@@ -152,13 +153,15 @@ def test_dp_host_gaps_are_the_non_op_time_of_the_step(dp_capture):
                  if e.get("cat") == "cpu_op" and "Record function id" in e.get("args", {})}
         host = [spans[op.rf_id] for op in trace.ops
                 if op.rf_id in spans and spans[op.rf_id]["tid"] == step["tid"]]
-        assert len(host) == len(trace.ops)  # every op linked (CPU: one thread runs them all)
+        unlinked = [op for op in trace.ops if op.rf_id not in spans]
+        assert len(host) + len(unlinked) == len(trace.ops)  # CPU: one thread runs them all
+        # The hooks' views, and the few gradient accumulations the hooks move in backward.
+        assert all(op.module == "BackwardHookFunction" or (
+            op.module == "" and op.name in ("aten::add", "aten::add_")) for op in unlinked)
         op_us = sum(e["dur"] for e in host)
         waited_us = sum(e["dur"] for e in events if str(e.get("name")).startswith("gloo:"))
         assert op_us + sum(gaps) * 1e6 <= step["dur"] * 1.001
         assert op_us + sum(gaps) * 1e6 + waited_us >= 0.95 * step["dur"]
-        corrected = host_gaps_s(trace, kineto)
-        assert sum(corrected) <= sum(gaps)
 
 
 def test_dp_traces_have_step_ranges_and_modules(dp_capture):
@@ -342,7 +345,7 @@ def test_demo_traces_load_and_agree_across_ranks(folder):
     # ZeRO-3 keeps 1/world of the parameters and of AdamW's state, plus DeepSpeed's buffers.
     least = 4 * param_bytes if kind == "gpt_dp" else 3 * param_bytes // world_size
     assert meta["memory"]["peak_bytes"] > meta["memory"]["iteration_start_bytes"] >= least
-    for r in range(world_size):  # every op links to the profiler trace
+    for r in range(world_size):  # the ops link to the profiler trace
         trace = load_trace(path / trace_file_name(r))
         gaps = host_gaps_s(trace, path / kineto_file_name(r))
         assert len(gaps) == len(trace.ops) and 0 < sum(gaps) < meta["iteration_time_s"]

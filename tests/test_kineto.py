@@ -35,11 +35,9 @@ def _op(rf_id, name, ts, dur, tid=HOST):
             "args": {"Record function id": rf_id}}
 
 
-def _kineto(path, events, meta=None):
+def _kineto(path, events):
     doc = {"traceEvents": [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3",
                             "ts": 1000.0, "dur": 500.0, "tid": HOST}] + events}
-    if meta is not None:
-        doc["tracefleet"] = meta
     path.write_bytes(gzip.compress(orjson.dumps(doc)))
     return path
 
@@ -66,22 +64,12 @@ def test_time_blocked_on_another_thread_is_not_host_time(tmp_path):
 
 def test_unknown_ops_and_other_threads_give_zero(tmp_path):
     trace = load_trace(_et(tmp_path))
-    # add is missing: its gap and the next one are unknown; an op of another thread gets 0.
+    # add is not in the profile (a hook op the bare timing iteration never ran): 0.0, and the
+    # next op's gap runs from the relu before it (1030) to its start (1100).
     kineto = _kineto(tmp_path / "k.json.gz", [OPS[0], _op(13, "aten::relu", 1100.0, 10.0)])
-    assert host_gaps_s(trace, kineto) == [pytest.approx(10e-6), 0.0, 0.0]
+    assert host_gaps_s(trace, kineto) == [pytest.approx(10e-6), 0.0, pytest.approx(70e-6)]
     other = _kineto(tmp_path / "o.json.gz", OPS[:2] + [_op(13, "aten::relu", 1100.0, 10.0, GLOO)])
     assert host_gaps_s(trace, other) == [pytest.approx(10e-6), pytest.approx(20e-6), 0.0]
-
-
-def test_gaps_scaled_to_the_eager_iteration(tmp_path):
-    """The profiled step (500 us) ran 35 us longer than eager: the 70 us of gaps shrink by 35."""
-    trace = load_trace(_et(tmp_path))
-    kineto = _kineto(tmp_path / "k.json.gz", OPS, meta={"eager_iteration_s": 465e-6})
-    gaps = host_gaps_s(trace, kineto)
-    assert gaps == pytest.approx([5e-6, 10e-6, 20e-6])
-    assert host_gaps_s(trace, kineto, corrected=False) == pytest.approx([10e-6, 20e-6, 40e-6])
-    faster = _kineto(tmp_path / "f.json.gz", OPS, meta={"eager_iteration_s": 600e-6})
-    assert sum(host_gaps_s(trace, faster)) == pytest.approx(70e-6)  # never scaled up
 
 
 def test_bad_or_foreign_profiles_raise_naming_the_file(tmp_path):
@@ -121,7 +109,7 @@ def test_relabel_gives_the_timing_profile_the_et_profiles_ids():
     b = {"traceEvents": [dict(step, ts=1000), _op(91, "aten::relu", 1010, 5),
                          _op(92, "aten::zeros", 1015, 1), _op(93, "aten::mm", 1020, 5),
                          _op(94, "aten::add", 1030, 5), _op(95, "aten::view", 1031, 1, tid=GLOO)]}
-    doc, aligned, total = relabel(a, b, eager_iteration_s=0.5)
+    doc, aligned, total = relabel(a, b)
     ids = {e["name"]: e["args"].get("Record function id") for e in doc["traceEvents"]
            if e["cat"] == "cpu_op"}
     assert ids == {"aten::relu": 11, "aten::zeros": None, "aten::mm": 12, "aten::add": 13,
@@ -130,7 +118,7 @@ def test_relabel_gives_the_timing_profile_the_et_profiles_ids():
     unlinked = [e["args"][UNLINKED_RF_ID] for e in doc["traceEvents"]
                 if UNLINKED_RF_ID in e.get("args", {})]
     assert unlinked == [92, 95]  # kept for the record, never colliding with an ET id
-    assert doc["tracefleet"]["eager_iteration_s"] == 0.5
+    assert doc["tracefleet"]["aligned_host_ops"] == 3
 
 
 def _busy(seconds: float) -> None:
@@ -152,7 +140,7 @@ def test_recorded_gaps_match_known_host_time(tmp_path):
 
     et, kineto = tmp_path / "rank-0.et.json.gz", tmp_path / "rank-0.kineto.json.gz"
     result = record_iteration(step, None, model, 3, str(et), kineto_path=str(kineto))
-    assert result["aligned_host_ops"] == result["et_host_ops"] > 0
+    assert result["aligned_host_ops"] == result["et_host_ops"] > 0  # no module hooks here
     trace = load_trace(et)
     assert [op.name for op in trace.ops] == ["aten::mul", "aten::add_", "aten::relu_"]
     gaps = host_gaps_s(trace, kineto_path_for(et))

@@ -84,15 +84,14 @@ class ModuleRanges:
 def record_iteration(step: Callable[[tuple], None], batch: tuple, model: nn.Module,
                      step_index: int, out_path: str, module_backward: bool = True,
                      kineto_path: str | None = None, tensor_ranges: bool = True,
-                     eager_iteration_s: float | None = None, num_timing_iters: int = 3) -> dict:
+                     num_timing_iters: int = 3) -> dict:
     """Run ``step(batch)`` once under the ET observer and write the gzipped trace to out_path.
 
     With ``kineto_path``, the profiler (Kineto) trace of the host time between ops is
     written there, gzipped: the ET's iteration runs under ``torch.profiler`` too (so their
-    record-function ids agree), then the fastest of ``num_timing_iters`` iterations under the
-    profiler alone gives the timing, which the observer would inflate (see
-    actors/capture/host_profile.py);
-    ``eager_iteration_s``, the bare iteration's time, is stored with it for the reader.
+    record-function ids agree), then the fastest of ``num_timing_iters`` bare iterations
+    under the profiler alone gives the timing, which the observer and the module ranges'
+    hooks would inflate (see actors/capture/host_profile.py).
     ``tensor_ranges`` records integral tensors' value ranges (impossible on meta tensors).
     The batch is made before the observer starts: data loading is not part of the step.
     Returns ``{"path", "kineto_path", "aligned_host_ops", "et_host_ops"}``.
@@ -116,21 +115,21 @@ def record_iteration(step: Callable[[tuple], None], batch: tuple, model: nn.Modu
                     with record_function(step_name):
                         step(batch)
                     observer.stop()
-                else:
-                    # The profiler starts, stops and finalizes the observer with itself.
+                else:  # the profiler starts, stops and finalizes the observer with itself
                     profiles.append(_profile_once(step, batch, step_name, kineto_path, 0, observer))
-                    # The fastest of a few: a preempted iteration would inflate its gaps.
-                    timing = [_profile_once(step, batch, step_name, kineto_path, 1 + i)
-                              for i in range(num_timing_iters)]
-                    fastest = min(timing, key=lambda p: p[1])
-                    profiles += [fastest] + [p for p in timing if p is not fastest]
         finally:
             observer.unregister_callback()  # finalizes the JSON (a no-op once the profiler did)
+        if kineto_path is not None:
+            # Bare, like the eager iterations: without the module ranges' hooks, whose Python
+            # would land in the gaps. The fastest of a few: a preempted one inflates its gaps.
+            timing = [_profile_once(step, batch, step_name, kineto_path, 1 + i)
+                      for i in range(num_timing_iters)]
+            fastest = min(timing, key=lambda p: p[1])
+            profiles += [fastest] + [p for p in timing if p is not fastest]
         _gzip_to(raw_path, out_path)
         result = {"path": out_path, "kineto_path": kineto_path}
         if profiles:
-            result.update(write_relabeled(profiles[0][0], profiles[1][0], kineto_path,
-                                          eager_iteration_s))
+            result.update(write_relabeled(profiles[0][0], profiles[1][0], kineto_path))
         return result
     finally:
         for path, _ in profiles:

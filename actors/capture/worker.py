@@ -7,8 +7,9 @@ LOCAL_RANK on cuda). Order on every rank:
 1. the memory meter starts (CPU: before the model exists, see actors/capture/memory.py);
 2. the workload is built and warmed up; the last warm-up iteration is the measured one;
 3. ``timing_iters`` iterations are timed with nothing attached;
-4. one iteration is recorded by the ET observer, and on real devices by the profiler too
-   (``rank-<r>.kineto.json.gz``: the host time between ops).
+4. one iteration is recorded by the ET observer, on real devices with the profiler, then a
+   few bare ones by the profiler alone (``rank-<r>.kineto.json.gz``: the host time between
+   ops, see actors/capture/host_profile.py).
 """
 from __future__ import annotations
 
@@ -106,8 +107,7 @@ def run_capture(cfg: Mapping, out_dir: str) -> dict:
         recorded = record_iteration(
             workload.step, workload.next_batch(), workload.model,
             step_index=warmup_iters + timing_iters, out_path=path,
-            module_backward=bool(cfg.get("module_backward_ranges", True)), kineto_path=kineto,
-            eager_iteration_s=statistics.median(times_s))
+            module_backward=bool(cfg.get("module_backward_ranges", True)), kineto_path=kineto)
         dist.barrier()
     finally:
         dist.destroy_process_group()

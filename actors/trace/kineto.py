@@ -4,9 +4,8 @@ An ET records operators, not the Python and framework time between them. Capture
 profiler trace beside it (``rank-<r>.kineto.json.gz`` next to ``rank-<r>.et.json.gz``).
 Both carry the record-function id of every op: the ET node's ``rf_id`` attr and the
 Kineto ``cpu_op`` event's ``args["Record function id"]``, with the event's ``ts``/``dur``
-in microseconds. Capture's file holds the timing of a profiler-only iteration keyed to the
-ET's ids, and the eager iteration time (``doc["tracefleet"]``; see
-actors/capture/host_profile.py). Pure data: orjson only.
+in microseconds. Capture's file holds the timing of a bare profiler-only iteration keyed to
+the ET's ids (see actors/capture/host_profile.py). Pure data: orjson only.
 """
 from __future__ import annotations
 
@@ -67,28 +66,22 @@ def read_kineto(kineto_path) -> list[dict]:
     return read_kineto_doc(kineto_path)["traceEvents"]
 
 
-def host_gaps_s(trace: Trace, kineto_path, corrected: bool = True) -> list[float]:
+def host_gaps_s(trace: Trace, kineto_path) -> list[float]:
     """Per op of ``trace.ops``: CPU seconds the original spent after the previous top-level op
     ended and before this one started.
 
     Measured on the thread that ran the step (its ``ProfilerStep#<n>`` range's thread); the
-    first op of a step from the start of that range. Time the thread spent blocked on work
-    of other threads is not host time (a collective's ``work.wait()``, which no op records,
-    waits for the ``gloo:*`` range on a worker thread; a device synchronize waits for the
-    GPU): the gap starts when the last such work that ended inside it ended, and the
-    replay's collectives take that time themselves. A gap is 0.0 for ops of other threads,
-    where either end is unknown (an op without ``rf_id``, or one the profiler trace does not
-    hold under the same name) or negative.
-
-    ``corrected``: the profiled iteration runs the module ranges' hooks and the profiler,
-    which the original's eager iteration (timed bare, ``doc["tracefleet"]
-    ["eager_iteration_s"]``) did not; the hooks are Python, so their cost is host time. When
-    the file gives the eager time, each step's gaps are scaled so that their sum shrinks by
-    the step's excess over it: ``scale = 1 - (step - eager) / sum(gaps)`` in [0, 1].
+    first op of a step from the start of that range. "Previous" is the previous op the
+    profile holds: an op it does not hold (no ``rf_id``, not profiled under the same name,
+    such as the module ranges' hook ops, which the bare timing iteration does not run) gets
+    0.0, and the next gap spans it. Time the thread spent blocked on work of other threads
+    is not host time (a collective's ``work.wait()``, which no op records, waits for the
+    ``gloo:*`` range on a worker thread; a device synchronize waits for the GPU): the gap
+    starts when the last such work that ended inside it ended, and the replay's collectives
+    take that time themselves. Ops of other threads and negative gaps give 0.0.
     TraceError when the file is unreadable or no op links to it (another run's profile).
     """
-    doc = read_kineto_doc(kineto_path)
-    events = [e for e in doc["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
+    events = [e for e in read_kineto(kineto_path) if isinstance(e, dict) and e.get("ph") == "X"]
     spans = _op_spans(events)
     if not spans:
         raise TraceError(kineto_path, f"no cpu_op event carries args[{_RF_ID!r}]; expected the "
@@ -97,11 +90,7 @@ def host_gaps_s(trace: Trace, kineto_path, corrected: bool = True) -> list[float
     gaps, linked = [0.0] * len(trace.ops), 0
     windows = [(s.name, s.first, s.end) for s in trace.steps] or [(None, 0, len(trace.ops))]
     for name, first, end in windows:
-        step_ev = step_events.get(name)
-        found = _step_gaps(trace, first, end, step_ev, events, spans, gaps)
-        linked += found
-        if corrected and step_ev is not None and found:
-            _scale_to_eager(gaps, first, end, step_ev, doc.get("tracefleet"))
+        linked += _step_gaps(trace, first, end, step_events.get(name), events, spans, gaps)
     if trace.ops and not linked:
         raise TraceError(kineto_path, f"none of the {len(trace.ops)} ops of {trace.path} links to "
                                       "this profiler trace (record-function id and name); "
@@ -119,12 +108,9 @@ def _step_gaps(trace: Trace, first: int, end: int, step_ev: dict | None, events:
     for i in range(first, end):
         op = trace.ops[i]
         span = spans.get(op.rf_id) if op.rf_id is not None else None
-        if span is not None and span[0] != op.name:
-            span = None  # same id, another op: not this run's profile
-        linked += span is not None
-        if span is None:
-            prev_end = None  # an unknown op, possibly on the host thread: next gap unknown
-            continue
+        if span is None or span[0] != op.name:
+            continue  # not in this profile (or the id of another op): the next gap spans it
+        linked += 1
         if span[3] != host_tid:
             continue
         start = span[1]
@@ -134,20 +120,6 @@ def _step_gaps(trace: Trace, first: int, end: int, step_ev: dict | None, events:
                 gaps[i] = (start - begin) / _US_PER_S
         prev_end = span[2]
     return linked
-
-
-def _scale_to_eager(gaps: list[float], first: int, end: int, step_ev: dict, meta) -> None:
-    """Shrink gaps[first:end] by the step's excess over the eager iteration (see host_gaps_s)."""
-    eager_s = meta.get("eager_iteration_s") if isinstance(meta, dict) else None
-    total = sum(gaps[first:end])
-    if not isinstance(eager_s, (int, float)) or total <= 0:
-        return
-    excess = float(step_ev.get("dur", 0.0)) / _US_PER_S - eager_s
-    if excess <= 0:
-        return
-    scale = max(0.0, 1.0 - excess / total)
-    for i in range(first, end):
-        gaps[i] *= scale
 
 
 def _op_spans(events: list[dict]) -> dict[int, tuple[str, float, float, object]]:
