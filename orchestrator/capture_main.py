@@ -45,7 +45,8 @@ class CaptureConfig:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     # Where the rank actors run (shared with `tracefleet`).
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    # Number of ranks (one Ray actor each).
+    # Number of ranks: one Ray actor each; on workload.device=meta captured in this process
+    # over a fake process group, so any number (the machine's size does not matter).
     world_size: int = 4
     # Iterations run before timing (not recorded): allocator, DeepSpeed and gloo warm-up.
     # The last one is the memory-measured iteration (cpu: under the profiler's allocator
@@ -58,8 +59,8 @@ class CaptureConfig:
     num_threads: int = 0
     # Also mark each module's backward with begin/end marker nodes (adds autograd hook ops).
     module_backward_ranges: bool = True
-    # Also record the iteration with torch.profiler (rank-<r>.kineto.json.gz): the host
-    # time between ops, for replay.host_gaps. Not on meta.
+    # Also write rank-<r>.kineto.json.gz: the host time between ops (replay.host_gaps), from
+    # the fastest of 3 bare iterations under torch.profiler after the ET's. Not on meta.
     record_kineto: bool = True
     # Timeout of one gloo collective on the ranks, seconds.
     dist_timeout_s: float = 300.0
@@ -94,7 +95,8 @@ class CaptureConfig:
 
 
 def register_configs() -> None:
-    """Register the capture schema (and the cluster group's schema) in Hydra's ConfigStore."""
+    """Register the capture schema (and the cluster and workload groups' schemas) in Hydra's
+    ConfigStore."""
     cs = ConfigStore.instance()
     cs.store(name="capture_schema", node=CaptureConfig)
     cs.store(group="cluster", name="schema", node=ClusterConfig)
