@@ -3,8 +3,8 @@ keyed to the ET's record-function ids.
 
 The ET observer's per-op work lands between the profiler's op events, and so does the Python
 of the module ranges' hooks (actors/capture/recorder.py): recorded with both, the host gaps
-of the demo ZeRO-3 workload come out at ~95% of the eager iteration, against ~55% for a bare
-iteration under the profiler alone, which itself costs ~1 us per gap
+of the demo ZeRO-3 workload come out at ~90% of the eager iteration, against ~50% for a bare
+iteration under the profiler alone, which itself adds ~1 us per gap
 (scripts/bench_host_gaps.py). So capture records the ET's iteration A with the observer,
 the hooks and the profiler (their record-function ids agree), then bare iterations B under
 the profiler alone. The host thread's op events of A, less the hooks' own functions
