@@ -339,3 +339,20 @@ def test_a_new_view_of_a_storage_an_op_made_aliases_it(tmp_path):
     # accounting knows it is one storage: a capacity of exactly the accounted peak suffices
     _, tight = _run(trace, device_memory_capacity=str(r["accounted_peak_bytes"]))
     assert tight["status"] == "ok", tight["error"]
+
+
+def test_small_host_gaps_merge_into_fewer_waits_before_collectives(step_trace):
+    from actors.replay.host_gaps import MERGE_S, HostGaps
+
+    trace = load_trace(step_trace)
+    small = MERGE_S / 4
+    gaps = [small] * len(trace.ops)
+    ext = HostGaps(gaps, "synthetic")
+    ext.attach(ReplayEngine(trace, _cfg()))
+    waits = ext.waits_s()
+    # nothing is lost, and far fewer waits than gaps
+    assert sum(waits.values()) == pytest.approx(sum(gaps))
+    assert len(waits) < len(gaps) / 3
+    # every collective gets what accumulated before it, so its timing across ranks holds
+    for op in trace.collectives:
+        assert op.index in waits

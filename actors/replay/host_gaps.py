@@ -10,8 +10,12 @@ this extension busy-waits that long before each op.
 Busy-wait, not sleep: most gaps are microseconds to a few milliseconds, below the
 scheduler's sleep granularity (a sleep overshoots by 50-100 us and hands the core away),
 and the original spent them computing on the CPU, holding the GIL, which a spinning thread
-reproduces. The replay's own per-op bookkeeping (well under a microsecond) is not
-subtracted.
+reproduces.
+
+Every wait costs the loop a hook call (~1-2 us), so consecutive small gaps are merged into one
+wait of their sum, spent before the op where the sum reaches ``MERGE_S``, and always before a
+collective (whose timing against the host work is what matters across ranks); a gap never
+moves by more than the ops that span ``MERGE_S`` of host time.
 """
 from __future__ import annotations
 
@@ -22,8 +26,8 @@ from actors.errors import ReplayError, TraceError
 from actors.replay.extension import ReplayExtension
 from actors.trace.kineto import host_gaps_s, kineto_path_for
 
-# Gaps shorter than this are left out: the loop's own overhead between ops is about as long.
-MIN_GAP_S = 1e-6
+# Consecutive gaps are merged until they reach this, then spent in one wait.
+MERGE_S = 50e-6
 
 
 def _spin(gap_ns: int, total: list) -> None:
@@ -45,6 +49,7 @@ class HostGaps(ReplayExtension):
     def __init__(self, gaps_s: list[float], source: str):
         self.gaps_s = gaps_s
         self.source = source
+        self._collectives: set[int] = set()
         self._spent_ns = [0]
         self._per_iteration_s: list[float] = []
 
@@ -61,9 +66,24 @@ class HostGaps(ReplayExtension):
         except TraceError as e:
             raise ReplayError(f"replay.host_gaps=true: {e}") from None
 
+    def attach(self, engine) -> None:
+        self._collectives = {op.index for op in engine.trace.ops if op.collective is not None}
+
+    def waits_s(self) -> dict[int, float]:
+        """Op index -> seconds to spend right before it (merged gaps; see the module doc)."""
+        waits, debt = {}, 0.0
+        for i, gap in enumerate(self.gaps_s):
+            debt += gap
+            if debt > 0 and (debt >= MERGE_S or i in self._collectives):
+                waits[i], debt = debt, 0.0
+        if debt > 0 and self.gaps_s:  # what is left is spent before the last op
+            last = len(self.gaps_s) - 1
+            waits[last] = waits.get(last, 0.0) + debt
+        return waits
+
     def hooks(self):
-        before = {i: [lambda ns=int(gap * 1e9): _spin(ns, self._spent_ns)]
-                  for i, gap in enumerate(self.gaps_s) if gap >= MIN_GAP_S}
+        before = {i: [lambda ns=int(wait * 1e9): _spin(ns, self._spent_ns)]
+                  for i, wait in self.waits_s().items()}
         return before, {}
 
     def on_iteration_start(self) -> None:
@@ -74,8 +94,8 @@ class HostGaps(ReplayExtension):
             self._per_iteration_s.append(self._spent_ns[0] / 1e9)
 
     def report(self) -> dict:
-        recorded = sum(g for g in self.gaps_s if g >= MIN_GAP_S)
         added = self._per_iteration_s
-        return {"source": self.source, "num_gaps": sum(g >= MIN_GAP_S for g in self.gaps_s),
-                "recorded_s_per_iteration": recorded,
+        return {"source": self.source, "num_gaps": sum(g > 0 for g in self.gaps_s),
+                "num_waits": len(self.waits_s()),
+                "recorded_s_per_iteration": sum(self.gaps_s),
                 "added_s_per_iteration": sum(added) / len(added) if added else None}
