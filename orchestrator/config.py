@@ -18,6 +18,7 @@ from actors.replay.config import ReplayConfig, parse_bytes
 from actors.zero3.config import Zero3Config, Zero3Strategy  # noqa: F401 (composed here)
 from orchestrator.cluster import ClusterConfig
 from orchestrator.min_memory import MinMemoryConfig
+from orchestrator.oom_study import OomStudyConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
@@ -70,6 +71,7 @@ class Search(Choice):
 
     none = "none"  # one replay
     min_memory = "min_memory"  # bisection over the device capacity (orchestrator/min_memory.py)
+    oom_study = "oom_study"  # modes on a device, minimums, flushing, estimate (orchestrator/oom_study.py)
 
 
 @dataclass
@@ -88,9 +90,12 @@ class ExperimentConfig:
     # Seconds between progress lines while ranks run.
     progress_interval_s: float = 10.0
     # none: one replay. min_memory: bisect replay.device_memory_capacity to the smallest one
-    # at which the replay completes, per allocation mode (experiment.min_memory).
+    # at which the replay completes, per allocation mode (experiment.min_memory). oom_study:
+    # every mode on an emulated device, their minimums, a flush, DeepSpeed's estimate
+    # (experiment.oom_study).
     search: Search = Search.none
     min_memory: MinMemoryConfig = field(default_factory=MinMemoryConfig)
+    oom_study: OomStudyConfig = field(default_factory=OomStudyConfig)
     # --multirun: skip the points already recorded in the sweep root's results table.
     resume: bool = True
     # Write report.html (plots and tables) at the end of a sweep or a search.

@@ -136,6 +136,8 @@ def _table_report(root: Path, rows: pd.DataFrame) -> str:
     for name, draw, alt in drawn:
         if draw(out / f"{name}.png"):
             parts.append(_img(out / f"{name}.png", alt))
+    if "kind" in rows and rows["kind"].isin(["study", "estimate"]).any():
+        parts += _oom_study(root, rows, out)
     answers = rows[rows["kind"] == "min_memory"] if "kind" in rows else rows.iloc[0:0]
     if not answers.empty:
         parts += ["<h2>Minimum memory</h2>", _frame_html(_display(answers, [
@@ -149,6 +151,18 @@ def _table_report(root: Path, rows: pd.DataFrame) -> str:
                   _frame_html(_display(points, swept))]
         parts += _point_timelines(root, points, swept, out)
     return "\n".join(parts)
+
+
+def _oom_study(root: Path, rows: pd.DataFrame, out: Path) -> list[str]:
+    """experiment=oom_study: its table, its plot and the memory timeline of each replay."""
+    from orchestrator.oom_study_report import plot_oom_study, study_table
+
+    parts = ["<h2>OOM study</h2>", _frame_html(pd.DataFrame(study_table(rows.to_dict("records"))))]
+    if plot_oom_study(rows, out / "oom_study.png"):
+        parts.append(_img(out / "oom_study.png", "minimum capacity per mode and estimate"))
+    studied = rows[rows["kind"] == "study"]
+    keys = ["replay.allocation.mode", "replay.allocation.device_memory_threshold", _CAPACITY]
+    return parts + _point_timelines(root, studied, [k for k in keys if k in studied], out)
 
 
 def override_keys(rows: pd.DataFrame) -> list[str]:

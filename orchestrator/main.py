@@ -1,6 +1,7 @@
 """`tracefleet`: the Hydra app that replays a trace folder on a Ray cluster.
 
-One run replays once (or searches the minimum memory, ``experiment.search=min_memory``) and
+One run replays once (or searches the minimum memory, ``experiment.search=min_memory``, or
+runs the OOM study, ``experiment.search=oom_study``) and
 exits 0 when its status is ok, 1 otherwise, 2 on a user error. With ``--multirun`` every
 point runs and is recorded (orchestrator/sweep.py), and the exit code summarises the sweep.
 """
@@ -27,6 +28,9 @@ def run(run_cfg, out_dir: Path, config_yaml: str | None, session=None) -> dict:
     if run_cfg.experiment.search == "min_memory":
         from orchestrator.min_memory import run_min_memory
         return run_min_memory(run_cfg, out_dir, config_yaml, session)
+    if run_cfg.experiment.search == "oom_study":
+        from orchestrator.oom_study import run_oom_study
+        return run_oom_study(run_cfg, out_dir, config_yaml, session)
     return run_replay(run_cfg, out_dir, config_yaml, session=session)
 
 
