@@ -35,7 +35,7 @@ def study_table(rows) -> list[dict]:
                 "what": f"replay {r[MODE]}" + (f", threshold {threshold:g}" if threshold < 1 else ""),
                 "capacity": human_bytes(r[CAPACITY]), "status": r["status"],
                 "peak (accounted)": _bytes(r.get("accounted_peak_bytes")) if r["status"] == "ok"
-                else f"OOM at node {_int(r.get('oom_node_id'))} {_text(r.get('oom_op'))}".strip(),
+                else _oom_where(r),
                 "flushes": _int(r.get("num_flushes")),
                 "minimum capacity": _bytes(minimum.get((r[MODE], threshold))),
                 fits: ("yes" if r["status"] == "ok" else "no") if on_device else "-"})
@@ -103,6 +103,16 @@ def _minimums(rows) -> dict:
 def _device(rows) -> int | None:
     return next((int(r[CAPACITY]) for r in rows
                  if r["kind"] == STUDY and r.get("study_part") == DEVICE), None)
+
+
+def _oom_where(row) -> str:
+    """Where a replay stopped: its OOM node, or before the first op (the storages a mode
+    allocates up front did not fit)."""
+    if row["status"] != "oom":
+        return "-"
+    if not _present(row.get("oom_node_id")):
+        return "OOM before the first op"
+    return f"OOM at node {_int(row['oom_node_id'])} {_text(row.get('oom_op'))}".strip()
 
 
 def _present(value) -> bool:

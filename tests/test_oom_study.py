@@ -226,3 +226,13 @@ def test_the_report_shows_the_study(idle_trace, tmp_path):
     assert "<h2>OOM study</h2>" in page and "replay pre_allocate" in page
     assert "alt='minimum capacity per mode and estimate' src='data:image/png;base64," in page
     assert (tmp_path / PLOTS_DIR / "oom_study.png").stat().st_size > 1000
+
+
+def test_an_oom_before_the_first_op_says_so():
+    row = {"kind": "study", "study_part": "device", "replay.allocation.mode": "pre_allocate",
+           "replay.allocation.device_memory_threshold": 1.0, "replay.device_memory_capacity": 100,
+           "status": "oom", "oom_node_id": float("nan"), "oom_op": None, "num_flushes": 0}
+    (line,) = study_table([row])
+    assert line["peak (accounted)"] == "OOM before the first op" and line["fits 100 B"] == "no"
+    (line,) = study_table([dict(row, oom_node_id=42, oom_op="aten::mm")])
+    assert line["peak (accounted)"] == "OOM at node 42 aten::mm"
