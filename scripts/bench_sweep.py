@@ -9,6 +9,14 @@
   traces once.
 - ``min_memory_steps``, ``min_memory_s``: ``tracefleet experiment=min_memory`` on the demo
   (meta device): replays over all allocation modes, and the command's wall time.
+- ``dry_run_70b_s``, ``max_actor_rss_gib``, ``driver_rss_gib``: the llama_70b preset (data
+  parallel, bf16, seq 8192) captured on meta for 8 ranks (not timed), then
+  ``tracefleet replay=dry_run`` of one iteration on 8 ranks: the command's wall time, and the
+  peak RSS of each rank actor (max over them) and of the driver. Peak RSS is the kernel's
+  high-water mark (``VmHWM`` in /proc/<pid>/status), read every 0.2 s from the driver process
+  and from every descendant of it that Ray titled ``ray::RankActor``: a process's high-water
+  mark only grows, so the last reading before it exits is its peak up to then.
+  Targets: < 120 s, < 4 GiB per actor.
 
 Every command runs in a temp dir of its own with its own Ray temp dir. Other benchmarks of
 the issue add a function to ``BENCHES`` returning their keys.
@@ -26,6 +34,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 ENTRY = [sys.executable, "-c", "from orchestrator.main import main; main()"]
@@ -33,22 +42,71 @@ ENTRY = [sys.executable, "-c", "from orchestrator.main import main; main()"]
 POINT = ["replay.allocation.mode=faithful", "replay.device_memory_capacity=12MiB"]
 THRESHOLDS = ("1.0", "0.5", "0.25")
 TIMEOUT_S = 900
+GIB = 2**30
+RSS_POLL_S = 0.2
 
 
-def _tracefleet(args: list[str], cwd: Path) -> float:
-    """Run ``tracefleet`` with ``args`` in ``cwd``; returns its wall time in seconds."""
+def _tracefleet(args: list[str], cwd: Path, peaks: dict | None = None) -> float:
+    """Run ``tracefleet`` with ``args`` in ``cwd``; returns its wall time in seconds. With
+    ``peaks``, fills ``{"driver": bytes, "actors": {pid: bytes}}`` with peak RSS (see
+    ``_watch_peaks``)."""
     ray_tmp = tempfile.mkdtemp(prefix="tfb", dir="/tmp")  # short: Ray's socket paths
+    err = tempfile.TemporaryFile(mode="w+")
     try:
         t0 = time.perf_counter()
-        proc = subprocess.run([*ENTRY, *args, f"cluster.temp_dir={ray_tmp}"], cwd=cwd,
-                              env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
-                              text=True, timeout=TIMEOUT_S)
+        proc = subprocess.Popen([*ENTRY, *args, f"cluster.temp_dir={ray_tmp}"], cwd=cwd,
+                                env={**os.environ, "PYTHONPATH": str(REPO)},
+                                stdout=subprocess.DEVNULL, stderr=err, text=True)
+        try:
+            if peaks is not None:
+                _watch_peaks(proc, peaks, t0 + TIMEOUT_S)
+            returncode = proc.wait(timeout=max(1.0, t0 + TIMEOUT_S - time.perf_counter()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            sys.exit(f"tracefleet {' '.join(args)} ran past {TIMEOUT_S} s")
         wall_s = time.perf_counter() - t0
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
-    if proc.returncode not in (0, 1):  # 1: a point not ok is a result here
-        sys.exit(f"tracefleet {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    if returncode not in (0, 1):  # 1: a point not ok is a result here
+        err.seek(0)
+        sys.exit(f"tracefleet {' '.join(args)} exited {returncode}:\n{err.read()[-3000:]}")
     return wall_s
+
+
+def _hwm_bytes(pid: int) -> int | None:
+    """The peak RSS (VmHWM) of process ``pid`` so far; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        return None
+    return None
+
+
+def _watch_peaks(proc: subprocess.Popen, peaks: dict, deadline: float) -> None:
+    """Until ``proc`` exits (or ``deadline``): the driver's VmHWM and that of each of its
+    descendants titled ``ray::RankActor`` (Ray sets the title when the actor is created)."""
+    driver = psutil.Process(proc.pid)
+    peaks.update(driver=0, actors={})
+    while proc.poll() is None and time.perf_counter() < deadline:
+        peaks["driver"] = max(peaks["driver"], _hwm_bytes(proc.pid) or 0)
+        try:
+            children = driver.children(recursive=True)
+        except psutil.NoSuchProcess:
+            break
+        for child in children:
+            try:
+                if "RankActor" not in " ".join(child.cmdline()):
+                    continue
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            hwm = _hwm_bytes(child.pid)
+            if hwm is not None:
+                peaks["actors"][child.pid] = max(peaks["actors"].get(child.pid, 0), hwm)
+        time.sleep(RSS_POLL_S)
 
 
 def bench_sweep(work: Path) -> dict:
@@ -80,7 +138,34 @@ def bench_min_memory(work: Path) -> dict:
     return {"min_memory_steps": int(answers["num_steps"].sum()), "min_memory_s": round(wall_s, 2)}
 
 
-BENCHES = {"sweep": bench_sweep, "min_memory": bench_min_memory}
+def bench_dry_run_70b(work: Path) -> dict:
+    """``dry_run_70b_s``, ``max_actor_rss_gib``, ``driver_rss_gib`` (see the module docstring)."""
+    from orchestrator.capture_main import CaptureConfig, run_capture_job
+    from orchestrator.study_traces import workload_config
+
+    traces = work / "llama_70b_dp_8"
+    run_capture_job(CaptureConfig(workload=workload_config("llama_70b"), world_size=8,
+                                  out_dir=str(traces)))
+    peaks: dict = {}
+    run_dir = work / "dry_run"
+    wall_s = _tracefleet([f"trace.dir={traces}", "replay=dry_run", "replay.warmup_iters=0",
+                          "replay.iters=1", f"hydra.run.dir={run_dir}"], work, peaks)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    if summary["status"] != "ok" or summary["world_size"] != 8:
+        sys.exit(f"the 70B dry run ended {summary['status']} on {summary['world_size']} ranks: "
+                 f"{summary.get('error')}")
+    if len(peaks["actors"]) != 8:
+        sys.exit(f"saw {len(peaks['actors'])} rank actors, expected 8")
+    phases = ", ".join(f"{k} {v:.1f}" for k, v in summary["timings_s"].items())
+    print(f"70B dry run on 8 ranks: {wall_s:.1f} s ({phases}); actor peak RSS "
+          f"{', '.join(f'{b / GIB:.2f}' for b in sorted(peaks['actors'].values()))} GiB",
+          file=sys.stderr)
+    return {"dry_run_70b_s": round(wall_s, 1),
+            "max_actor_rss_gib": round(max(peaks["actors"].values()) / GIB, 2),
+            "driver_rss_gib": round(peaks["driver"] / GIB, 2)}
+
+
+BENCHES = {"sweep": bench_sweep, "min_memory": bench_min_memory, "dry_run_70b": bench_dry_run_70b}
 
 
 def main() -> None:
