@@ -4,7 +4,8 @@
   lazy, and measured / accounted (what accounting cannot see: op temporaries);
 * replay iteration time (compute mode) / the original model's eager compute time, both in
   this process with one intra-op thread (the capture ran one CPU slot per rank);
-* host overhead per op: replay of a trace of tiny ops / the same overloads called directly;
+* host overhead per op: replay of a trace of tiny ops / the same overloads called directly
+  (through OpOverload, and through the raw C++ callable the replay uses);
 * meta dry run time / CPU replay time, on the demo and on a wider decoder captured here.
 
 Timed pairs run alternately (eager, replay, eager, ...) and report medians, so a busy
@@ -134,37 +135,48 @@ def meta_vs_cpu(trace_path, repeats: int) -> tuple[float, float]:
     return interleaved(*runs, repeats)
 
 
-def tiny_op_overhead(num_ops: int = 3000, iters: int = 15) -> float:
-    """Replay time of a trace of tiny ops / calling the same overloads directly in a loop."""
+def tiny_op_overhead(num_ops: int = 3000, iters: int = 15) -> dict:
+    """Replay time of a trace of tiny ops / calling the same overloads directly in a loop,
+    both through ``OpOverload.__call__`` (how Python code calls them) and through the raw C++
+    callable the replay itself uses (``._op``: the stricter baseline), in lazy and
+    pre_allocate mode."""
     from torch.profiler import ExecutionTraceObserver
     a, b = torch.ones(16), torch.full((16,), 2.0)
-    ops = [torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor, torch.ops.aten.sub.Tensor]
+    overloads = [torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor, torch.ops.aten.sub.Tensor]
+    raw = [op._op for op in overloads]
 
-    def program():
+    def program(ops):
         x = a
         for i in range(num_ops):
             x = ops[i % 3](x, b)
         return x
 
-    def direct():
-        t0 = time.perf_counter()
-        program()
-        return time.perf_counter() - t0
+    def timed(ops):
+        def once():
+            t0 = time.perf_counter()
+            program(ops)
+            return time.perf_counter() - t0
+        return once
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "tiny.et.json"
         et = ExecutionTraceObserver()
         et.register_callback(str(path))
         et.start()
-        program()
+        program(overloads)
         et.stop()
         et.unregister_callback()
-        engine = ReplayEngine(load_trace(path), _cfg("pre_allocate", iters=1, warmup=0))
-    replay = _engine_iteration(engine)
-    replay()
-    direct()
-    replay_s, direct_s = interleaved(replay, direct, iters)
-    return replay_s / direct_s
+        trace = load_trace(path)
+    out = {}
+    for mode in ("pre_allocate", "lazy"):
+        replay = _engine_iteration(ReplayEngine(trace, _cfg(mode, iters=1, warmup=0)))
+        replay()
+        for name, direct in (("", timed(overloads)), ("_vs_raw_op", timed(raw))):
+            direct()
+            replay_s, direct_s = interleaved(replay, direct, iters)
+            out[f"host_overhead_tiny_ops{name}" + ("" if mode == "pre_allocate" else "_lazy")] = \
+                round(replay_s / direct_s, 3)
+    return out
 
 
 def main():
@@ -190,7 +202,7 @@ def main():
         "eager_compute_s": round(eager_s, 5), "replay_compute_s": round(replay_s, 5),
         "replay_over_eager": round(replay_s / eager_s, 3),
         "eager_iteration_s_from_meta": meta.get("iteration_time_s"),
-        "host_overhead_tiny_ops": round(tiny_op_overhead(), 3),
+        **tiny_op_overhead(),
         "demo_meta_iteration_s": round(meta_s, 5), "demo_cpu_iteration_s": round(cpu_s, 5),
         "demo_meta_over_cpu": round(meta_s / cpu_s, 3),
         "large_meta_iteration_s": round(large_meta_s, 5),
