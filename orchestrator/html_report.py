@@ -157,7 +157,8 @@ def _oom_study(root: Path, rows: pd.DataFrame, out: Path) -> list[str]:
     """experiment=oom_study: its table, its plot and the memory timeline of each replay."""
     from orchestrator.oom_study_report import plot_oom_study, study_table
 
-    parts = ["<h2>OOM study</h2>", _frame_html(pd.DataFrame(study_table(rows.to_dict("records"))))]
+    table = pd.DataFrame(study_table(rows.to_dict("records")))
+    parts = ["<h2>OOM study</h2>", _frame_html(table)]
     if plot_oom_study(rows, out / "oom_study.png"):
         parts.append(_img(out / "oom_study.png", "minimum capacity per mode and estimate"))
     studied = rows[rows["kind"] == "study"]

@@ -31,8 +31,9 @@ def study_table(rows) -> list[dict]:
         if r["kind"] == STUDY:
             on_device = r.get("study_part") == DEVICE
             threshold = float(r[THRESHOLD])
+            flushing = f", threshold {threshold:g}" if threshold < 1 else ""
             table.append({
-                "what": f"replay {r[MODE]}" + (f", threshold {threshold:g}" if threshold < 1 else ""),
+                "what": f"replay {r[MODE]}{flushing}",
                 "capacity": human_bytes(r[CAPACITY]), "status": r["status"],
                 "peak (accounted)": _bytes(r.get("accounted_peak_bytes")) if r["status"] == "ok"
                 else _oom_where(r),
@@ -45,7 +46,8 @@ def study_table(rows) -> list[dict]:
                 "what": f"DeepSpeed ZeRO-3 estimate, model states only ({r['options']})",
                 "capacity": "-", "status": "-", "peak (accounted)": f"{_bytes(gpu)} per GPU",
                 "flushes": "-", "minimum capacity": "-",
-                fits: "-" if device is None or not _present(gpu) else ("yes" if gpu <= device else "no")})
+                fits: "-" if device is None or not _present(gpu)
+                else ("yes" if gpu <= device else "no")})
     return table
 
 
@@ -106,13 +108,13 @@ def _device(rows) -> int | None:
 
 
 def _oom_where(row) -> str:
-    """Where a replay stopped: its OOM node, or before the first op (the storages a mode
-    allocates up front did not fit)."""
+    """Where a replay stopped and what it asked for: its OOM node, or outside an op when the
+    engine names none (storages a mode allocates up front, an extension's allocation)."""
     if row["status"] != "oom":
         return "-"
-    if not _present(row.get("oom_node_id")):
-        return "OOM before the first op"
-    return f"OOM at node {_int(row['oom_node_id'])} {_text(row.get('oom_op'))}".strip()
+    where = "outside an op" if not _present(row.get("oom_node_id")) else \
+        f"at node {_int(row['oom_node_id'])} {_text(row.get('oom_op'))}".strip()
+    return f"OOM {where} ({_bytes(row.get('oom_requested_bytes'))} requested)"
 
 
 def _present(value) -> bool:

@@ -69,7 +69,8 @@ def _in_process(trace_path):
     calls = []
 
     def replay(cfg, out_dir):
-        calls.append((str(cfg.replay.allocation.mode), cfg.replay.allocation.device_memory_threshold,
+        alloc = cfg.replay.allocation
+        calls.append((str(alloc.mode), alloc.device_memory_threshold,
                       cfg.replay.device_memory_capacity))
         return ReplayEngine(trace, cfg.replay).run().to_dict()
     return replay, calls
@@ -137,9 +138,14 @@ def test_study_table_reads_rows_back_from_the_results_file(idle_trace, tmp_path)
     study(_cfg(idle_trace.parent, device_memory_capacity=str(4 * T)), tmp_path, replay)
     records = pd.read_csv(tmp_path / CSV_NAME).to_dict("records")
     table = study_table(records)
+    pre_row = next(r for r in records if r["kind"] == "study"
+                   and r["replay.allocation.mode"] == "pre_allocate")
     pre = next(r for r in table if r["what"] == "replay pre_allocate")
     assert pre["status"] == "oom" and pre["fits 16.0 KiB"] == "no"
-    assert pre["minimum capacity"] == "20.0 KiB" and pre["peak (accounted)"].startswith("OOM at node")
+    assert pre["minimum capacity"] == "20.0 KiB"
+    # x, a, b and c fill the 4 T device: the neg's output is the fifth tensor
+    node = int(pre_row["oom_node_id"])
+    assert pre["peak (accounted)"] == f"OOM at node {node} aten::neg (4.0 KiB requested)"
     lazy = next(r for r in table if r["what"] == "replay lazy" and r["capacity"] == "16.0 KiB")
     assert lazy["peak (accounted)"] == "12.0 KiB" and lazy["fits 16.0 KiB"] == "yes"
     assert markdown(table).splitlines()[0].startswith("| what | capacity | status |")
@@ -228,11 +234,13 @@ def test_the_report_shows_the_study(idle_trace, tmp_path):
     assert (tmp_path / PLOTS_DIR / "oom_study.png").stat().st_size > 1000
 
 
-def test_an_oom_before_the_first_op_says_so():
+def test_an_oom_outside_an_op_says_so():
     row = {"kind": "study", "study_part": "device", "replay.allocation.mode": "pre_allocate",
            "replay.allocation.device_memory_threshold": 1.0, "replay.device_memory_capacity": 100,
-           "status": "oom", "oom_node_id": float("nan"), "oom_op": None, "num_flushes": 0}
+           "status": "oom", "oom_node_id": float("nan"), "oom_op": None, "num_flushes": 0,
+           "oom_requested_bytes": 2048}
     (line,) = study_table([row])
-    assert line["peak (accounted)"] == "OOM before the first op" and line["fits 100 B"] == "no"
+    assert line["peak (accounted)"] == "OOM outside an op (2.0 KiB requested)"
+    assert line["fits 100 B"] == "no"
     (line,) = study_table([dict(row, oom_node_id=42, oom_op="aten::mm")])
-    assert line["peak (accounted)"] == "OOM at node 42 aten::mm"
+    assert line["peak (accounted)"] == "OOM at node 42 aten::mm (2.0 KiB requested)"

@@ -80,13 +80,15 @@ def test_oom_study_runs_on_a_tiny_llama(tmp_path, ray_temp):  # noqa: F811
     # the flush replays run at lazy's minimum with threshold 0.5: that one completes; without
     # a threshold it is OOM exactly when that capacity is under lazy's own minimum (here the
     # largest op alone needs the liveness bound, so flushing may buy nothing)
-    flush = table[table["study_part"] == "flush"].set_index("replay.allocation.device_memory_threshold")
+    threshold = "replay.allocation.device_memory_threshold"
+    flush = table[table["study_part"] == "flush"].set_index(threshold)
     answers = table[(table["kind"] == "min_memory") & (table["replay.allocation.mode"] == "lazy")] \
-        .set_index("replay.allocation.device_memory_threshold")
+        .set_index(threshold)
     capacity = answers.loc[0.5, "min_capacity_bytes"]
     assert (flush["replay.device_memory_capacity"] == capacity).all()
     assert flush.loc[0.5, "status"] == "ok"
-    assert flush.loc[1.0, "status"] == ("oom" if capacity < answers.loc[1.0, "min_capacity_bytes"] else "ok")
+    without = answers.loc[1.0, "min_capacity_bytes"]
+    assert flush.loc[1.0, "status"] == ("oom" if capacity < without else "ok")
     assert "| replay pre_allocate |" in proc.stdout and "DeepSpeed ZeRO-3 estimate" in proc.stdout
     assert "<h2>OOM study</h2>" in (run_dir / "report.html").read_text()
 
