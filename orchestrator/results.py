@@ -52,9 +52,10 @@ def point_key(overrides) -> str:
 
 
 def parse_value(text: str):
-    """An override's value as the table keeps it: bool, int, float, None or the text."""
+    """An override's value as the table keeps it: bool, int, float, None or the text (Hydra's
+    grammar: ``null`` is None; ``none`` is a word, e.g. the ``zero3=none`` group choice)."""
     lowered = text.strip().lower()
-    if lowered in ("null", "~", "none"):
+    if lowered in ("null", "~"):
         return None
     if lowered in ("true", "false"):
         return lowered == "true"

@@ -356,3 +356,45 @@ def test_small_host_gaps_merge_into_fewer_waits_before_collectives(step_trace):
     # every collective gets what accumulated before it, so its timing across ranks holds
     for op in trace.collectives:
         assert op.index in waits
+
+
+def test_an_oom_in_an_extension_hook_names_the_op_next_to_it(step_trace):
+    from actors.replay.memory import OutOfMemory
+
+    def refuse(engine, iteration):
+        raise OutOfMemory(engine.memory.held_bytes, 1 << 30, 1 << 30)
+
+    trace = load_trace(step_trace)
+    r = ReplayEngine(trace, _cfg(measure_memory=False), extensions=[_Probe(7, refuse)]).run().to_dict()
+    op = trace.ops[7]
+    assert r["status"] == "oom" and r["oom"]["node_id"] == op.node_id
+    assert f"hook (a ZeRO-3 fetch, ...) next to node {op.node_id} {op.name}" in r["error"]
+    assert r["coverage"] == pytest.approx(sum(1 for o in trace.ops[:7] if o.collective is None)
+                                          / r["num_in_scope"])
+
+
+def test_an_owned_storage_is_accounted_by_its_owner_only(step_trace):
+    trace = load_trace(step_trace)
+    plain = ReplayEngine(trace, _cfg(measure_memory=False))
+    # a parameter: made before the trace, updated in place by the optimizer step
+    suid = next(iter(plain.policy.persistent or ()), None) or next(
+        s for s in range(trace.num_storages) if plain.liveness.storage_external[s])
+
+    class Owner(ReplayExtension):
+        def owned_storages(self):
+            return {suid}
+
+        def attach(self, engine):
+            self.engine = engine
+
+        def hooks(self):  # bind a tensor before the first use, as ZeRO-3 does, charging nothing
+            first = self.engine.liveness.storage_first[suid]
+            t = next(t for t in trace.ops[first].input_tensors() + trace.ops[first].output_tensors()
+                     if t.suid == suid)
+            return {first: [lambda: [self.engine.store.bind(u, self.engine.store._allocate(u))
+                                     for u in [t]]]}, {}
+
+    engine = ReplayEngine(trace, _cfg(measure_memory=False), extensions=[Owner()])
+    r = engine.run().to_dict()
+    assert r["status"] == "ok", r["error"]
+    assert not engine.memory.held[suid]  # never accounted by the store, even as an op output

@@ -47,8 +47,9 @@ def pick_device(name: str, index: int | None = None) -> torch.device:
 _NOT_FAST = (None,) * 7  # the fast tuple's slots of an entry off the fast path
 
 
-def _hook_entry(fn) -> tuple:
-    return _NOT_FAST + ((), planning.Step(None, "hook", fn=fn))
+def _hook_entry(fn, at: int) -> tuple:
+    """An entry running ``fn`` next to op ``at`` (named in errors the hook raises)."""
+    return _NOT_FAST + ((), planning.Step(None, "hook", fn=fn, at=at))
 
 
 class ReplayEngine:
@@ -93,6 +94,7 @@ class ReplayEngine:
                 for t in s.op.input_tensors() if t.suid >= 0}
         self.policy = make_policy(cfg.allocation.mode, live, used, owned)
         self.store.pinned = self.policy.persistent
+        self.store.owned = frozenset(owned)
         planning.set_touch(self.steps, live.storage_bytes, owned)
         threshold = cfg.allocation.device_memory_threshold
         if threshold < 1 and self.memory.capacity_bytes is None:
@@ -114,6 +116,7 @@ class ReplayEngine:
         self.last_op = None
         self.num_iterations_run = 0  # completed iterations, the memory iteration included
         self.stop_index: int | None = None  # op index the replay stopped at (OOM, failure)
+        self.stopped_in_hook = False  # ... in an extension's hook next to that op
 
     # --- the sequence ---------------------------------------------------------------------
     def _build_sequence(self) -> None:
@@ -133,14 +136,14 @@ class ReplayEngine:
         seq, sampled = [], []
         free_lists = self.policy.free_lists
         for i, step in enumerate(self.steps):
-            entries = [_hook_entry(fn) for fn in before.get(i, ())]
+            entries = [_hook_entry(fn, i) for fn in before.get(i, ())]
             if step.kind in ("compute", "collective", "failed") or free_lists[i]:
                 entries.append((step.fast or _NOT_FAST) + (free_lists[i], step))
-            entries += [_hook_entry(fn) for fn in after.get(i, ())]
+            entries += [_hook_entry(fn, i) for fn in after.get(i, ())]
             seq += entries
             sampled += entries
             if i in samples:
-                sampled.append(_hook_entry(partial(sample, i)))
+                sampled.append(_hook_entry(partial(sample, i), i))
         self.sequence, self.sampled_sequence = seq, sampled
         self._dirty = False
 
@@ -322,8 +325,10 @@ class ReplayEngine:
                     step.time_ns += now - last
                     last = now
         except BaseException:
-            if step is not None and step.op is not None:
-                self.stop_index = step.op.index
+            if step is not None:
+                op = step.op if step.op is not None else self.trace.ops[step.at]
+                self.stop_index, self.last_op = op.index, op
+                self.stopped_in_hook = step.op is None
             raise
         finally:
             if step is not None and step.op is not None:
@@ -405,7 +410,8 @@ class ReplayEngine:
                 if self.progress is not None:
                     self.progress(it + 1, num_iters)
         except OutOfMemory as e:
-            report.set_oom(self.last_op, e.held_bytes, e.requested_bytes, e.message)
+            report.set_oom(self.last_op, e.held_bytes, e.requested_bytes, e.message,
+                           in_hook=self.stopped_in_hook)
         except Exception as e:  # a collective that failed or timed out, a strict mismatch
             report.set_failed(self.last_op, e)
         return report.finish(self)

@@ -46,6 +46,7 @@ class Step:
     translated_from: str = ""  # the recorded op name when fn runs a device equivalent
     standin: str = ""  # why the outputs are stand-ins (shapes from the trace), not computed
     time_ns: int = 0  # time in this op over the measured iterations (replay.per_op_timing)
+    at: int = -1  # a hook: the index of the op it runs next to
     # The op loop's fast path, set by `set_fast_path` for plain single-output ops:
     # (fn, getter, kwargs, out uid, out suid, out accounted bytes if the op makes the
     #  storage else 0, held-bytes limit); the call is fn(*getter(registry), **kwargs).

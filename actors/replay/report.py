@@ -41,8 +41,11 @@ class RankReport:
         self.compute_times_s.append(compute_s)
         self.comm_times_s.append(comm_s)
 
-    def set_oom(self, op, held_bytes: int, requested_bytes: int, message: str | None = None):
+    def set_oom(self, op, held_bytes: int, requested_bytes: int, message: str | None = None,
+                in_hook: bool = False):
         where = f"node {op.node_id} {op.name}" if op is not None else "before the first op"
+        if in_hook:  # e.g. a ZeRO-3 all-gather at a module boundary
+            where = f"an extension's hook (a ZeRO-3 fetch, ...) next to {where}"
         self.status = "oom"
         self.oom = {"node_id": op.node_id if op else None, "op": op.name if op else None,
                     "held_bytes": held_bytes, "requested_bytes": requested_bytes}

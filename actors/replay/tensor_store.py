@@ -39,6 +39,7 @@ class TensorStore:
         self._dtype_of = dtype_of  # dtype name -> torch.dtype
         self._int_ranges = int_ranges  # suid -> (lo, hi, monotonic) for data feeding index ops
         self.pinned: frozenset[int] = frozenset()  # the allocation policy's persistent set
+        self.owned: frozenset[int] = frozenset()  # extensions' storages: they account them
         self.num_materialized = 0
 
     def get(self, t: TensorArg) -> torch.Tensor:
@@ -109,7 +110,8 @@ class TensorStore:
     def register(self, t: TensorArg, x: torch.Tensor) -> None:
         """Record ``x`` as tensor ``t`` (an op output or a materialized view)."""
         self.tensors[t.uid] = x
-        self.memory.add(t.suid, self.storage_bytes[t.suid])
+        if t.suid not in self.owned:  # an extension-owned storage is charged by its owner
+            self.memory.add(t.suid, self.storage_bytes[t.suid])
 
     def bind(self, t: TensorArg, x: torch.Tensor) -> None:
         """Record ``x`` as tensor ``t`` without accounting (an extension accounts it)."""
