@@ -494,3 +494,23 @@ def test_bus_factors_and_stats():
                                "busbw_gbps": pytest.approx(2.5)}
     assert d["barrier"]["algbw_gbps"] == 0.0 and d["broadcast"]["busbw_gbps"] == 0.0
     assert stats.num_calls == 4
+
+
+def test_async_call_without_a_wait_completes_before_its_buffers_first_use():
+    """gloo traces record a c10d call's async_op but not the Python work.wait(): the replay
+    issues it async and completes it right before the first later op touching its buffers."""
+    b = Builder()
+    shard, full, other = b.t(4), b.t(8), b.t(3)
+    b.op("c10d::_allgather_base_", "all_gather_into_tensor", [full, shard, OBJ], [full],
+         in_nelems=4, out_nelems=8, async_op=True)                              # 0: issued async
+    compute = Op(1, 2001, "aten::relu", "", (other,), (b.t(3),), None, "", -1, None, 1)  # unrelated
+    reader = Op(2, 2002, "aten::relu", "", (full,), (b.t(8),), None, "", -1, None, 1)    # reads it
+    b.ops += [compute, reader]
+    b.op("c10d::allreduce_", "all_reduce", [L(other), OBJ], [L(other)], in_nelems=3,
+         out_nelems=3, async_op=False)                                          # 3: sync
+    replayer = CollectiveReplayer.__new__(CollectiveReplayer)
+    replayer._waited, replayer._async, replayer._pending = {}, set(), {}
+    replayer.plan(b.ops)
+    assert replayer._async == {0}
+    assert replayer._complete_before == {2: [0]}
+    assert list(replayer.hooks()) == [2]

@@ -6,9 +6,10 @@ buffers are carved from two zero-filled byte arenas (send side, receive side) gr
 largest message, so a replay allocates only when a bigger message shows up.
 
 Semantics kept from the trace: sizes, dtype, uneven all_to_all splits, root/peer (a group
-rank, as c10d records it), group. A call runs ``async_op=True`` only when a later ``wait``
-in the trace completes it (``wait_seq`` == the call's ``seq``, planned by ``plan``); it then
-completes at that wait or at ``wait_all``. Reductions use SUM for floating dtypes and MAX
+rank, as c10d records it), group. A call runs ``async_op=True`` when a later ``wait`` in the
+trace completes it (``wait_seq`` == the call's ``seq``), or when the trace records it async
+with no wait, in which case it completes before the first later op touching its buffers
+(``plan``); otherwise, or at the latest, at ``wait_all``. Reductions use SUM for floating dtypes and MAX
 for integer/bool ones so index tensors stay in range. gloo (torch 2.13) natively supports
 every kind here, reduce_scatter included (internally built on all_reduce); the one gap,
 all_to_all with unequal list entries, is run as an all_to_all_single over packed buffers.
@@ -19,6 +20,7 @@ default group's own): gloo raises, NCCL's watchdog aborts. Nothing here waits un
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Callable, Sequence
 
 import torch
@@ -75,6 +77,9 @@ class CollectiveReplayer:
         self._sync = self.device.type == "cuda" and cuda_sync_timing
         self._waited: dict[int, int] = {}  # wait op index -> index of the call it completes
         self._async: set[int] = set()  # call op indices that run async_op=True
+        self._complete_before: dict[int, list[int]] = {}  # op index -> unpaired calls due
+        # seconds the caller spent in run / complete / wait_all: issuing and waiting for calls
+        self.blocked_s = 0.0
         # issued, not completed, in issue order: call index -> (work, t0, kind, bytes, n, finish)
         self._pending: dict[int, tuple] = {}
         self._arenas: dict[str, torch.Tensor] = {}
@@ -82,12 +87,19 @@ class CollectiveReplayer:
 
     # --- planning -----------------------------------------------------------------------
     def plan(self, ops: Sequence[Op]) -> None:
-        """Pair each ``wait`` with the latest earlier call of the same ``seq``: those run async.
+        """Which calls run ``async_op=True`` and where each completes.
 
-        Without a plan every call is synchronous and waits are no-ops.
+        A ``wait`` completes the latest earlier call of the same ``seq`` (NCCL traces,
+        functional collectives). A call the trace records as async with no wait to pair it
+        (gloo traces record the ``c10d::*`` call's ``async_op`` flag but not the Python
+        ``work.wait()``) completes right before the first later op that touches one of its
+        buffers, which is when the original had to have waited for it: its communication
+        overlaps what runs in between, as it did in the original. Calls nothing touches
+        complete at the end of the iteration. Without a plan every call is synchronous.
         """
         self._waited.clear()
         self._async.clear()
+        self._complete_before = {}
         last_call: dict = {}
         for op in ops:
             c = op.collective
@@ -100,10 +112,44 @@ class CollectiveReplayer:
                     self._async.add(call)
             elif c.seq is not None:
                 last_call[c.seq] = op.index
+        unpaired = {op.index: op for op in ops if op.collective is not None
+                    and op.collective.kind != "wait" and op.collective.async_op
+                    and op.index not in self._async}
+        watching: dict[int, set[int]] = {}  # suid -> unpaired calls in flight on it
+        for op in ops:
+            suids = {t.suid for t in op.input_tensors() + op.output_tensors()}
+            due = set().union(*(watching.pop(s, ()) for s in suids & watching.keys()))
+            if due:
+                self._complete_before[op.index] = sorted(due)
+                for calls in watching.values():
+                    calls -= due
+            if op.index in unpaired:
+                self._async.add(op.index)
+                for s in suids:
+                    watching.setdefault(s, set()).add(op.index)
+
+    def hooks(self) -> dict[int, list]:
+        """op index -> callables completing the async calls due right before that op."""
+        return {i: [partial(self.complete, call) for call in calls]
+                for i, calls in self._complete_before.items()}
+
+    def complete(self, call: int) -> None:
+        """Complete call ``call`` (an op index) if it is still in flight."""
+        if call in self._pending:
+            t0 = time.perf_counter()
+            self._complete(call)
+            self.blocked_s += time.perf_counter() - t0
 
     # --- running ------------------------------------------------------------------------
     def run(self, op: Op, get_tensor: Callable[[TensorArg], torch.Tensor] | None = None) -> None:
         """Replay one collective op (``get_tensor`` in full mode, None in comms mode)."""
+        t0 = time.perf_counter()
+        try:
+            self._run(op, get_tensor)
+        finally:
+            self.blocked_s += time.perf_counter() - t0
+
+    def _run(self, op: Op, get_tensor) -> None:
         c = op.collective
         if c is None:
             raise ReplayError(f"node {op.node_id} ({op.name}) is not a collective")
@@ -145,8 +191,10 @@ class CollectiveReplayer:
 
     def wait_all(self) -> None:
         """Complete every outstanding async call, in issue order."""
+        t0 = time.perf_counter()
         for call in list(self._pending):
             self._complete(call)
+        self.blocked_s += time.perf_counter() - t0
 
     def stats_dict(self) -> dict[str, dict]:
         """Per-kind stats for the rank report (``CommStats.to_dict``)."""

@@ -107,6 +107,8 @@ class ReplayEngine:
         planning.set_fast_path(self.steps, live, self.guard, self.policy.persistent | owned,
                                self.store.gather, self.store.constant)
         self._hooks = [ext.hooks() for ext in self.extensions]
+        if comm is not None:  # async collectives complete before the first op using them
+            self._hooks.append((comm.hooks(), {}))
         self._dirty = True  # the sequence is rebuilt before the next iteration
         self.sequence: list[tuple] = []
         self.sampled_sequence: list[tuple] = []
@@ -265,7 +267,7 @@ class ReplayEngine:
 
     # --- iterations ---------------------------------------------------------------------
     def _iteration(self) -> float:
-        """Run the sequence once; returns the seconds spent in collectives.
+        """Run the sequence once; returns the seconds spent issuing and waiting for collectives.
 
         Output shapes and dtypes are checked in the first iteration only: they follow from
         the input shapes, which do not change, so later checks would only cost time.
@@ -279,7 +281,7 @@ class ReplayEngine:
         check = self.num_iterations_run == 0
         timing = self.cfg.per_op_timing
         clock = time.perf_counter_ns
-        comm_ns = 0
+        blocked_s = comm.blocked_s if comm is not None else 0.0
         step = None
         for ext in self.extensions:
             ext.on_iteration_start()
@@ -314,9 +316,7 @@ class ReplayEngine:
                 elif step.kind == "collective":
                     if memory.held_bytes + step.touch_bytes > self.guard:
                         self._make_room(step)
-                    t0 = clock()
                     comm.run(step.op, get)
-                    comm_ns += clock() - t0
                 # skipped and failed ops still free the storages whose last use they were
                 for s in frees:
                     drop(s)
@@ -333,11 +333,10 @@ class ReplayEngine:
         finally:
             if step is not None and step.op is not None:
                 self.last_op = step.op
-        if comm is not None:
-            t0 = clock()
-            comm.wait_all()
-            comm_ns += clock() - t0
-        return comm_ns / 1e9
+        if comm is None:
+            return 0.0
+        comm.wait_all()
+        return comm.blocked_s - blocked_s
 
     def _end_iteration(self, measured: bool) -> None:
         """Back to the persistent set; extensions release what they hold."""
