@@ -1,6 +1,7 @@
 """ZeRO-3 partitioning: DeepSpeed's padding, and shards that all-gather back into every
 parameter exactly, over real gloo groups of 2 and 4 ranks, for every gather layout, in
-forward (world group) and in backward from hpZ's node-group shards."""
+forward (world group) and in backward from hpZ's node-group shards; a bucket of gradients
+reduce-scattered into each rank's averaged shards."""
 from __future__ import annotations
 
 import os
@@ -13,10 +14,13 @@ import torch.multiprocessing as mp
 
 from actors.rank_base import free_port
 from actors.trace.model import TensorArg
+from actors.zero3.metrics import Zero3Metrics
+from actors.zero3.model_states import GRAD, Bucket, ModelState, StatesPlan
 from actors.zero3.params import Param
 from actors.zero3.partition import aligned_numel, flat_offsets, shard_numel
 from actors.zero3.plan import Gather, Home
 from actors.zero3.runtime import Zero3Runtime
+from actors.zero3.states_runtime import ModelStatesRuntime
 
 # (shape, stride, storage offset) of each parameter's view; numels 7, 12, 1, 30 and 5 (a view
 # at offset 2 of a 7-element storage): divisible by neither 2 nor 4, so padding is exercised.
@@ -119,3 +123,61 @@ def _rank_main(rank: int, world: int, port: int) -> None:
 def test_partition_and_gather_reconstruct_every_parameter(world):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.spawn(_rank_main, args=(world, free_port()), nprocs=world, join=True)
+
+
+class RegistryStore:
+    """What the model-state runtime needs of the engine's TensorStore: a registry by uid."""
+
+    def __init__(self, uids_by_suid: dict[int, list[int]]):
+        self.tensors: list = [None] * (1 + max(u for us in uids_by_suid.values() for u in us))
+        self.uids_by_suid = uids_by_suid
+
+    def bind(self, t, x):
+        self.tensors[t.uid] = x
+
+    def unbind(self, suid):
+        for uid in self.uids_by_suid[suid]:
+            self.tensors[uid] = None
+
+
+GRAD_NUMELS = [7, 12, 1]  # padded differently for 2 and 4 ranks
+
+
+def _reduce_rank_main(rank: int, world: int, port: int) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60))
+    try:
+        param = make_params()[0]
+        grads, views = [], {}
+        for k, n in enumerate(GRAD_NUMELS):
+            view = TensorArg(300 + k, 400 + k, 0, n, 4, "cpu", (n,), (1,), "float32")
+            view.uid, view.suid = 10 + k, 10 + k
+            views[view.suid] = [view]
+            grads.append(ModelState(view.suid, GRAD, param, n, "float32", 4, 0, 1, False, 0))
+        store, memory = RegistryStore({s: [s] for s in views}), FakeMemory()
+        bucket = Bucket(0, grads, 1)
+        rt = ModelStatesRuntime(StatesPlan(grads, [bucket]), world, rank, torch.device("cpu"),
+                                store, memory, Zero3Metrics(), views, dist.group.WORLD)
+        rt.run([("grad_full", g) for g in grads])
+        assert memory.held_bytes == 4 * sum(GRAD_NUMELS)
+        for g in grads:  # what backward made on this rank
+            store.tensors[g.suid] = torch.arange(g.numel, dtype=torch.float32) + 1000.0 * rank
+        rt.run([("reduce_scatter", bucket)])
+        mean_rank = sum(range(world)) / world
+        for g in grads:
+            s = shard_numel(g.numel, world)
+            padded = torch.zeros(s * world)
+            padded[:g.numel] = torch.arange(g.numel, dtype=torch.float32) + 1000.0 * mean_rank
+            expected = padded[rank * s:(rank + 1) * s]  # averaged; the padding stays zero
+            assert torch.equal(store.tensors[g.suid], expected), (world, rank, g.numel)
+        assert memory.held_bytes == 4 * sum(shard_numel(n, world) for n in GRAD_NUMELS)
+        assert rt.metrics.grad_full_bytes == 0 and rt.metrics.num_reduce_scatters == 1
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow  # 2 and 4 spawned gloo ranks
+@pytest.mark.parametrize("world", [2, 4])
+def test_reduce_scatter_leaves_each_rank_its_averaged_gradient_shards(world):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(_reduce_rank_main, args=(world, free_port()), nprocs=world, join=True)

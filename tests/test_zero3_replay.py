@@ -52,8 +52,9 @@ def test_release_gives_back_everything_but_the_shards(trace, strategy):
         release(home)
         for p in home.params:  # no view of a released parameter survives in the store
             assert all(engine.store.tensors[u] is None for u in param_uids[p.suid])
-        assert zero3_bytes(engine) == rt.metrics.shard_bytes + rt.metrics.gathered_bytes \
-            + rt.metrics.scratch_bytes
+        m = rt.metrics
+        assert zero3_bytes(engine) == m.shard_bytes + m.gathered_bytes + m.scratch_bytes \
+            + m.optimizer_state_bytes + m.grad_full_bytes + m.grad_shard_bytes
         # views ops make of a parameter (aten::t of a weight) are not accounted a second time
         assert not any(engine.memory.held[p.suid] for p in ext.z.params)
     rt.release = checked_release
@@ -67,8 +68,10 @@ def test_release_gives_back_everything_but_the_shards(trace, strategy):
     assert figures["num_allgathers_per_iteration"] > 0 and figures["gathered_peak_bytes"] > 0
     assert not rt.inflight and not rt.held
     assert rt.metrics.gathered_bytes == rt.metrics.scratch_bytes == 0
-    assert zero3_bytes(engine) == figures["shard_bytes"] == \
-        sum(4 * aligned_numel(p.numel, 2) // 2 for p in ext.z.params)
+    assert not ext.states_runtime.held  # gradient shards and update temporaries released
+    shards = sum(4 * aligned_numel(p.numel, 2) // 2 for p in ext.z.params)
+    assert figures["shard_bytes"] == shards
+    assert zero3_bytes(engine) == shards + figures["optimizer_state_bytes"] == 3 * shards
     assert not materialized  # every use found its parameter gathered or bound
 
 

@@ -256,8 +256,9 @@ def set_fast_path(steps: list[Step], liveness, guard: float, present: set[int],
             else:
                 getter = partial(gather, step.template, slots)
             # first used here, and as an output only (an in-place op on an input-first storage
-            # writes a storage already held)
-            fresh = first[single.suid] == step.op.index and not external[single.suid]
+            # writes a storage already held); an extension-owned one is its owner's to account
+            fresh = first[single.suid] == step.op.index and not external[single.suid] \
+                and single.suid not in present
             step.fast = (step.fn, getter, step.kwargs, single.uid, single.suid,
                          liveness.storage_bytes[single.suid] if fresh else 0,
                          guard - step.touch_bytes)

@@ -30,7 +30,8 @@ class Zero3Config:
 
     # none replays the trace's own collectives as recorded; the other strategies partition the
     # trace's parameters (a flat 1/world shard each, padded as DeepSpeed pads) and all-gather
-    # them around their uses: per_param, per_module, leaf_coalesced or bucketed.
+    # them around their uses: per_param, per_module, leaf_coalesced or bucketed. Their
+    # gradients and optimizer state are partitioned too (reduce_bucket_size), as in ZeRO-3.
     strategy: Zero3Strategy = Zero3Strategy.none
     # Parameters with at most this many elements stay gathered on every rank (DeepSpeed's
     # stage3_param_persistence_threshold, default 1e5). 0 partitions every parameter.
@@ -70,6 +71,11 @@ class Zero3Config:
     # all-gathers run within the group from those copies; they are dropped before the update.
     # 1 is off. Must divide the world size.
     hpz_partition_size: int = 1
+    # Elements: gradients of partitioned parameters wait full-size in a bucket of at most this
+    # many elements (one per dtype) until its reduce-scatter leaves each rank its 1/world
+    # shard (DeepSpeed's reduce_bucket_size, default 5e8). A gradient that would overflow the
+    # bucket sends it first; a bucket is also sent before its gradients are used again.
+    reduce_bucket_size: int = 500_000_000
 
     def __post_init__(self):
         self.strategy = Zero3Strategy.coerce(self.strategy, "zero3.strategy")
@@ -85,7 +91,8 @@ class Zero3Config:
         for key in ("param_persistence_threshold", "module_granularity_threshold"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"zero3.{key}={getattr(self, key)}; expected >= 0")
-        for key in ("prefetch_bucket_size", "max_live_parameters", "hpz_partition_size"):
+        for key in ("prefetch_bucket_size", "max_live_parameters", "hpz_partition_size",
+                    "reduce_bucket_size"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"zero3.{key}={getattr(self, key)}; expected >= 1")
         if self.world_size is not None:

@@ -1,9 +1,11 @@
-"""ZeRO-3 as a replay extension: partitioned parameters fetched and released around the ops.
+"""ZeRO-3 as a replay extension: partitioned parameters fetched and released around the ops,
+their gradients reduce-scattered to shards and their optimizer state held as shards.
 
 The rank actor builds one when ``zero3.strategy`` is not ``none`` and hands it to the engine
 (``ReplayEngine(..., extensions=[...])``). It plans once against the compiled engine, owns
-every parameter storage (the allocation policy leaves them alone), and turns each boundary's
-events into one hook.
+every parameter storage and every model state of a partitioned parameter (gradients,
+optimizer state, update temporaries: the allocation policy leaves them alone), and turns each
+boundary's events into one hook.
 """
 from __future__ import annotations
 
@@ -15,8 +17,12 @@ from actors.errors import ConfigError
 from actors.replay.extension import ReplayExtension
 from actors.zero3.config import Zero3Config
 from actors.zero3.markers import read_backward_marks
+from actors.zero3.model_states import GRAD, STATE, TEMP, StatesPlan, find_model_states, \
+    plan_states, views_of
+from actors.zero3.modules import phases
 from actors.zero3.planning import Zero3Plan, build_plan, module_report
 from actors.zero3.runtime import Zero3Runtime
+from actors.zero3.states_runtime import ModelStatesRuntime
 
 
 class Zero3Extension(ReplayExtension):
@@ -29,6 +35,9 @@ class Zero3Extension(ReplayExtension):
         self.marks = marks  # backward markers (actors/zero3/markers.py)
         self.z: Zero3Plan | None = None
         self.runtime: Zero3Runtime | None = None
+        self.states: StatesPlan | None = None
+        self.states_runtime: ModelStatesRuntime | None = None
+        self.engine = None
 
     def attach(self, engine) -> None:
         group = None
@@ -50,16 +59,37 @@ class Zero3Extension(ReplayExtension):
                                     engine.store, engine.memory, group, hpz=hpz,
                                     hpz_group=hpz_group)
         self.runtime.allocate()
+        self.engine = engine
+        partitioned = [p for p in self.z.params if not self.z.home_of[p.suid].persistent]
+        found = find_model_states(engine.trace, engine.liveness, partitioned,
+                                  phases(engine.trace))
+        self.states = plan_states(engine.trace, found, self.cfg.reduce_bucket_size)
+        self.states_runtime = ModelStatesRuntime(
+            self.states, world, engine.rank % world, engine.device, engine.store, engine.memory,
+            self.runtime.metrics, views_of(engine.trace, {m.suid for m in found}), group)
+        self.states_runtime.allocate()
 
     def owned_storages(self) -> set[int]:
-        return {p.suid for p in self.z.params}
+        return {p.suid for p in self.z.params} | {m.suid for m in self.states.states}
 
     def hooks(self):
+        """One hook per boundary: model-state frees and reduce-scatters, the parameter plan's
+        events, then charges for what the next op makes. Under a policy that holds
+        intermediates to the end of the iteration (pre_allocate), gradient shards and update
+        temporaries are held too (dropped when the iteration ends)."""
         before, after = {}, {}
         n = self.z.plan.num_ops
-        run = self.runtime.run
-        for b, events in self.z.plan.events.items():
-            hook = (lambda ev=events: run(ev))
+        run, run_states = self.runtime.run, self.states_runtime.run
+        frees = self.engine.policy.frees_at_last_use
+        early = {b: [e for e in ev if frees or e[0] != "release"]
+                 for b, ev in self.states.early.items()}
+        late, events = self.states.late, self.z.plan.events
+        for b in sorted(set(events) | set(early) | set(late)):
+            def hook(a=early.get(b, ()), ev=events.get(b), c=late.get(b, ())):
+                run_states(a)
+                if ev:
+                    run(ev)
+                run_states(c)
             if b < n:
                 before[b] = [hook]
             else:
@@ -70,10 +100,13 @@ class Zero3Extension(ReplayExtension):
         rt = self.runtime
         if rt.held.keys() - {h for h in rt.held if h.persistent} or rt.inflight:
             rt.drop_all()  # the previous iteration stopped half-way
+        self.states_runtime.drop_all()
         rt.bind_persistent()
+        self.states_runtime.bind_states()
         rt.metrics.start_iteration()
 
     def on_iteration_end(self, measured: bool) -> None:
+        self.states_runtime.drop_all()  # what the policy holds to the end of the iteration
         self.runtime.metrics.end_iteration(measured)
 
     def report(self) -> dict:
@@ -84,7 +117,11 @@ class Zero3Extension(ReplayExtension):
                "num_partitioned": sum(1 for p in z.params if not z.home_of[p.suid].persistent),
                "param_bytes": sum(p.nbytes for p in z.params),
                "leaf_modules": [z.tree.modules[name].label for name in z.plan.leaves],
-               "prefetch": cfg.prefetch, "hpz_partition_size": cfg.hpz_partition_size}
+               "prefetch": cfg.prefetch, "hpz_partition_size": cfg.hpz_partition_size,
+               "reduce_bucket_size": cfg.reduce_bucket_size,
+               "num_grads": len(self.states.of_kind(GRAD)),
+               "num_optimizer_states": len(self.states.of_kind(STATE)),
+               "num_update_temporaries": len(self.states.of_kind(TEMP))}
         out.update(self.runtime.metrics.summary())
         out["modules"] = module_report(z, cfg.module_granularity_threshold)
         return out

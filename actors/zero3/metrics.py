@@ -12,7 +12,8 @@ from __future__ import annotations
 import statistics
 
 _PER_ITERATION = ("num_allgathers", "num_allgathers_intra_group", "allgather_bytes",
-                  "fetch_host_s", "release_host_s", "wait_s", "bubble_s")
+                  "fetch_host_s", "release_host_s", "wait_s", "bubble_s", "num_reduce_scatters",
+                  "reduce_scatter_bytes", "reduce_scatter_s")
 
 
 class Zero3Metrics:
@@ -23,8 +24,13 @@ class Zero3Metrics:
         self.persistent_bytes = 0  # parameters kept whole (param_persistence_threshold)
         self.gathered_bytes = 0  # gathered buffers and parameters held right now
         self.gathered_peak_bytes = 0
-        self.scratch_bytes = 0  # full-size parameters bound for the update phase
+        self.scratch_bytes = 0  # update phase: shard-sized parameter scratch and temporaries
         self.scratch_peak_bytes = 0
+        self.optimizer_state_bytes = 0  # shards of optimizer state (exp_avg, ...), kept
+        self.grad_shard_bytes = 0  # shards of gradients held right now (reduce-scatter outputs)
+        self.grad_shard_peak_bytes = 0
+        self.grad_full_bytes = 0  # full gradients held right now (made, not yet reduced)
+        self.grad_full_peak_bytes = 0
         self.secondary_bytes = 0  # hpZ: node-local shards kept from forward to backward
         self.secondary_peak_bytes = 0
         self.iterations: list[dict] = []
@@ -33,6 +39,8 @@ class Zero3Metrics:
     def start_iteration(self) -> None:
         self.num_allgathers = self.num_allgathers_intra_group = self.allgather_bytes = 0
         self.fetch_host_s = self.release_host_s = self.wait_s = self.bubble_s = 0.0
+        self.num_reduce_scatters = self.reduce_scatter_bytes = 0
+        self.reduce_scatter_s = 0.0
 
     def end_iteration(self, measured: bool) -> None:
         if measured:
@@ -50,6 +58,14 @@ class Zero3Metrics:
         self.scratch_bytes += nbytes
         self.scratch_peak_bytes = max(self.scratch_peak_bytes, self.scratch_bytes)
 
+    def add_grad_full(self, nbytes: int) -> None:
+        self.grad_full_bytes += nbytes
+        self.grad_full_peak_bytes = max(self.grad_full_peak_bytes, self.grad_full_bytes)
+
+    def add_grad_shard(self, nbytes: int) -> None:
+        self.grad_shard_bytes += nbytes
+        self.grad_shard_peak_bytes = max(self.grad_shard_peak_bytes, self.grad_shard_bytes)
+
     def summary(self) -> dict:
         """Per-iteration figures (medians over measured iterations) and memory figures."""
         its = self.iterations
@@ -66,6 +82,15 @@ class Zero3Metrics:
             "persistent_bytes": self.persistent_bytes,
             "update_scratch_peak_bytes": self.scratch_peak_bytes,
             "hpz_secondary_peak_bytes": self.secondary_peak_bytes,
+            "optimizer_state_bytes": self.optimizer_state_bytes,
+            # the most gradient shards held at once (all of them when the step starts)
+            "grad_shard_bytes": self.grad_shard_peak_bytes,
+            "grad_full_peak_bytes": self.grad_full_peak_bytes,
+            "num_reduce_scatters_per_iteration":
+                its[-1]["num_reduce_scatters"] if its else None,
+            "reduce_scatter_bytes_per_iteration":
+                its[-1]["reduce_scatter_bytes"] if its else None,
+            "reduce_scatter_s": med("reduce_scatter_s"),
         }
 
 
@@ -82,10 +107,12 @@ def summarize_ranks(rank_reports: list[dict]) -> dict | None:
                                      "num_partitioned")}
     for key in ("num_allgathers_per_iteration", "num_allgathers_intra_group_per_iteration",
                 "allgather_bytes_per_iteration", "gathered_peak_bytes", "shard_bytes",
-                "persistent_bytes", "update_scratch_peak_bytes", "hpz_secondary_peak_bytes"):
+                "persistent_bytes", "update_scratch_peak_bytes", "hpz_secondary_peak_bytes",
+                "optimizer_state_bytes", "grad_shard_bytes", "grad_full_peak_bytes",
+                "num_reduce_scatters_per_iteration", "reduce_scatter_bytes_per_iteration"):
         values = [z[key] for z in zs if z.get(key) is not None]
         out[key] = max(values) if values else None
-    for key in ("fetch_host_s", "release_host_s", "wait_s", "bubble_s"):
+    for key in ("fetch_host_s", "release_host_s", "wait_s", "bubble_s", "reduce_scatter_s"):
         values = [z[key] for z in zs if z.get(key) is not None]
         out[key] = statistics.median(values) if values else None
         out[key[:-2] + "_max_s"] = max(values) if values else None

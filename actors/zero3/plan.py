@@ -11,7 +11,7 @@ end there, then for each window that starts there one all-gather per group of ho
 lacks (the strategy splits them into groups) followed by its wait. ``add_prefetch`` then moves
 upcoming all-gathers forward to right after the previous wait, within the look-ahead and
 live-element budgets, leaving their waits in place. Update-phase uses (the optimizer step)
-bind a full-size scratch instead (``scratch``/``unscratch``): ZeRO-3 updates the shard there.
+bind the parameter's shard instead (``scratch``/``unscratch``): ZeRO-3 steps the shard.
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ class Window:
     end: int
     homes: list[Home]
     unit: str  # who needs them: a module name, "param #k", "bucket k"
-    scratch: bool = False  # update phase: full-size scratch, no all-gather
+    scratch: bool = False  # update phase: the shard is bound, no all-gather
     backward: bool = False  # opens in the backward phase (hpZ gathers within the node there)
 
 

@@ -6,7 +6,8 @@ process group, issues ``all_gather_into_tensor`` asynchronously; without one (an
 world, compute mode) the other ranks' slots are filled locally instead, timed as the wait.
 Waiting binds the parameters' trace views to the gathered data: views into the buffer
 (``single``, ``flat``) or per-parameter copies out of it (``coalesced``, after which the
-buffer is dropped). Releasing unbinds and discharges.
+buffer is dropped). Releasing unbinds and discharges. The update phase binds every view of
+a parameter to its flat shard (``scratch``): the optimizer steps the shard, element-wise.
 
 hpZ (``hpz`` ranks per group > 1, ZeRO++'s hierarchical partitioning): releasing a home
 gathered in forward keeps this rank's 1/hpz of it (the secondary shard); a backward gather
@@ -37,7 +38,7 @@ def _nbytes(x: torch.Tensor) -> int:
     return x.numel() * x.element_size()
 
 
-def _stride(v) -> tuple:
+def view_stride(v) -> tuple:
     """A view's strides (contiguous ones where the trace has none)."""
     if v.stride is not None and len(v.stride) == len(v.shape):
         return v.stride
@@ -66,8 +67,10 @@ class Zero3Runtime:
         # views as (TensorArg, shape, stride, offset): computed once, bound at every fetch
         self._offsets = {h: list(zip(h.params, flat_offsets([p.numel for p in h.params], world)[0]))
                          for h in homes}
-        self._views = {p.suid: [(v, v.shape, _stride(v), v.offset) for v in p.views]
+        self._views = {p.suid: [(v, v.shape, view_stride(v), v.offset) for v in p.views]
                        for h in homes for p in h.params}
+        # the home holding each partitioned parameter's shard (the update binds to it)
+        self._shard_home = {p.suid: h for h in homes if not h.persistent for p in h.params}
 
     # --- set-up ---------------------------------------------------------------------------
     def allocate(self) -> None:
@@ -196,15 +199,25 @@ class Zero3Runtime:
         self.secondary.clear()
 
     def scratch(self, h: Home) -> None:
-        """The update phase works on the whole parameter locally (ZeRO-3 steps the shard)."""
-        fulls = [self._full(p) for p in h.params]
-        nbytes = sum(_nbytes(f) for f in fulls)
-        self.memory.charge(nbytes)
-        self.metrics.add_scratch(nbytes)
-        self.held[h] = (nbytes, fulls)
+        """The update phase steps this rank's shard, as ZeRO-3 does: every view of the
+        parameter is its flat shard (the optimizer's ops are element-wise), no memory more. A
+        parameter whose shard lies in a leaf unit's flat shard gets a shard-sized scratch."""
+        p = h.params[0]
+        home = self._shard_home[p.suid]
+        if home.flat:
+            shard = torch.empty(shard_numel(p.numel, self.world), dtype=torch_dtype(p.dtype),
+                                device=self.device)
+            if self.device.type != "meta":
+                shard.fill_(FLOAT_FILL)
+            nbytes = _nbytes(shard)
+            self.memory.charge(nbytes)
+            self.metrics.add_scratch(nbytes)
+        else:
+            shard, nbytes = self.shards[home], 0
+        self.held[h] = (nbytes, shard)
         self.scratched.add(h)
-        for p, f in zip(h.params, fulls):
-            self._bind(p, f)
+        for v in p.views:
+            self.store.bind(v, shard)
 
     def unscratch(self, h: Home) -> None:
         self._drop(h)
@@ -226,7 +239,7 @@ class Zero3Runtime:
         base = data.storage_offset() + offset
         bind = self.store.bind
         for v, shape, stride, off in self._views.get(p.suid) or \
-                [(v, v.shape, _stride(v), v.offset) for v in p.views]:
+                [(v, v.shape, view_stride(v), v.offset) for v in p.views]:
             bind(v, torch.as_strided(data, shape, stride, base + off))
 
     def drop_all(self) -> None:

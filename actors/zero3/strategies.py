@@ -3,8 +3,8 @@
 Every strategy answers the same three questions (``homes``, ``windows``, ``split``); the plan
 (actors/zero3/plan.py) and the runtime do the rest. Parameter uses no strategy window covers
 (a weight tied across modules, a trace without module ranges) get a window of their own per
-phase: an all-gather at first use in forward and in backward, a full-size scratch in the
-update phase (``orphan_windows``).
+phase: an all-gather at first use in forward and in backward, the shard bound in the update
+phase (``orphan_windows``).
 """
 from __future__ import annotations
 
