@@ -8,7 +8,10 @@ For each (mode, threshold):
    it does not), and its liveness lower bound ``B`` is a capacity below which no replay
    without flushing can run (a flush drops live storages and re-materializes them later, so
    with a threshold below 1 a replay can go under ``B``).
-2. Without flushing, a replay at ``B`` (unless ``P`` is ``B``): when it completes, ``B`` is the
+2. ``pre_allocate`` holds every storage to the end of the iteration, so it fits iff its peak
+   does: a replay at ``P`` minus the tolerance; when it fails, ``P`` is the answer (two
+   replays after the reference instead of a bisection's ten).
+   Without flushing, a replay at ``B`` (unless ``P`` is ``B``): when it completes, ``B`` is the
    answer, exactly.
 3. Bisection between the largest failing and the smallest completing capacity until they
    are within ``max(tolerance x answer, tolerance_bytes)``; a capacity of 0 counts as failing.
@@ -158,6 +161,14 @@ class _Search:
             hi *= 2
         else:
             return self._answer(None, hi, t0, f"no capacity up to {hi} B completes")
+        if self.mode == AllocationMode.pre_allocate:
+            # Nothing is freed before a pre_allocate iteration ends, so held bytes only grow
+            # and the replay fits iff its peak does: one probe just under the peak confirms it.
+            # (ZeRO-3 emulation frees within an iteration: when that probe completes, search on.)
+            below = hi - max(int(mm.tolerance * hi), mm.tolerance_bytes)
+            if below <= 0 or self.probe(below)["status"] != "ok":
+                return self._answer(hi, max(below, 0), t0, None)
+            hi = below
         lo = 0
         if self.threshold >= 1 and 0 < bound <= hi:  # flushing re-materializes storages, so
             # only without it is the bound a floor
