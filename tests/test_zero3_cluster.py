@@ -1,6 +1,7 @@
 """ZeRO-3 through tracefleet's Ray path on the two-node local cluster: a leaf_coalesced replay of
-the 4-rank demo with two ranks per node (every all-gather runs on the world group, so it
-crosses nodes), and the DeepSpeed-recorded demo traces still replaying with strategy=none."""
+the 4-rank demo with two ranks per node (every all-gather and the gradients' reduce-scatter run
+on the world group, so they cross nodes), and the DeepSpeed-recorded demo traces still
+replaying with strategy=none."""
 import json
 import sys
 
@@ -45,6 +46,11 @@ def test_leaf_coalesced_across_two_nodes(two_node_cluster, tmp_path):
     assert z["num_allgathers_per_iteration"] == 2 * (4 + meta["workload"]["n_layers"])
     assert z["shard_bytes"] * 4 >= 4 * meta["num_params"]  # a quarter each, padding included
     assert z["wait_s"] > 0 and z["fetch_host_s"] > 0 and z["release_host_s"] > 0
+    # gradients reduce-scattered over the world group (one bucket holds this small model's),
+    # a quarter of each kept, as of AdamW's two states
+    assert z["num_reduce_scatters_per_iteration"] == 1 and z["reduce_scatter_s"] > 0
+    assert z["grad_shard_bytes"] == z["shard_bytes"]
+    assert z["optimizer_state_bytes"] == 2 * z["shard_bytes"]
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk["zero3"]["num_allgathers_per_iteration"] == z["num_allgathers_per_iteration"]
 
