@@ -4,15 +4,16 @@ replay completes, per allocation mode (and per flush threshold), by bisection.
 For each (mode, threshold):
 
 1. A reference replay without a capacity limit (threshold 1.0): it must complete; its
-   accounted peak ``P`` is a capacity that fits (raised by doubling if, with the threshold,
-   it does not), and its liveness lower bound ``B`` is a capacity below which no replay
+   accounted peak ``P`` is a capacity that fits (with a threshold: probed, and raised by
+   doubling if it does not fit), and its liveness lower bound ``B`` is a capacity below which no replay
    without flushing can run (a flush drops live storages and re-materializes them later, so
    with a threshold below 1 a replay can go under ``B``).
-2. ``pre_allocate`` holds every storage to the end of the iteration, so it fits iff its peak
-   does: a replay at ``P`` minus the tolerance; when it fails, ``P`` is the answer (two
-   replays after the reference instead of a bisection's ten).
-   Without flushing, a replay at ``B`` (unless ``P`` is ``B``): when it completes, ``B`` is the
-   answer, exactly.
+2. Without flushing (threshold 1), what a replay holds does not depend on the capacity,
+   which only decides whether a check fails: the replay fits iff its peak does. So ``P`` is
+   the answer when it is ``B``, or when a replay at ``P`` minus the tolerance fails (two
+   replays in all instead of a bisection's ten or so; pre_allocate, which frees nothing
+   before the iteration ends, is the common case). When that replay completes anyway, ``P``
+   was not the peak: a replay at ``B`` and bisection follow.
 3. Bisection between the largest failing and the smallest completing capacity until they
    are within ``max(tolerance x answer, tolerance_bytes)``; a capacity of 0 counts as failing.
 
@@ -155,26 +156,29 @@ class _Search:
         bound = ref.get("liveness_lower_bound_bytes") or 0
         if hi <= 0:
             return self._answer(None, 0, t0, "the reference replay holds no memory: nothing to search")
-        for _ in range(MAX_DOUBLINGS):  # the reference peak fits without a threshold; with one
-            if self.probe(hi)["status"] == "ok":  # it normally does too
-                break
-            hi *= 2
+        if self.threshold >= 1:  # the reference ran as a replay at its peak would
+            self.summaries[hi] = ref
         else:
-            return self._answer(None, hi, t0, f"no capacity up to {hi} B completes")
-        if self.mode == AllocationMode.pre_allocate:
-            # Nothing is freed before a pre_allocate iteration ends, so held bytes only grow
-            # and the replay fits iff its peak does: one probe just under the peak confirms it.
-            # (ZeRO-3 emulation frees within an iteration: when that probe completes, search on.)
+            for _ in range(MAX_DOUBLINGS):  # the reference peak normally fits with a threshold
+                if self.probe(hi)["status"] == "ok":  # too
+                    break
+                hi *= 2
+            else:
+                return self._answer(None, hi, t0, f"no capacity up to {hi} B completes")
+        lo = 0
+        if self.threshold >= 1:  # flushing re-materializes storages, so only without it is
+            # the bound a floor, and only without it is the peak the answer: the capacity then
+            # changes nothing the replay holds, it only decides whether a check fails
+            if 0 < bound == hi:
+                return self._answer(bound, bound - 1, t0, None)
             below = hi - max(int(mm.tolerance * hi), mm.tolerance_bytes)
             if below <= 0 or self.probe(below)["status"] != "ok":
                 return self._answer(hi, max(below, 0), t0, None)
-            hi = below
-        lo = 0
-        if self.threshold >= 1 and 0 < bound <= hi:  # flushing re-materializes storages, so
-            # only without it is the bound a floor
-            if bound == hi or self.probe(bound)["status"] == "ok":
-                return self._answer(bound, bound - 1, t0, None)
-            lo = bound
+            hi = below  # (a peak the accounting did not see: search on)
+            if 0 < bound <= hi:
+                if bound == hi or self.probe(bound)["status"] == "ok":
+                    return self._answer(bound, bound - 1, t0, None)
+                lo = bound
         result = bisect(lambda c: self.probe(c)["status"] == "ok", lo, hi, mm.tolerance,
                         mm.tolerance_bytes, mm.max_steps - self.num_steps)
         reason = None if result.min_ok - result.max_fail <= max(
