@@ -6,7 +6,6 @@ import time
 from pathlib import Path
 
 import orjson
-import ray
 
 from actors.rank_actor import RankActor
 from actors.zero3 import metrics as zero3_metrics

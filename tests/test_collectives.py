@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from actors.errors import ConfigError, ReplayError
+from actors.replay.collective_plan import plan_async
 from actors.replay.collectives import CollectiveReplayer
 from actors.replay.comm_metrics import CommStats, bus_bandwidth, bus_factor, message_bytes
 from actors.replay.process_groups import ProcessGroups, merge_group_tables, resolve_pg_name
@@ -508,9 +509,6 @@ def test_async_call_without_a_wait_completes_before_its_buffers_first_use():
     b.ops += [compute, reader]
     b.op("c10d::allreduce_", "all_reduce", [L(other), OBJ], [L(other)], in_nelems=3,
          out_nelems=3, async_op=False)                                          # 3: sync
-    replayer = CollectiveReplayer.__new__(CollectiveReplayer)
-    replayer._waited, replayer._async, replayer._pending = {}, set(), {}
-    replayer.plan(b.ops)
-    assert replayer._async == {0}
-    assert replayer._complete_before == {2: [0]}
-    assert list(replayer.hooks()) == [2]
+    plan = plan_async(b.ops)
+    assert plan.calls == {0} and plan.waited == {}
+    assert plan.complete_before == {2: [0]}

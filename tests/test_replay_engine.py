@@ -1,13 +1,12 @@
 """The single-rank replay engine: allocation policies, flushing, OOM, meta runs, index safety."""
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
 import pytest
 import torch
 
-from actors.errors import ConfigError, ReplayError
+from actors.errors import ConfigError
 from actors.replay.config import AllocationConfig, ReplayConfig, parse_bytes
 from actors.replay.engine import ReplayEngine
 from actors.trace import load_trace

@@ -6,10 +6,8 @@ buffers are carved from two zero-filled byte arenas (send side, receive side) gr
 largest message, so a replay allocates only when a bigger message shows up.
 
 Semantics kept from the trace: sizes, dtype, uneven all_to_all splits, root/peer (a group
-rank, as c10d records it), group. A call runs ``async_op=True`` when a later ``wait`` in the
-trace completes it (``wait_seq`` == the call's ``seq``), or when the trace records it async
-with no wait, in which case it completes before the first later op touching its buffers
-(``plan``); otherwise, or at the latest, at ``wait_all``. Reductions use SUM for floating dtypes and MAX
+rank, as c10d records it), group, and which calls run async and where they complete
+(actors/replay/collective_plan.py); every call completes at ``wait_all`` at the latest. Reductions use SUM for floating dtypes and MAX
 for integer/bool ones so index tensors stay in range. gloo (torch 2.13) natively supports
 every kind here, reduce_scatter included (internally built on all_reduce); the one gap,
 all_to_all with unequal list entries, is run as an all_to_all_single over packed buffers.
@@ -27,6 +25,9 @@ import torch
 import torch.distributed as dist
 
 from actors.errors import ReplayError
+from actors.replay.collective_calls import (CALLS, COALESCED_PART, Ctx, all_to_all_list,
+                                            all_to_all_rows)
+from actors.replay.collective_plan import plan_async
 from actors.replay.comm_metrics import (CommStats, buffer_sizes, check_group_fit, element_splits,
                                         message_bytes)
 from actors.replay.process_groups import ProcessGroups
@@ -41,8 +42,6 @@ _OUT_FIRST = frozenset({
     "c10d::alltoall_", "c10d::gather_", "c10d::scatter_"})
 _IN_PLACE = frozenset({"all_reduce", "all_reduce_coalesced", "broadcast", "reduce", "send",
                        "recv"})
-_AG_ONE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_RS_ONE = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def _flat(arg) -> list[TensorArg]:
@@ -87,46 +86,10 @@ class CollectiveReplayer:
 
     # --- planning -----------------------------------------------------------------------
     def plan(self, ops: Sequence[Op]) -> None:
-        """Which calls run ``async_op=True`` and where each completes.
-
-        A ``wait`` completes the latest earlier call of the same ``seq`` (NCCL traces,
-        functional collectives). A call the trace records as async with no wait to pair it
-        (gloo traces record the ``c10d::*`` call's ``async_op`` flag but not the Python
-        ``work.wait()``) completes right before the first later op that touches one of its
-        buffers, which is when the original had to have waited for it: its communication
-        overlaps what runs in between, as it did in the original. Calls nothing touches
-        complete at the end of the iteration. Without a plan every call is synchronous.
-        """
-        self._waited.clear()
-        self._async.clear()
-        self._complete_before = {}
-        last_call: dict = {}
-        for op in ops:
-            c = op.collective
-            if c is None:
-                continue
-            if c.kind == "wait":
-                call = last_call.pop(c.wait_seq, None) if c.wait_seq is not None else None
-                if call is not None:
-                    self._waited[op.index] = call
-                    self._async.add(call)
-            elif c.seq is not None:
-                last_call[c.seq] = op.index
-        unpaired = {op.index: op for op in ops if op.collective is not None
-                    and op.collective.kind != "wait" and op.collective.async_op
-                    and op.index not in self._async}
-        watching: dict[int, set[int]] = {}  # suid -> unpaired calls in flight on it
-        for op in ops:
-            suids = {t.suid for t in op.input_tensors() + op.output_tensors()}
-            due = set().union(*(watching.pop(s, ()) for s in suids & watching.keys()))
-            if due:
-                self._complete_before[op.index] = sorted(due)
-                for calls in watching.values():
-                    calls -= due
-            if op.index in unpaired:
-                self._async.add(op.index)
-                for s in suids:
-                    watching.setdefault(s, set()).add(op.index)
+        """Which calls run ``async_op=True`` and where each completes (collective_plan).
+        Without a plan every call is synchronous."""
+        p = plan_async(ops)
+        self._waited, self._async, self._complete_before = p.waited, p.calls, p.complete_before
 
     def hooks(self) -> dict[int, list]:
         """op index -> callables completing the async calls due right before that op."""
@@ -262,7 +225,7 @@ class CollectiveReplayer:
         c = op.collective
         if not c.in_splits and not c.out_splits:
             return dist.all_to_all_single(out_t, in_t, group=pg, async_op=async_op)
-        if _all_to_all_rows(c, in_t, out_t):
+        if all_to_all_rows(c, in_t, out_t):
             return dist.all_to_all_single(out_t, in_t, list(c.out_splits), list(c.in_splits),
                                           group=pg, async_op=async_op)
         in_split, out_split = element_splits(c, n)  # flat buffers, splits in elements
@@ -303,76 +266,18 @@ class CollectiveReplayer:
         red = dist.ReduceOp.SUM if floating else dist.ReduceOp.MAX
         root = self.groups.global_rank(name, c.root or 0)
         if c.kind.endswith("_coalesced"):
-            one = _COALESCED_PART[c.kind]
+            one = COALESCED_PART[c.kind]
             with dist._coalescing_manager(group=pg, async_ops=async_op) as cm:
                 for i, t in enumerate(outs):
                     one(t, ins[i], red, pg)
             return cm, None
         if c.kind == "all_to_all":
-            return _all_to_all_list(outs, ins, pg, async_op)
+            return all_to_all_list(outs, ins, pg, async_op)
         if c.kind == "all_to_all_single":
             n = len(self.groups.members(name))
             return self._all_to_all_single(op, n, pg, ins[0], outs[0], async_op), None
-        call = _CALLS.get(c.kind)
+        call = CALLS.get(c.kind)
         if call is None:
             raise self._error(op, "collective kind not replayable")
-        ctx = _Ctx(pg, red, root, root == self.groups.rank, self.device)
+        ctx = Ctx(pg, red, root, root == self.groups.rank, self.device)
         return call(ctx, ins, outs, async_op), None
-
-
-class _Ctx:
-    __slots__ = ("pg", "red", "root", "is_root", "device")
-
-    def __init__(self, pg, red, root, is_root, device):
-        self.pg, self.red, self.root, self.is_root, self.device = pg, red, root, is_root, device
-
-
-# kind -> call(ctx, ins, outs, async_op) -> Work | None; roots and peers are global ranks.
-_CALLS = {
-    "all_reduce": lambda x, i, o, a: dist.all_reduce(o[0], op=x.red, group=x.pg, async_op=a),
-    "all_gather": lambda x, i, o, a: dist.all_gather(o, i[0], group=x.pg, async_op=a),
-    "all_gather_into_tensor": lambda x, i, o, a: _AG_ONE(o[0], i[0], group=x.pg, async_op=a),
-    "reduce_scatter": lambda x, i, o, a: dist.reduce_scatter(o[0], i, op=x.red, group=x.pg,
-                                                             async_op=a),
-    "reduce_scatter_tensor": lambda x, i, o, a: _RS_ONE(o[0], i[0], op=x.red, group=x.pg,
-                                                        async_op=a),
-    "broadcast": lambda x, i, o, a: dist.broadcast(o[0], src=x.root, group=x.pg, async_op=a),
-    "reduce": lambda x, i, o, a: dist.reduce(o[0], dst=x.root, op=x.red, group=x.pg, async_op=a),
-    "gather": lambda x, i, o, a: dist.gather(i[0], o if x.is_root else None, dst=x.root,
-                                             group=x.pg, async_op=a),
-    "scatter": lambda x, i, o, a: dist.scatter(o[0], i if x.is_root else None, src=x.root,
-                                               group=x.pg, async_op=a),
-    "barrier": lambda x, i, o, a: dist.barrier(group=x.pg, async_op=a, device_ids=(
-        [x.device.index or 0] if x.device.type == "cuda" else None)),
-    "send": lambda x, i, o, a: (dist.isend if a else dist.send)(o[0], dst=x.root, group=x.pg),
-    "recv": lambda x, i, o, a: (dist.irecv if a else dist.recv)(o[0], src=x.root, group=x.pg),
-}
-# coalesced kind -> one part issued inside a coalescing manager: (out, in, reduce op, group)
-_COALESCED_PART = {
-    "all_reduce_coalesced": lambda o, i, red, pg: dist.all_reduce(o, op=red, group=pg),
-    "all_gather_into_tensor_coalesced": lambda o, i, red, pg: _AG_ONE(o, i, group=pg),
-    "reduce_scatter_tensor_coalesced": lambda o, i, red, pg: _RS_ONE(o, i, op=red, group=pg),
-}
-
-
-def _all_to_all_rows(c, in_t, out_t) -> bool:
-    """True when the recorded splits count dim-0 rows of these very tensors."""
-    return (in_t.dim() > 0 and out_t.dim() > 0 and sum(c.in_splits) == in_t.shape[0]
-            and sum(c.out_splits) == out_t.shape[0])
-
-
-def _all_to_all_list(outs: list, ins: list, pg, async_op: bool):
-    """all_to_all over lists; gloo rejects unequal entries, so those go through one packed
-    all_to_all_single and are copied out when it completes."""
-    sizes = {t.numel() for t in ins + outs}
-    if len(sizes) <= 1:
-        return dist.all_to_all(outs, ins, group=pg, async_op=async_op), None
-    send = torch.cat([t.reshape(-1) for t in ins])
-    recv = torch.empty(sum(t.numel() for t in outs), dtype=send.dtype, device=send.device)
-    work = dist.all_to_all_single(recv, send, [t.numel() for t in outs],
-                                  [t.numel() for t in ins], group=pg, async_op=async_op)
-
-    def finish():
-        for dst, src in zip(outs, recv.split([t.numel() for t in outs])):
-            dst.copy_(src.view(dst.shape))
-    return work, finish
