@@ -398,3 +398,23 @@ def test_an_owned_storage_is_accounted_by_its_owner_only(step_trace):
     r = engine.run().to_dict()
     assert r["status"] == "ok", r["error"]
     assert not engine.memory.held[suid]  # never accounted by the store, even as an op output
+
+
+def test_an_op_whose_input_a_flush_dropped_gets_it_back(tmp_path):
+    """aten::contiguous takes a None input without raising (it returns None): when the flush
+    right before it drops its input, the op must get the input back, not None."""
+    from torch.profiler import ExecutionTraceObserver
+
+    x = torch.ones(32, 32)  # 4 KiB, made before the trace
+    et = ExecutionTraceObserver()
+    et.register_callback(str(tmp_path / "rank-0.et.json"))
+    et.start()
+    (x + 1).t().contiguous()
+    et.stop()
+    et.unregister_callback()
+    trace = load_trace(tmp_path / "rank-0.et.json")
+    assert [op.name for op in trace.ops][-1] == "aten::contiguous"
+    # at the contiguous: x + 1 held (4 KiB) and its copy to make (4 KiB) cross 0.4 x 16 KiB
+    _, r = _run(trace, device_memory_capacity="16KiB", threshold=0.4)
+    assert r["status"] == "ok", r["error"]
+    assert r["num_flushes"] == 1 and r["coverage"] == 1.0

@@ -199,18 +199,21 @@ class ReplayEngine:
         if out.shape != single.shape or out.dtype is not step.out_dtype:
             self._mismatch(step.op, single, out)
 
-    def _make_room(self, step) -> None:
+    def _make_room(self, step) -> bool:
         """Before an op that may not fit: flush when held + what the op needs would cross the
-        threshold, then raise OutOfMemory if it still does not fit the capacity."""
+        threshold, then raise OutOfMemory if it still does not fit the capacity. Returns
+        whether it flushed."""
         memory, sizes = self.memory, self.liveness.storage_bytes
         held = memory.held
         need = sum(sizes[s] for s in step.touch if not held[s])
-        if self.flush_bytes is not None and memory.held_bytes + need > self.flush_bytes:
+        flushed = self.flush_bytes is not None and memory.held_bytes + need > self.flush_bytes
+        if flushed:
             self._flush(step.op.index)
             need = sum(sizes[s] for s in step.touch if not held[s])  # flushed inputs return
         cap = memory.capacity_bytes
         if cap is not None and memory.held_bytes + need > cap:
             raise OutOfMemory(memory.held_bytes, need, cap)
+        return flushed
 
     def _flush(self, op_index: int) -> None:
         """Drop every storage the policy lets go (outstanding collectives complete first)."""
@@ -292,8 +295,10 @@ class ReplayEngine:
             for entry in (self.sampled_sequence if self.memory.recording else self.sequence):
                 fn, getter, kwargs, out_uid, out_suid, out_bytes, limit, frees, step = entry
                 if fn is not None:  # the common case, kept free of attribute lookups
-                    if memory.held_bytes > limit:  # the op might not fit: flush or OOM first
-                        self._make_room(step)
+                    if memory.held_bytes > limit and self._make_room(step):
+                        # a flush dropped what the op reads: some ops take a None input
+                        # without raising (aten::contiguous returns None), so re-make them
+                        getter = partial(store.gather, step.template, step.tensor_slots)
                     try:
                         out = fn(*getter(tensors), **kwargs) if kwargs is not None \
                             else fn(*getter(tensors))
