@@ -122,7 +122,7 @@ def test_the_step_runs_on_shards_on_cpu(llama):
     materialized full-size), and its in-place updates land in the shards."""
     trace, numels = llama
     engine, ext = replay(trace, 4, device="cpu", iters=2)
-    owned = engine._owned
+    owned = ext.owned_storages()
     materialized = []
     materialize = engine.store.materialize
     engine.store.materialize = lambda t: (materialized.append(t) if t.suid in owned else None,
