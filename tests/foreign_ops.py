@@ -11,6 +11,8 @@
 """
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
 import torch
@@ -25,7 +27,9 @@ A = torch.ops.aten
 
 
 def record(path: Path, program) -> Path:
-    """Run ``program()`` under the ET observer into ``path``."""
+    """Run ``program()`` under the ET observer into ``path`` (without tensor ranges: they
+    cannot be read from meta tensors, and the observer drops the inputs after one)."""
+    os.environ.pop("ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE", None)
     et = ExecutionTraceObserver()
     et.register_callback(str(path))
     et.start()

@@ -289,7 +289,7 @@ def test_host_gaps_are_spent_before_their_ops(step_trace):
     assert report["added_s_per_iteration"] >= 0.010
     assert min(gapped["iteration_times_s"]) >= 0.010
     # each gap is spent right before its op
-    order = [entry[-1] for entry in engine.sequence]
+    order = [entry[-1] for entry in engine.sequence(sampled=False, checked=False)]
     for i in (3, 10):
         at = next(k for k, step in enumerate(order) if step.op is not None and step.op.index == i)
         assert order[at - 1].kind == "hook"
@@ -418,3 +418,27 @@ def test_an_op_whose_input_a_flush_dropped_gets_it_back(tmp_path):
     _, r = _run(trace, device_memory_capacity="16KiB", threshold=0.4)
     assert r["status"] == "ok", r["error"]
     assert r["num_flushes"] == 1 and r["coverage"] == 1.0
+
+
+def test_after_a_flush_later_ops_get_their_inputs_back_too(tmp_path):
+    """A flush drops storages that ops further on read; the rest of the iteration gathers and
+    re-materializes inputs instead of trusting the plan (aten::contiguous would return None)."""
+    from torch.profiler import ExecutionTraceObserver
+
+    x = torch.ones(32, 32)  # 4 KiB, made before the trace
+    et = ExecutionTraceObserver()
+    et.register_callback(str(tmp_path / "rank-0.et.json"))
+    et.start()
+    y = (x + 1).t()           # y's storage: 4 KiB, read again at the end
+    big = torch.ones(48, 32)  # 6 KiB: crosses the threshold, the flush drops y's storage
+    (big * 2).sum()
+    y.contiguous()
+    et.stop()
+    et.unregister_callback()
+    trace = load_trace(tmp_path / "rank-0.et.json")
+    assert [op.name for op in trace.ops][-1] == "aten::contiguous"
+    engine = ReplayEngine(trace, _cfg(device_memory_capacity="24KiB", threshold=0.5, iters=2))
+    r = engine.run().to_dict()
+    assert r["status"] == "ok", r["error"]
+    assert r["num_flushes"] >= 1 and r["coverage"] == 1.0
+    assert r["num_shape_mismatches"] == 0 and r["skipped_reasons"] == {}

@@ -30,14 +30,32 @@ class IndexHeavy(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1), tokens.flatten()) + picked.mean()
 
 
+TENSOR_RANGE_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE"
+
+
 def capture_step(path: Path, with_ranges: bool = True, with_collective: bool = True) -> Path:
-    """Record one training step of `IndexHeavy` (after one warm-up step) into ``path``."""
+    """Record one training step of `IndexHeavy` (after one warm-up step) into ``path``.
+
+    The tensor-range switch is process-wide and read by every later observer: it is put back
+    as it was (left on, a later capture of meta tensors loses the inputs that follow an
+    integral meta tensor, whose range cannot be read)."""
+    saved = os.environ.get(TENSOR_RANGE_ENV)
+    if with_ranges:
+        os.environ[TENSOR_RANGE_ENV] = "1"
+    else:
+        os.environ.pop(TENSOR_RANGE_ENV, None)
+    try:
+        return _capture_step(path, with_collective)
+    finally:
+        if saved is None:
+            os.environ.pop(TENSOR_RANGE_ENV, None)
+        else:
+            os.environ[TENSOR_RANGE_ENV] = saved
+
+
+def _capture_step(path: Path, with_collective: bool) -> Path:
     from torch.profiler import ExecutionTraceObserver
 
-    if with_ranges:
-        os.environ["ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE"] = "1"
-    else:
-        os.environ.pop("ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE", None)
     torch.manual_seed(0)
     model = IndexHeavy()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -74,7 +92,7 @@ def capture_step(path: Path, with_ranges: bool = True, with_collective: bool = T
 def _rank_main(rank: int, world_size: int, port: int, out_dir: str) -> None:
     from torch.profiler import ExecutionTraceObserver
 
-    os.environ["ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE"] = "1"
+    os.environ[TENSOR_RANGE_ENV] = "1"
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size)

@@ -1,31 +1,31 @@
 """The op loop of one rank: iterations, memory (policy, guard, flush, OOM), timing, report.
 
-The loop runs a precomputed sequence of ``(fast tuple, step, frees)`` entries: compiled ops,
-extension hooks (ZeRO-3 fetch/release, host gaps), and the allocation policy's frees after
-each op. It never branches on the allocation mode or on an extension: they are planned into
-the sequence once.
+The loop runs a precomputed sequence (actors/replay/sequence.py): compiled ops, extension
+hooks (ZeRO-3 fetch/release, host gaps, async collectives' completion) and the allocation
+policy's frees after each op. It never branches on the allocation mode or on an extension:
+they are planned into the sequence once.
 """
 from __future__ import annotations
 
 import time
-from collections import Counter
-from functools import partial
+from itertools import islice
 
 import torch
 
 from actors.errors import ReplayError
 from actors.replay import plan as planning
-from actors.replay import resolve, standins
+from actors.replay import resolve, sequence, standins
 from actors.replay.allocation import make_policy
 from actors.replay.config import ReplayConfig, parse_bytes
 from actors.replay.host_gaps import HostGaps
 from actors.replay.memory import (MemoryTracker, OutOfMemory, device_capacity,
                                   is_allocation_failure, sample_points)
 from actors.replay.meters import make_meter
+from actors.replay.op_call import OpCaller
 from actors.replay.report import RankReport
 from actors.replay.tensor_store import TensorStore
 from actors.trace.liveness import compute_liveness
-from actors.trace.model import Trace, TensorArg
+from actors.trace.model import Trace
 
 # What a replayed op may raise on synthetic data; the op is then skipped with its reason
 # (unless it is the device refusing memory: that is an OOM).
@@ -44,12 +44,13 @@ def pick_device(name: str, index: int | None = None) -> torch.device:
     return torch.device(name)
 
 
-_NOT_FAST = (None,) * 7  # the fast tuple's slots of an entry off the fast path
+class _Flushed(Exception):
+    """A flush dropped storages the fast sequence assumes held: continue at ``position`` in
+    the checked sequence."""
 
-
-def _hook_entry(fn, at: int) -> tuple:
-    """An entry running ``fn`` next to op ``at`` (named in errors the hook raises)."""
-    return _NOT_FAST + ((), planning.Step(None, "hook", fn=fn, at=at))
+    def __init__(self, position: int):
+        super().__init__(position)
+        self.position = position
 
 
 class ReplayEngine:
@@ -89,7 +90,7 @@ class ReplayEngine:
             self.extensions.append(HostGaps.for_trace(trace))
         for ext in self.extensions:
             ext.attach(self)
-        self._owned = owned = set().union(*(ext.owned_storages() for ext in self.extensions))
+        owned = set().union(*(ext.owned_storages() for ext in self.extensions))
         used = {t.suid for s in self.steps if s.kind in ("compute", "collective")
                 for t in s.op.input_tensors() if t.suid >= 0}
         self.policy = make_policy(cfg.allocation.mode, live, used, owned)
@@ -106,13 +107,12 @@ class ReplayEngine:
         self.meter = make_meter(self.device, cfg.measure_memory, cfg.profile)
         planning.set_fast_path(self.steps, live, self.guard, self.policy.persistent | owned,
                                self.store.gather, self.store.constant)
-        self._hooks = [ext.hooks() for ext in self.extensions]
+        hooks = [ext.hooks() for ext in self.extensions]
         if comm is not None:  # async collectives complete before the first op using them
-            self._hooks.append((comm.hooks(), {}))
-        self._dirty = True  # the sequence is rebuilt before the next iteration
-        self.sequence: list[tuple] = []
-        self.sampled_sequence: list[tuple] = []
-        self.num_shape_mismatches = 0
+            hooks.append((comm.hooks(), {}))
+        self._hooks = sequence.merge_hooks(hooks)
+        self._sequences: dict[tuple[bool, bool], list] = {}  # (sampled, checked) -> entries
+        self.calls = OpCaller(self.store, owned, cfg.strict, rank)
         self.num_flushes = 0
         self.flushed_bytes = 0
         self.last_op = None
@@ -121,84 +121,18 @@ class ReplayEngine:
         self.stopped_in_hook = False  # ... in an extension's hook next to that op
 
     # --- the sequence ---------------------------------------------------------------------
-    def _build_sequence(self) -> None:
-        """One entry per op, ``fast tuple + (frees, step)`` (a fast tuple of Nones off the
-        fast path), in order, with extension hooks around them; out-of-scope ops that free
-        nothing are left out. The first iteration's sequence also samples the memory timeline
-        (later iterations run without that cost)."""
-        before: dict[int, list] = {}
-        after: dict[int, list] = {}
-        for b, a in self._hooks:
-            for i, fns in b.items():
-                before.setdefault(i, []).extend(fns)
-            for i, fns in a.items():
-                after.setdefault(i, []).extend(fns)
-        samples = set(sample_points(len(self.steps), self.memory.max_points))
-        sample = self.memory.sample
-        seq, sampled = [], []
-        free_lists = self.policy.free_lists
-        for i, step in enumerate(self.steps):
-            entries = [_hook_entry(fn, i) for fn in before.get(i, ())]
-            if step.kind in ("compute", "collective", "failed") or free_lists[i]:
-                entries.append((step.fast or _NOT_FAST) + (free_lists[i], step))
-            entries += [_hook_entry(fn, i) for fn in after.get(i, ())]
-            seq += entries
-            sampled += entries
-            if i in samples:
-                sampled.append(_hook_entry(partial(sample, i), i))
-        self.sequence, self.sampled_sequence = seq, sampled
-        self._dirty = False
+    def sequence(self, sampled: bool, checked: bool) -> list[tuple]:
+        """The entries of an iteration (sequence.build), built once per variant."""
+        key = (sampled, checked)
+        if key not in self._sequences:
+            samples = set(sample_points(len(self.steps), self.memory.max_points)) \
+                if sampled else set()
+            self._sequences[key] = sequence.build(
+                self.steps, self.policy.free_lists, self._hooks, samples, self.memory.sample,
+                checked, self.store.gather)
+        return self._sequences[key]
 
     # --- one op (slow paths; the fast path is inlined in _iteration) ----------------------
-    def _fill_rare(self, step, args) -> dict | None:
-        """Tensor lists, tensors passed by keyword and index guards; returns the kwargs."""
-        get = self.store.get
-        for pos, tensors in step.list_slots:
-            args[pos] = [None if t is None else get(t) for t in tensors]
-        kwargs = step.kwargs
-        if step.kw_tensor_slots:
-            kwargs = dict(kwargs or {})
-            for name, t in step.kw_tensor_slots:
-                kwargs[name] = get(t) if type(t) is TensorArg else \
-                    [None if x is None else get(x) for x in t]
-        for pos, lo, hi in step.guards:
-            args[pos].clamp_(lo, hi)
-        return kwargs
-
-    def _register_outputs(self, op, out, check: bool) -> None:
-        outputs = op.outputs
-        results = (out,) if not isinstance(out, (tuple, list)) or \
-            (len(outputs) == 1 and type(outputs[0]) is not TensorArg and outputs[0].kind == "tensor_list") \
-            else out
-        register = self.store.register
-        for expected, got in zip(outputs, results):
-            if type(expected) is TensorArg:
-                if isinstance(got, torch.Tensor):
-                    if check and expected.suid not in self._owned and (  # see _check_single
-                            got.shape != expected.shape or str(got.dtype)[6:] != expected.dtype):
-                        self._mismatch(op, expected, got)
-                    register(expected, got)
-            elif expected.kind == "tensor_list" and isinstance(got, (list, tuple)):
-                for e, g in zip(expected.value, got):
-                    if e is not None and isinstance(g, torch.Tensor):
-                        register(e, g)
-
-    def _mismatch(self, op, expected, got):
-        self.num_shape_mismatches += 1
-        if self.cfg.strict:
-            raise ReplayError(f"rank {self.rank}, node {op.node_id} {op.name}: output "
-                              f"{tuple(got.shape)} {got.dtype} != trace {expected.shape} {expected.dtype}")
-
-    def _check_single(self, step, out) -> None:
-        single = step.single_out
-        if not isinstance(out, torch.Tensor):
-            raise ReplayError(f"rank {self.rank}, node {step.op.node_id} {step.op.name}: "
-                              f"returned {type(out).__name__}, the trace records one tensor")
-        if single.suid in self._owned:  # an extension's storage: its shape is the extension's
-            return                      # (ZeRO-3 steps flat shards)
-        if out.shape != single.shape or out.dtype is not step.out_dtype:
-            self._mismatch(step.op, single, out)
-
     def _make_room(self, step) -> bool:
         """Before an op that may not fit: flush when held + what the op needs would cross the
         threshold, then raise OutOfMemory if it still does not fit the capacity. Returns
@@ -225,23 +159,15 @@ class ReplayEngine:
             self.flushed_bytes += freed
             self.memory.note_flush(op_index)
 
-    def _call(self, step):
-        """Call an op with every argument from the registry (materializing what is missing)."""
-        args = self.store.gather(step.template, step.tensor_slots, self.store.tensors)
-        kwargs = self._fill_rare(step, args)
-        return step.fn(*args, **kwargs) if kwargs is not None else step.fn(*args)
-
     def _run_general(self, step, check: bool) -> None:
         """An op off the fast path (tensor lists, keyword tensors, index guards, several
         outputs)."""
-        if self.memory.held_bytes + step.touch_bytes > self.guard:
-            self._make_room(step)
         try:
-            out = self._call(step)
+            out = self.calls.call(step)
         except _OP_ERRORS as e:
             out = self._op_failed(step, e)
         if out is not None:
-            self._register_outputs(step.op, out, check)
+            self.calls.register(step.op, out, check)
 
     def _op_failed(self, step, e: Exception):
         """An op raised. An input a flush dropped (the fast path passes it as None, which a
@@ -252,7 +178,7 @@ class ReplayEngine:
         tensors = self.store.tensors
         if step.fast is not None and any(tensors[t.uid] is None for _, t in step.tensor_slots):
             try:
-                return self._call(step)
+                return self.calls.call(step)
             except _OP_ERRORS as again:
                 e = again
         if is_allocation_failure(e):
@@ -262,12 +188,12 @@ class ReplayEngine:
         if standin is not None:  # needs values meta tensors do not have: the trace's outputs
             step.fn, step.fast = standin, None
             step.standin = f"needs values on meta: {str(e).splitlines()[0][:120]}"
-            self._dirty = True
-            return self._call(step)
+            self._sequences.clear()
+            return self.calls.call(step)
         step.kind = "failed"
         step.fast = None
         step.reason = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
-        self._dirty = True
+        self._sequences.clear()  # rebuilt without its fast tuple before the next iteration
         return None
 
     # --- iterations ---------------------------------------------------------------------
@@ -275,37 +201,50 @@ class ReplayEngine:
         """Run the sequence once; returns the seconds spent issuing and waiting for collectives.
 
         Output shapes and dtypes are checked in the first iteration only: they follow from
-        the input shapes, which do not change, so later checks would only cost time.
+        the input shapes, which do not change, so later checks would only cost time. After a
+        flush the rest of the iteration runs the checked sequence (sequence.py).
         """
-        if self._dirty:
-            self._build_sequence()
-        memory, store = self.memory, self.store
-        tensors, drop, held = store.tensors, store.drop, memory.held
         comm = self.comm
+        blocked_s = comm.blocked_s if comm is not None else 0.0
+        for ext in self.extensions:
+            ext.on_iteration_start()
+        position, checked = 0, False
+        while True:
+            try:
+                self._run(self.sequence(self.memory.recording, checked), position, checked)
+                break
+            except _Flushed as flushed:
+                position, checked = flushed.position, True
+        if comm is None:
+            return 0.0
+        comm.wait_all()
+        return comm.blocked_s - blocked_s
+
+    def _run(self, entries: list[tuple], start: int, checked: bool) -> None:
+        """Run ``entries`` from ``start``; raises _Flushed when a flush happens while the
+        fast (unchecked) entries run."""
+        memory, store, calls = self.memory, self.store, self.calls
+        tensors, drop, held = store.tensors, store.drop, memory.held
+        comm, guard = self.comm, self.guard
         get = store.get if self.cfg.mode == "full" else None
         check = self.num_iterations_run == 0
         timing = self.cfg.per_op_timing
         clock = time.perf_counter_ns
-        blocked_s = comm.blocked_s if comm is not None else 0.0
         step = None
-        for ext in self.extensions:
-            ext.on_iteration_start()
         last = clock()
         try:
-            for entry in (self.sampled_sequence if self.memory.recording else self.sequence):
+            for position, entry in enumerate(islice(entries, start, None), start):
                 fn, getter, kwargs, out_uid, out_suid, out_bytes, limit, frees, step = entry
                 if fn is not None:  # the common case, kept free of attribute lookups
-                    if memory.held_bytes > limit and self._make_room(step):
-                        # a flush dropped what the op reads: some ops take a None input
-                        # without raising (aten::contiguous returns None), so re-make them
-                        getter = partial(store.gather, step.template, step.tensor_slots)
+                    if memory.held_bytes > limit and self._make_room(step) and not checked:
+                        raise _Flushed(position)
                     try:
                         out = fn(*getter(tensors), **kwargs) if kwargs is not None \
                             else fn(*getter(tensors))
                     except _OP_ERRORS as e:
                         out = self._op_failed(step, e)
                         if out is not None:
-                            self._register_outputs(step.op, out, check)
+                            calls.register(step.op, out, check)
                     else:
                         tensors[out_uid] = out
                         if out_bytes:  # a fresh storage (MemoryTracker.add, inlined)
@@ -314,16 +253,18 @@ class ReplayEngine:
                             if memory.held_bytes > memory.peak_bytes:
                                 memory.peak_bytes = memory.held_bytes
                         if check:
-                            self._check_single(step, out)
+                            calls.check_single(step, out)
                     out = None  # a storage freed below must not live on in a local
                 elif step.kind == "hook":
                     step.fn()
-                elif step.kind == "compute":
-                    self._run_general(step, check)
-                elif step.kind == "collective":
-                    if memory.held_bytes + step.touch_bytes > self.guard:
-                        self._make_room(step)
-                    comm.run(step.op, get)
+                elif step.kind in ("compute", "collective"):
+                    if memory.held_bytes + step.touch_bytes > guard and \
+                            self._make_room(step) and not checked:
+                        raise _Flushed(position)
+                    if step.kind == "compute":
+                        self._run_general(step, check)
+                    else:
+                        comm.run(step.op, get)
                 # skipped and failed ops still free the storages whose last use they were
                 for s in frees:
                     drop(s)
@@ -331,6 +272,8 @@ class ReplayEngine:
                     now = clock()
                     step.time_ns += now - last
                     last = now
+        except _Flushed:
+            raise
         except BaseException:
             if step is not None:
                 op = step.op if step.op is not None else self.trace.ops[step.at]
@@ -340,10 +283,6 @@ class ReplayEngine:
         finally:
             if step is not None and step.op is not None:
                 self.last_op = step.op
-        if comm is None:
-            return 0.0
-        comm.wait_all()
-        return comm.blocked_s - blocked_s
 
     def _end_iteration(self, measured: bool) -> None:
         """Back to the persistent set; extensions release what they hold."""
@@ -421,38 +360,3 @@ class ReplayEngine:
         except Exception as e:  # a collective that failed or timed out, a strict mismatch
             report.set_failed(self.last_op, e)
         return report.finish(self)
-
-    # --- figures for the report -----------------------------------------------------------
-    def top_ops(self, n: int = 15) -> list[dict]:
-        """Ops by total time over the measured iterations (empty unless replay.per_op_timing)."""
-        total, calls = Counter(), Counter()
-        for step in self.steps:
-            if step.time_ns:
-                total[step.op.name] += step.time_ns
-                calls[step.op.name] += 1
-        iters = max(1, self.cfg.iters)
-        return [{"name": name, "num_calls": calls[name] * iters, "total_s": ns / 1e9,
-                 "mean_us": ns / 1e3 / (calls[name] * iters)} for name, ns in total.most_common(n)]
-
-    def coverage(self) -> tuple[int, int, Counter]:
-        """(ops that ran, ops in scope, skip reasons) over the mode's scope.
-
-        An op ran if it completed in some iteration: all runnable ops once an iteration
-        completed, else those before the op the replay stopped at.
-        """
-        reasons = Counter()
-        in_scope = replayed = 0
-        stop = None if self.num_iterations_run else (self.stop_index or 0)
-        for step in self.steps:
-            if step.reason == "out of scope":
-                continue
-            in_scope += 1
-            if step.kind in ("skip", "failed"):
-                reasons[step.reason] += 1
-            elif stop is None or step.op.index < stop:
-                replayed += 1
-        return replayed, in_scope, reasons
-
-    def op_name_counts(self, attribute: str) -> dict[str, int]:
-        """Per recorded op name, how many ops have ``attribute`` set (translated_from, standin)."""
-        return dict(Counter(s.op.name for s in self.steps if getattr(s, attribute)))

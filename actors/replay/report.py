@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 
 MAX_ERROR_CHARS = 300
@@ -62,7 +63,7 @@ class RankReport:
         self.error = f"rank {self.rank}{where}: {type(error).__name__}: {text[:MAX_ERROR_CHARS]}"
 
     def finish(self, engine) -> "RankReport":
-        replayed, in_scope, reasons = engine.coverage()
+        replayed, in_scope, reasons = coverage(engine)
         op = engine.last_op
         self.last_op = f"node {op.node_id} {op.name}" if op is not None else None
         med = statistics.median
@@ -72,9 +73,9 @@ class RankReport:
             "num_ops": len(engine.steps), "num_in_scope": in_scope, "num_replayed": replayed,
             "num_skipped": in_scope - replayed, "skipped_reasons": dict(reasons),
             "coverage": replayed / in_scope,
-            "translated_ops": engine.op_name_counts("translated_from"),
-            "standin_ops": engine.op_name_counts("standin"),
-            "num_shape_mismatches": engine.num_shape_mismatches,
+            "translated_ops": _op_name_counts(engine.steps, "translated_from"),
+            "standin_ops": _op_name_counts(engine.steps, "standin"),
+            "num_shape_mismatches": engine.calls.num_shape_mismatches,
             "num_iterations_completed": engine.num_iterations_run,
             "iteration_time_s": med(self.iteration_times_s) if self.iteration_times_s else None,
             "compute_time_s": med(self.compute_times_s) if self.compute_times_s else None,
@@ -93,7 +94,7 @@ class RankReport:
             "flush_ticks": list(memory.flush_ticks),
             "num_materialized": engine.store.num_materialized,
             "memory_timeline": [list(p) for p in memory.timeline],
-            "top_ops": engine.top_ops(),
+            "top_ops": top_ops(engine.steps, engine.cfg.iters),
             "collectives": engine.comm.stats_dict() if engine.comm is not None else {},
         }
         for ext in engine.extensions:
@@ -106,6 +107,43 @@ class RankReport:
              "last_op": self.last_op, "oom": self.oom, "iteration_times_s": self.iteration_times_s}
         d.update(self.data)
         return d
+
+
+def coverage(engine) -> tuple[int, int, Counter]:
+    """(ops that ran, ops in scope, skip reasons) over the mode's scope.
+
+    An op ran if it completed in some iteration: all runnable ops once an iteration
+    completed, else those before the op the replay stopped at.
+    """
+    reasons = Counter()
+    in_scope = replayed = 0
+    stop = None if engine.num_iterations_run else (engine.stop_index or 0)
+    for step in engine.steps:
+        if step.reason == "out of scope":
+            continue
+        in_scope += 1
+        if step.kind in ("skip", "failed"):
+            reasons[step.reason] += 1
+        elif stop is None or step.op.index < stop:
+            replayed += 1
+    return replayed, in_scope, reasons
+
+
+def top_ops(steps, iters: int, n: int = 15) -> list[dict]:
+    """Ops by total time over the measured iterations (empty unless replay.per_op_timing)."""
+    total, calls = Counter(), Counter()
+    for step in steps:
+        if step.time_ns:
+            total[step.op.name] += step.time_ns
+            calls[step.op.name] += 1
+    iters = max(1, iters)
+    return [{"name": name, "num_calls": calls[name] * iters, "total_s": ns / 1e9,
+             "mean_us": ns / 1e3 / (calls[name] * iters)} for name, ns in total.most_common(n)]
+
+
+def _op_name_counts(steps, attribute: str) -> dict[str, int]:
+    """Per recorded op name, how many ops have ``attribute`` set (translated_from, standin)."""
+    return dict(Counter(s.op.name for s in steps if getattr(s, attribute)))
 
 
 def _node_ip() -> str:
