@@ -16,6 +16,7 @@ import torch.multiprocessing as mp
 
 from actors.errors import ConfigError, ReplayError
 from actors.replay.collective_plan import plan_async
+from actors.trace.op_schema import is_view_op
 from actors.replay.collectives import CollectiveReplayer
 from actors.replay.comm_metrics import CommStats, bus_bandwidth, bus_factor, message_bytes
 from actors.replay.process_groups import ProcessGroups, merge_group_tables, resolve_pg_name
@@ -499,16 +500,20 @@ def test_bus_factors_and_stats():
 
 def test_async_call_without_a_wait_completes_before_its_buffers_first_use():
     """gloo traces record a c10d call's async_op but not the Python work.wait(): the replay
-    issues it async and completes it right before the first later op touching its buffers."""
+    issues it async and completes it right before the first later op that reads or writes
+    its buffers (a view of the buffer, as DeepSpeed makes right away, reads nothing)."""
     b = Builder()
     shard, full, other = b.t(4), b.t(8), b.t(3)
     b.op("c10d::_allgather_base_", "all_gather_into_tensor", [full, shard, OBJ], [full],
          in_nelems=4, out_nelems=8, async_op=True)                              # 0: issued async
-    compute = Op(1, 2001, "aten::relu", "", (other,), (b.t(3),), None, "", -1, None, 1)  # unrelated
-    reader = Op(2, 2002, "aten::relu", "", (full,), (b.t(8),), None, "", -1, None, 1)    # reads it
-    b.ops += [compute, reader]
+    narrow = "aten::narrow(Tensor(a) self, int dim, SymInt start, SymInt length) -> Tensor(a)"
+    view = Op(1, 2001, "aten::narrow", narrow, (full,), (full,), None, "", -1, None, 1)  # no data
+    reader = Op(2, 2002, "aten::relu", "aten::relu(Tensor self) -> Tensor", (full,), (b.t(8),),
+                None, "", -1, None, 1)                                                # reads it
+    b.ops += [view, reader]
     b.op("c10d::allreduce_", "all_reduce", [L(other), OBJ], [L(other)], in_nelems=3,
          out_nelems=3, async_op=False)                                          # 3: sync
+    assert is_view_op(narrow) and not is_view_op(reader.schema)
     plan = plan_async(b.ops)
     assert plan.calls == {0} and plan.waited == {}
     assert plan.complete_before == {2: [0]}

@@ -442,3 +442,34 @@ def test_after_a_flush_later_ops_get_their_inputs_back_too(tmp_path):
     assert r["status"] == "ok", r["error"]
     assert r["num_flushes"] >= 1 and r["coverage"] == 1.0
     assert r["num_shape_mismatches"] == 0 and r["skipped_reasons"] == {}
+
+
+def test_a_host_gap_is_spent_before_the_async_collective_due_there_completes(step_trace):
+    """The original may have worked or waited for an async collective during a gap: the gap
+    comes first, then the replay's own wait (which costs nothing if the call finished)."""
+    from actors.replay.host_gaps import HostGaps
+
+    calls = []
+
+    class Comm:  # a collective replayer with one async call due before op 5
+        blocked_s = 0.0
+        stats = type("S", (), {"reset": lambda self: None})()
+
+        def hooks(self):
+            return {5: [lambda: calls.append("complete")]}
+
+        def wait_all(self):
+            pass
+
+    trace = load_trace(step_trace)
+    gaps = [0.0] * len(trace.ops)
+    gaps[5] = 0.001
+    ext = HostGaps(gaps, "synthetic")
+    engine = ReplayEngine(trace, _cfg(measure_memory=False), comm=Comm(), extensions=[ext])
+    hooks = [entry[-1] for entry in engine.sequence(sampled=False, checked=False)
+             if entry[-1].kind == "hook" and entry[-1].at == 5]
+    assert len(hooks) == 2
+    hooks[0].fn()
+    assert calls == [] and ext._spent_ns[0] >= 1_000_000  # the gap first
+    hooks[1].fn()
+    assert calls == ["complete"]

@@ -4,9 +4,11 @@
   completes the latest earlier call of the same ``seq``: that call runs ``async_op=True``.
 * A call the trace records as async with no wait to pair it (gloo traces record the
   ``c10d::*`` call's ``async_op`` flag, not the Python ``work.wait()``) runs async and
-  completes right before the first later op that touches one of its buffers, which is when
-  the original had to have waited for it: its communication overlaps what runs in between,
-  as it did in the original. A call nothing touches completes at the end of the iteration.
+  completes right before the first later op that reads or writes one of its buffers, which
+  is when the original had to have waited for it: its communication overlaps what runs in
+  between, as it did in the original. Ops that only make views of a buffer (DeepSpeed narrows
+  its gathered flat buffer into parameters right after issuing the all-gather) read nothing
+  and do not count. A call nothing uses completes at the end of the iteration.
 * Every other call is synchronous.
 """
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from actors.trace.model import Op
+from actors.trace.op_schema import is_view_op
 
 
 @dataclass
@@ -47,6 +50,8 @@ def plan_async(ops: Sequence[Op]) -> AsyncPlan:
     watching: dict[int, set[int]] = {}  # suid -> unpaired calls in flight on it
     for op in ops:
         suids = {t.suid for t in op.input_tensors() + op.output_tensors()}
+        if op.collective is None and is_view_op(op.schema):
+            continue
         due = set().union(*(watching.pop(s, ()) for s in suids & watching.keys()))
         if due:
             plan.complete_before[op.index] = sorted(due)

@@ -108,8 +108,8 @@ class ReplayEngine:
         planning.set_fast_path(self.steps, live, self.guard, self.policy.persistent | owned,
                                self.store.gather, self.store.constant)
         hooks = [ext.hooks() for ext in self.extensions]
-        if comm is not None:  # async collectives complete before the first op using them
-            hooks.append((comm.hooks(), {}))
+        if comm is not None:  # async collectives complete before the first op using them,
+            hooks.append((comm.hooks(), {}))  # after a host gap there (a wait inside it)
         self._hooks = sequence.merge_hooks(hooks)
         self._sequences: dict[tuple[bool, bool], list] = {}  # (sampled, checked) -> entries
         self.calls = OpCaller(self.store, owned, cfg.strict, rank)

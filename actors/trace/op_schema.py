@@ -88,6 +88,21 @@ def fresh_return_positions(schema_str: str) -> tuple[bool, ...]:
     return tuple(r.alias is None and r.type.startswith("Tensor") for r in schema.returns)
 
 
+def is_view_op(schema_str: str) -> bool:
+    """Whether an op only makes views of its inputs: every return aliases an input and
+    nothing is written (``aten::narrow(Tensor(a) self, ...) -> Tensor(a)``); such an op
+    reads no data. False for an empty or unparsable schema."""
+    if not isinstance(schema_str, str) or not schema_str:
+        return False
+    try:
+        schema = _parse(schema_str.strip())
+    except _Malformed:
+        return False
+    returns = [r for r in schema.returns if r.type.startswith("Tensor")]
+    return bool(returns) and all(r.alias is not None and not r.is_write for r in returns) \
+        and not any(a.is_write for a in schema.args)
+
+
 def _parse(s: str) -> OpSchema:
     open_at = s.find("(")
     if open_at <= 0:
