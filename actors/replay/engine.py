@@ -305,11 +305,15 @@ class ReplayEngine:
                         store.materialize(t)
 
     def _memory_iteration(self) -> None:
-        """cpu: one untimed iteration under the profiler's allocator events, from before the
-        first allocation (the timed iterations run without it)."""
+        """cpu: two untimed iterations under the profiler's allocator events, from before the
+        first allocation; the peak is the second's (meters.py; the timed iterations run
+        without the profiler)."""
         self.meter.start()
         try:
             self._prepare()
+            self._iteration()
+            self._end_iteration(measured=False)
+            self.meter.mark()
             self._iteration()
             self._end_iteration(measured=False)
         finally:

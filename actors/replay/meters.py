@@ -5,9 +5,11 @@ One meter per device kind:
 * cpu: the torch profiler's allocator events (``profile_memory=True``). Every allocation and
   free of the CPU allocator while the profiler runs is an event with its byte count; the
   running sum from the profiler's start is exact as long as nothing the replay holds was
-  allocated before it, so the engine starts it before it allocates anything and runs one
-  extra, untimed iteration under it (the timed iterations run without the profiler, whose
-  per-op cost would distort them). Cost: one iteration at profiler speed (about 2-4x an
+  allocated before it, so the engine starts it before it allocates anything and runs two
+  extra, untimed iterations under it: the peak is taken over the second (``mark``), after the
+  first has paid for one-time allocations (gloo's buffers, lazily built kernels), as the
+  original was measured after its warm-up. The timed iterations run without the profiler,
+  whose per-op cost would distort them. Cost: two iterations at profiler speed (about 2-4x an
   iteration on tiny ops) plus the events' memory.
 * cuda: the caching allocator's own peak statistics, reset before every timed iteration;
   free to read, so every timed iteration is measured. ``max_memory_reserved`` (what the
@@ -29,7 +31,10 @@ class NoMeter:
     needs_own_iteration = False
 
     def start(self) -> None:
-        """Begin a measured window (an iteration, or the profiler's whole own iteration)."""
+        """Begin a measured window (an iteration, or the profiler's whole own iterations)."""
+
+    def mark(self) -> None:
+        """Where the window's peak starts to count (what came before still adds up)."""
 
     def stop(self) -> None:
         """End the window begun by ``start``."""
@@ -42,8 +47,12 @@ class NoMeter:
         return None
 
 
+MARK = "tracefleet::measured_iteration"
+
+
 class CpuProfilerMeter(NoMeter):
-    """The peak of the running sum of CPU allocator events under the torch profiler."""
+    """The peak of the running sum of CPU allocator events under the torch profiler, over the
+    events after ``mark()``."""
 
     method = CPU_METHOD
     needs_own_iteration = True
@@ -59,16 +68,24 @@ class CpuProfilerMeter(NoMeter):
                                  record_shapes=False, with_stack=False)
         self._profiler.__enter__()
 
+    def mark(self) -> None:
+        from torch.profiler import record_function
+        with record_function(MARK):  # a zero-length event: its start is the mark
+            pass
+
     def stop(self) -> None:
         if self._profiler is None:
             return
         profiler, self._profiler = self._profiler, None
         profiler.__exit__(None, None, None)
         events = _cpu_memory_events(profiler)
+        marks = [e.start_ns() for e in profiler.profiler.kineto_results.events()
+                 if e.name() == MARK]
+        since = marks[-1] if marks else 0
         running = peak = 0
-        for _, nbytes in events:
+        for start_ns, nbytes in events:
             running += nbytes
-            if running > peak:
+            if running > peak and start_ns >= since:
                 peak = running
         self.num_events = len(events)
         self._peak = max(peak, self._peak or 0)
