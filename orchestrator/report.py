@@ -227,12 +227,16 @@ def _zero3_line(z: dict) -> str:
         return (f"zero3 {z.get('strategy')}: none of the {z['num_params']} parameters is "
                 "partitioned: all are under zero3.param_persistence_threshold (set it to 0 "
                 "to partition them all)")
-    return (f"zero3 {z.get('strategy')} (world {z.get('world_size')}) | "
+    line = (f"zero3 {z.get('strategy')} (world {z.get('world_size')}) | "
             f"{z.get('num_allgathers_per_iteration')} all-gathers/iter, "
             f"{human_bytes(z.get('allgather_bytes_per_iteration'))} | host fetch "
             f"{_ms(z.get('fetch_host_s'))} ms + release {_ms(z.get('release_host_s'))} ms, "
             f"wait {_ms(z.get('wait_s'))} ms, bubble {_ms(z.get('bubble_s'))} ms | gathered peak "
             f"{human_bytes(z.get('gathered_peak_bytes'))}, shard {human_bytes(z.get('shard_bytes'))}")
+    if z.get("optimizer_state_bytes") is not None:  # the other model states, also 1/N
+        line += (f", grad shards {human_bytes(z.get('grad_shard_bytes'))}, optimizer state "
+                 f"{human_bytes(z.get('optimizer_state_bytes'))}")
+    return line
 
 
 def print_summary(summary: dict, console: Console | None = None) -> None:

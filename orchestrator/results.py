@@ -43,7 +43,8 @@ SUMMARY_COLUMNS = (
 )
 ZERO3_COLUMNS = ("strategy", "num_allgathers_per_iteration", "allgather_bytes_per_iteration",
                  "fetch_host_s", "release_host_s", "wait_s", "bubble_s", "gathered_peak_bytes",
-                 "shard_bytes")
+                 "shard_bytes", "grad_shard_bytes", "optimizer_state_bytes",
+                 "grad_full_peak_bytes", "num_reduce_scatters_per_iteration")
 
 
 def point_key(overrides) -> str:

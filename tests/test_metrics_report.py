@@ -252,12 +252,14 @@ def test_print_summary_names_the_zero3_figures():
         "strategy": "leaf_coalesced", "world_size": 4, "num_allgathers_per_iteration": 12,
         "allgather_bytes_per_iteration": 4 * MiB, "fetch_host_s": 0.0056, "release_host_s": 0.0002,
         "wait_s": 0.0567, "bubble_s": 0.0635, "gathered_peak_bytes": 774 * 1024,
-        "shard_bytes": 524 * 1024, "num_params": 30, "num_partitioned": 30}})
-    console = Console(record=True, width=200)
+        "shard_bytes": 524 * 1024, "num_params": 30, "num_partitioned": 30,
+        "grad_shard_bytes": 524 * 1024, "optimizer_state_bytes": 1048 * 1024}})
+    console = Console(record=True, width=300)
     print_summary(summary, console=console)
     assert ("zero3 leaf_coalesced (world 4) | 12 all-gathers/iter, 4.0 MiB | host fetch 5.60 ms "
             "+ release 0.20 ms, wait 56.7 ms, bubble 63.5 ms | gathered peak 774.0 KiB, "
-            "shard 524.0 KiB") in console.export_text()
+            "shard 524.0 KiB, grad shards 524.0 KiB, optimizer state 1.0 MiB") \
+        in console.export_text()
 
 
 @pytest.mark.parametrize("num_bytes, expected", [
