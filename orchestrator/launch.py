@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import orjson
@@ -96,6 +97,19 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
     report.write_summary(summary, out_dir)  # again, now with every phase's time
     log.info("timings: %s", ", ".join(f"{k} {v:.2f}" for k, v in timings.items()))
     return summary
+
+
+@contextmanager
+def quiet_replays(session: ReplaySession | None = None):
+    """A ``replay(cfg, out_dir) -> summary`` callable for searches and studies: quiet replays
+    on one ReplaySession (the given one, or one started here and closed on exit)."""
+    own = session is None
+    session = session or ReplaySession()
+    try:
+        yield lambda cfg, out_dir: run_replay(cfg, out_dir, session=session, quiet=True)
+    finally:
+        if own:
+            session.close()
 
 
 def _preflight_only(pre, cfg: RunConfig, out_dir: Path, timings: dict) -> dict:

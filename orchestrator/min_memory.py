@@ -220,20 +220,14 @@ def run_min_memory(cfg, out_dir: Path, config_yaml: str | None, session=None) ->
     """``tracefleet experiment=min_memory``: the search on one ``ReplaySession`` (the given one,
     or one started and stopped here), its rows and ``report.html`` in ``out_dir``; returns the
     search summary and prints one line per answer."""
-    from orchestrator.launch import run_replay
-    from orchestrator.session import ReplaySession
+    from orchestrator.launch import quiet_replays
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if config_yaml is not None:
         (out_dir / "config.yaml").write_text(config_yaml)
-    own = session is None
-    session = session or ReplaySession()
-    try:
-        summary = search(cfg, out_dir, lambda c, d: run_replay(c, d, session=session, quiet=True))
-    finally:
-        if own:
-            session.close()
+    with quiet_replays(session) as replay:
+        summary = search(cfg, out_dir, replay)
     for a in summary["searches"]:
         found = "-" if a["min_capacity_bytes"] is None else \
             f"{a['min_capacity_bytes']} B (> {a['max_failing_capacity_bytes']} B fails)"

@@ -202,9 +202,8 @@ def run_oom_study(cfg, out_dir: Path, config_yaml: str | None, session=None) -> 
     """``tracefleet experiment=oom_study``: traces captured when asked, the study on one
     ``ReplaySession``, rows and ``report.html`` in ``out_dir``; prints the table and returns
     the study's summary."""
-    from orchestrator.launch import run_replay
+    from orchestrator.launch import quiet_replays
     from orchestrator.oom_study_report import markdown, study_table
-    from orchestrator.session import ReplaySession
 
     osc = cfg.experiment.oom_study
     osc.validate()
@@ -220,13 +219,8 @@ def run_oom_study(cfg, out_dir: Path, config_yaml: str | None, session=None) -> 
             config_yaml = OmegaConf.to_yaml(OmegaConf.structured(cfg))
     if config_yaml is not None:
         (out_dir / "config.yaml").write_text(config_yaml)
-    own = session is None
-    session = session or ReplaySession()
-    try:
-        summary = study(cfg, out_dir, lambda c, d: run_replay(c, d, session=session, quiet=True))
-    finally:
-        if own:
-            session.close()
+    with quiet_replays(session) as replay:
+        summary = study(cfg, out_dir, replay)
     print(markdown(study_table(summary["rows"])))
     f = summary["findings"]
     print(f"on {human_bytes(f['device_memory_capacity_bytes'])}: " + ", ".join(

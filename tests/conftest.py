@@ -85,6 +85,18 @@ os._exit(0)
 '''
 
 
+@pytest.fixture(scope="module")
+def ray_session(tmp_path_factory):
+    """One local Ray for a module's replays (run_replay reuses an initialized Ray), with its
+    own temp dir; stopped when the module ends."""
+    import ray
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+             _temp_dir=str(tmp_path_factory.mktemp("ray")))
+    yield
+    ray.shutdown()
+
+
 @pytest.fixture(scope="session")
 def shared_dir() -> Path:
     """The shared data folder (skips the test when it is absent)."""

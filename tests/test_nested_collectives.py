@@ -147,15 +147,6 @@ def test_a_real_mismatch_is_still_refused_in_full_mode(ddp_traces, tmp_path):
         preflight(bad, 2, mode="full", executor="inline")
 
 
-@pytest.fixture(scope="module")
-def ray_session(tmp_path_factory):
-    """One local Ray for this module's replays (run_replay reuses an initialized Ray)."""
-    import ray
-
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-             _temp_dir=str(tmp_path_factory.mktemp("ray")))
-    yield
-    ray.shutdown()
 
 
 def _cfg(trace_dir, **replay) -> RunConfig:

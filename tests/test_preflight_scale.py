@@ -65,14 +65,6 @@ def test_preflight_only_writes_its_result_and_starts_nothing(world16, tmp_path):
 
 # ---------------------------------------------------------------- on a Ray cluster
 
-@pytest.fixture(scope="module")
-def ray_session(tmp_path_factory):
-    import ray
-
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-             _temp_dir=str(tmp_path_factory.mktemp("ray")))
-    yield
-    ray.shutdown()
 
 
 @pytest.mark.slow

@@ -20,8 +20,8 @@ from __future__ import annotations
 import time
 
 import torch
-import torch.distributed as dist
 
+from actors.replay.collective_calls import AG_ONE
 from actors.replay.resolve import torch_dtype
 from actors.replay.tensor_store import FLOAT_FILL
 from actors.zero3.metrics import Zero3Metrics
@@ -31,7 +31,6 @@ from actors.zero3.plan import Gather, Home
 
 
 # torch 2.13 renamed all_gather_into_tensor (the old name warns on every call)
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def _nbytes(x: torch.Tensor) -> int:
@@ -138,7 +137,7 @@ class Zero3Runtime:
             slot.copy_(sources[g.homes[0]])
         work = None
         if group is not None:
-            work = _ALL_GATHER(out, slot, group=group, async_op=True)
+            work = AG_ONE(out, slot, group=group, async_op=True)
         self.inflight[g.id] = (out, work, ranks)
         m.num_allgathers += 1
         m.num_allgathers_intra_group += local

@@ -16,8 +16,8 @@ from __future__ import annotations
 import time
 
 import torch
-import torch.distributed as dist
 
+from actors.replay.collective_calls import RS_ONE
 from actors.replay.resolve import torch_dtype
 from actors.replay.tensor_store import FLOAT_FILL
 from actors.zero3.metrics import Zero3Metrics
@@ -25,7 +25,6 @@ from actors.zero3.model_states import GRAD, STATE, Bucket, ModelState, StatesPla
 from actors.zero3.runtime import view_stride
 
 # torch 2.13 renamed reduce_scatter_tensor (the old name warns on every call)
-_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def _nbytes(x: torch.Tensor) -> int:
@@ -176,7 +175,7 @@ class ModelStatesRuntime:
                 block.zero_()  # DeepSpeed's padding
                 _copy_padded(block, full, s)
             col += s
-        _REDUCE_SCATTER(out, rows.reshape(-1), group=self.group)
+        RS_ONE(out, rows.reshape(-1), group=self.group)
         out.div_(world)  # DeepSpeed averages gradients over the data-parallel ranks
         shards = [piece.clone() for piece in out.split(sizes)]
         self.memory.discharge(_nbytes(rows) + _nbytes(out))
