@@ -146,7 +146,9 @@ def test_min_memory_run_finds_the_known_answer_on_one_cluster(tmp_path, ray_temp
     assert answers.loc["pre_allocate", "min_capacity_bytes"] == 4 * TENSOR_BYTES
     assert answers.loc["pre_allocate", "max_failing_capacity_bytes"] == 4 * TENSOR_BYTES - 1
     probes = table[table["kind"] == "probe"]
-    assert len(probes) == answers["num_steps"].sum() > 10
+    # without a threshold a replay fits iff its peak does: the reference (and one probe below
+    # its peak) settle each search (tests/test_min_memory.py covers the bisection itself)
+    assert len(probes) == answers["num_steps"].sum() <= 4
     timings = [orjson.loads((run_dir / d / "summary.json").read_bytes())["timings_s"]
                for d in probes["run_dir"]]
     assert all(t["cluster_start_s"] < 0.5 and t["actor_start_s"] < 2.0 for t in timings[1:])
