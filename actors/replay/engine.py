@@ -75,7 +75,7 @@ class ReplayEngine:
                               "(use replay.mode=compute for a single-process replay)")
         self.liveness = live = compute_liveness(trace.ops, trace.num_storages)
         self.steps = [planning.compile_step(op, self.device, cfg.mode) for op in trace.ops]
-        if not any(s.kind != "skip" or s.reason != "out of scope" for s in self.steps):
+        if all(s.reason == "out of scope" for s in self.steps):
             raise ReplayError(f"rank {rank}: {trace.path} has no op in scope for "
                               f"replay.mode={cfg.mode} ({len(trace.ops)} ops in the trace)")
         capacity = parse_bytes(cfg.device_memory_capacity) if cfg.device_memory_capacity else None

@@ -78,10 +78,7 @@ class CpuProfilerMeter(NoMeter):
             return
         profiler, self._profiler = self._profiler, None
         profiler.__exit__(None, None, None)
-        events = _cpu_memory_events(profiler)
-        marks = [e.start_ns() for e in profiler.profiler.kineto_results.events()
-                 if e.name() == MARK]
-        since = marks[-1] if marks else 0
+        events, since = _cpu_memory_events(profiler)
         running = peak = 0
         for start_ns, nbytes in events:
             running += nbytes
@@ -98,11 +95,20 @@ class CpuProfilerMeter(NoMeter):
         return {"num_allocator_events": self.num_events}
 
 
-def _cpu_memory_events(profiler) -> list[tuple[int, int]]:
-    """(start ns, signed bytes) of every CPU allocator event, in time order."""
+def _cpu_memory_events(profiler) -> tuple[list[tuple[int, int]], int]:
+    """(start ns, signed bytes) of every CPU allocator event in time order, and the start of
+    the last ``mark()`` (0 without one), from one pass over the profiler's events."""
     from torch._C._autograd import DeviceType
-    return sorted((e.start_ns(), e.nbytes()) for e in profiler.profiler.kineto_results.events()
-                  if e.name() == "[memory]" and e.device_type() == DeviceType.CPU)
+    events, since = [], 0
+    for e in profiler.profiler.kineto_results.events():
+        name = e.name()
+        if name == "[memory]":
+            if e.device_type() == DeviceType.CPU:
+                events.append((e.start_ns(), e.nbytes()))
+        elif name == MARK:
+            since = max(since, e.start_ns())
+    events.sort()
+    return events, since
 
 
 class CudaAllocatorMeter(NoMeter):

@@ -143,6 +143,3 @@ class TensorStore:
     def free_all(self) -> int:
         """Free every held storage that is not pinned (a flush, or the end of an iteration)."""
         return sum(self.free(s) for s, nbytes in enumerate(self.memory.held) if nbytes)
-
-    def is_held(self, suid: int) -> bool:
-        return bool(self.memory.held[suid])
