@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
-from actors.rank_base import free_port
+from tests.trace_factory import run_rank_script
 
 
 def _shared_dir() -> Path:
@@ -136,22 +134,5 @@ def gloo_trace_dir(tmp_path_factory) -> Path:
     broadcast (src 0), an uneven all_to_all_single, an async all_reduce, a scatter (src 0) and
     functional all_gather_into_tensor / reduce_scatter_tensor. Takes ~10 s (two torch processes)."""
     out = tmp_path_factory.mktemp("gloo")
-    script = out / "capture.py"
-    script.write_text(_GLOO_CAPTURE)
-    port = str(free_port())
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(GLOO_WORLD_SIZE), port, str(out)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-             for r in range(GLOO_WORLD_SIZE)]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=CAPTURE_TIMEOUT_S)[0].decode(errors="replace"))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
-    if any(p.returncode != 0 for p in procs):
-        pytest.fail("gloo capture failed:\n" + "\n".join(log[-2000:] for log in logs))
+    run_rank_script(_GLOO_CAPTURE, out, GLOO_WORLD_SIZE, "gloo capture", CAPTURE_TIMEOUT_S)
     return out

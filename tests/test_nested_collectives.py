@@ -10,20 +10,17 @@ trace must replay in full mode on 2 ranks; a real mismatch in compute mode is a 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from actors.errors import ConfigError
 from actors.replay.config import ReplayConfig
 from actors.trace import load_trace
-from actors.rank_base import free_port
 from orchestrator.cluster import ClusterConfig
 from orchestrator.config import ExperimentConfig, RunConfig, TraceConfig
 from orchestrator.validate import preflight
+from tests.trace_factory import run_rank_script
 
 CAPTURE_TIMEOUT_S = 180
 _DDP_CAPTURE = r'''
@@ -75,21 +72,7 @@ def ddp_traces(tmp_path_factory):
     root = tmp_path_factory.mktemp("ddp_bn")
     captured = root / "captured"
     captured.mkdir()
-    script = root / "capture.py"
-    script.write_text(_DDP_CAPTURE)
-    port = str(free_port())
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), "2", port, str(captured)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env) for r in range(2)]
-    try:
-        logs = [p.communicate(timeout=CAPTURE_TIMEOUT_S)[0].decode(errors="replace") for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
-    if any(p.returncode != 0 for p in procs):
-        pytest.fail("DDP capture failed:\n" + "\n".join(log[-2000:] for log in logs))
+    run_rank_script(_DDP_CAPTURE, captured, 2, "DDP capture", CAPTURE_TIMEOUT_S)
     nested = root / "nested"
     shutil.copytree(captured, nested)
     doc = json.loads((nested / "rank-0.et.json").read_text())

@@ -128,6 +128,35 @@ def _rank_main(rank: int, world_size: int, port: int, out_dir: str) -> None:
     os._exit(0)
 
 
+def run_rank_script(script: str, out_dir: Path, world_size: int, what: str,
+                    timeout_s: float = 180) -> Path:
+    """Run capture ``script`` as ``world_size`` processes (argv: rank, world size, a free
+    port, out_dir) with one intra-op thread each; pytest.fail with their logs if any fails."""
+    import subprocess
+
+    import pytest
+
+    path = out_dir / "capture.py"
+    path.write_text(script)
+    port = str(free_port())
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, str(path), str(r), str(world_size), port,
+                               str(out_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              env=env) for r in range(world_size)]
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=timeout_s)[0].decode(errors="replace"))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    if any(p.returncode != 0 for p in procs):
+        pytest.fail(f"{what} failed:\n" + "\n".join(log[-2000:] for log in logs))
+    return out_dir
+
+
 def capture_ranks(out_dir: Path, world_size: int) -> Path:
     """A real ``world_size``-rank gloo data-parallel step, one trace per rank, in ``out_dir``."""
     import torch.multiprocessing as mp
