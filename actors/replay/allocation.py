@@ -15,13 +15,18 @@ pre_allocate  storages made outside the   nothing (intermediates live   (flushin
               state, inputs
 lazy          nothing (params re-created  every storage at its last     everything held
               every iteration)            use
-faithful      as pre_allocate             every non-persistent storage  every non-persistent
-                                          at its last use               storage
+faithful      as pre_allocate, less what  every non-persistent storage  every non-persistent
+              the iteration made inside   at its last use               storage
+              an op
 ============  ==========================  ============================  =====================
 
 "Made outside the trace" is what the trace shows alive when the iteration starts: a storage
 whose first use is as an input existed before the first op (parameters, gradients kept
-across steps, optimizer state, framework buffers, the batch).
+across steps, optimizer state, framework buffers, the batch). ``faithful`` leaves out the
+storages an op nested inside another made during the iteration (a composite op's saved
+intermediates, such as ``cross_entropy_loss``'s ``log_softmax``; actors/trace/made_inside.py):
+the original allocated and freed them in the iteration, so they are freed at their last use
+and re-made at their first; ``pre_allocate`` keeps the reference replayer's rule.
 """
 from __future__ import annotations
 
@@ -35,13 +40,17 @@ class AllocationPolicy:
     mode: AllocationMode
     keeps_persistent: bool
     frees_at_last_use: bool
+    keeps_made_inside: bool = True  # whether storages made inside the iteration can persist
 
-    def __init__(self, liveness: Liveness, used_storages: set[int], owned: set[int]):
+    def __init__(self, liveness: Liveness, used_storages: set[int], owned: set[int],
+                 made_inside: frozenset[int] = frozenset()):
         """``used_storages``: suids the replayed ops read or write (steps in scope);
-        ``owned``: suids an extension manages (never allocated, pinned or freed here)."""
+        ``owned``: suids an extension manages (never allocated, pinned or freed here);
+        ``made_inside``: suids first used as inputs that the iteration made (Trace.made_inside)."""
         external = liveness.storage_external
+        skip_made = frozenset() if self.keeps_made_inside else made_inside
         self.persistent: frozenset[int] = frozenset(
-            s for s in used_storages if external[s] and s not in owned) \
+            s for s in used_storages if external[s] and s not in owned and s not in skip_made) \
             if self.keeps_persistent else frozenset()
         skip = self.persistent | owned
         self.free_lists: list[tuple[int, ...]] = [
@@ -76,12 +85,13 @@ class Faithful(AllocationPolicy):
     mode = AllocationMode.faithful
     keeps_persistent = True
     frees_at_last_use = True
+    keeps_made_inside = False
 
 
 _POLICIES = {cls.mode: cls for cls in (PreAllocate, Lazy, Faithful)}
 
 
 def make_policy(mode: AllocationMode, liveness: Liveness, used_storages: set[int],
-                owned: set[int]) -> AllocationPolicy:
+                owned: set[int], made_inside: frozenset[int] = frozenset()) -> AllocationPolicy:
     """The policy of ``replay.allocation.mode``."""
-    return _POLICIES[AllocationMode(mode)](liveness, used_storages, owned)
+    return _POLICIES[AllocationMode(mode)](liveness, used_storages, owned, made_inside)

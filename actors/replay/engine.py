@@ -93,7 +93,7 @@ class ReplayEngine:
         owned = set().union(*(ext.owned_storages() for ext in self.extensions))
         used = {t.suid for s in self.steps if s.kind in ("compute", "collective")
                 for t in s.op.input_tensors() if t.suid >= 0}
-        self.policy = make_policy(cfg.allocation.mode, live, used, owned)
+        self.policy = make_policy(cfg.allocation.mode, live, used, owned, trace.made_inside)
         self.store.pinned = self.policy.persistent
         self.store.owned = frozenset(owned)
         planning.set_touch(self.steps, live.storage_bytes, owned)

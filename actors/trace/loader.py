@@ -28,6 +28,7 @@ import orjson
 from actors.errors import ReplayError, TraceError
 from actors.trace import collectives as coll
 from actors.trace.archive import rank_from_name
+from actors.trace.made_inside import NestedAllocations, storages_made_inside
 from actors.trace.args import ArgParser
 from actors.trace.model import Op, ProcessGroupInfo, Step, Trace
 from actors.trace.op_schema import parse_schema
@@ -104,7 +105,7 @@ def _load_trace(source: TraceSource, rank: int | None, data: bytes | None) -> Tr
     except (KeyError, TypeError):
         bad = next((n for n in nodes if not isinstance(n, dict) or not isinstance(n.get("id"), int)), None)
         raise TraceError(path, f"a node has no integer 'id' (node starts {str(bad)[:80]!r})") from None
-    ops, pgs, steps, num_outside = _build_ops(path, nodes, flat)
+    ops, pgs, steps, num_outside, (nested, step_first_ids) = _build_ops(path, nodes, flat)
     assigner = TensorIdAssigner()
     for op in ops:
         assigner.assign(op)
@@ -112,13 +113,15 @@ def _load_trace(source: TraceSource, rank: int | None, data: bytes | None) -> Tr
     return Trace(path=str(path), schema=doc["schema"], num_nodes=num_nodes, ops=ops,
                  process_groups=pgs, steps=steps, num_tensors=assigner.num_tensors,
                  num_storages=assigner.num_storages,
+                 made_inside=storages_made_inside(ops, nested, step_first_ids),
                  rank=rank if rank is not None else rank_from_name(source.name),
                  meta={"pid": doc.get("pid"), "time": doc.get("time"),
                        "num_ops_outside_steps": num_outside})
 
 
 def _build_ops(path, nodes: list, flat: bool):
-    """Select top-level ops in id order and build them; returns (ops, pgs, steps, num_outside).
+    """Select top-level ops in id order and build them; returns (ops, pgs, steps, num_outside,
+    (nested allocations, first node id of each step)) (see actors/trace/made_inside.py).
 
     Empties ``nodes``: once the ops are selected the other raw nodes are dropped, and each
     selected one right after its op is built, so the raw JSON and the model never peak together.
@@ -133,6 +136,7 @@ def _build_ops(path, nodes: list, flat: bool):
     step_names: list[str] = []
     step_spans: list[list[int]] = []  # [first id, last id] of each ProfilerStep subtree
     pgs: list[ProcessGroupInfo] = []
+    nested = NestedAllocations()
     schema_of = OpSchemaReader(flat)
     for raw in nodes:
         try:
@@ -165,6 +169,8 @@ def _build_ops(path, nodes: list, flat: bool):
                 top_level.append([raw, step, module])
                 if name in coll.C10D_KINDS and name not in coll.FUNCTIONAL_WAITS:
                     c10d_calls.add(nid)
+            else:
+                nested.add(nid, *_side_values(raw, flat))
             ctx[nid] = (_IN_FUNCTIONAL if name in coll.FUNCTIONAL_CALLS else max(enclosing, _IN_OP),
                         step, module)
             continue
@@ -195,7 +201,16 @@ def _build_ops(path, nodes: list, flat: bool):
             # steps cover disjoint, increasing id spans, so each one's ops are contiguous
             bounds.setdefault(step, [i, i])[1] = i + 1
     steps = [Step(step_names[k], first, end) for k, (first, end) in sorted(bounds.items())]
-    return ops, pgs, steps, num_outside
+    return ops, pgs, steps, num_outside, (nested, [span[0] for span in step_spans])
+
+
+def _side_values(raw: dict, flat: bool) -> tuple[list, list]:
+    """The input and output values of a raw node ([] where missing: nested nodes are not
+    replayed, so a malformed one only goes unseen)."""
+    if flat:
+        return raw.get("inputs") or [], raw.get("outputs") or []
+    return ((raw.get("inputs") or {}).get("values") or [],
+            (raw.get("outputs") or {}).get("values") or [])
 
 
 def _assign_steps(top_level, spans) -> None:

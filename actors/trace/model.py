@@ -206,6 +206,9 @@ class Trace:
     num_storages: int  # number of distinct suids
     rank: int | None = None  # from the file name when it follows rank-<r>.*
     meta: dict = field(default_factory=dict)
+    # suids first used as an input that an op nested in another op made earlier in the
+    # iteration (actors/trace/made_inside.py): not alive before it, though they look so
+    made_inside: frozenset = frozenset()
 
     @property
     def collectives(self) -> list[Op]:

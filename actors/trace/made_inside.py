@@ -1,0 +1,81 @@
+"""Storages first seen as an input that an op nested inside another op made in the iteration.
+
+Only top-level ops are replayed, so a tensor a composite op creates inside itself and does
+not return is invisible until a later top-level op reads it: ``cross_entropy_loss`` keeps
+the ``log_softmax`` it computes for ``nll_loss_backward``, ``layer_norm`` its mean and
+rstd for the backward, a copy helper's ``clone`` is chunked by the next op. Judged by its
+first top-level use alone, such a storage looks alive before the iteration began (an input
+"made outside the trace", like a parameter) and the ``faithful`` allocation mode would keep
+it across iterations, which the original never did.
+
+The observer records the nested nodes too. A storage is *made inside* when, before its
+first top-level use and inside the same step window, a nested op node returned a tensor on
+its storage id that none of that node's own inputs lives on (a new allocation, not a view
+or an in-place write), and no top-level op used that storage id in between (the allocator
+hands storage ids out again, so an earlier use would belong to an earlier tensor). Pure data.
+"""
+from __future__ import annotations
+
+import bisect
+
+from actors.trace.model import Op
+
+
+def _storage_ids(values, out: set) -> None:
+    """Storage ids of every tensor tuple ``[tensor_id, storage_id, offset, numel, itemsize,
+    device]`` in a node side's (possibly nested) values."""
+    for v in values:
+        if isinstance(v, list):
+            if len(v) == 6 and isinstance(v[5], str) and isinstance(v[1], int):
+                if v[1]:
+                    out.add(v[1])
+            else:
+                _storage_ids(v, out)
+
+
+class NestedAllocations:
+    """Collects, while the loader walks nodes in id order, the node ids at which nested op
+    nodes returned new storages, per storage id."""
+
+    def __init__(self):
+        self.by_storage: dict[int, list[int]] = {}
+
+    def add(self, node_id: int, inputs, outputs) -> None:
+        """A nested op node's input and output values (``values`` lists)."""
+        made: set[int] = set()
+        _storage_ids(outputs, made)
+        if not made:
+            return
+        used: set[int] = set()
+        _storage_ids(inputs, used)
+        for sid in made - used:
+            self.by_storage.setdefault(sid, []).append(node_id)
+
+
+def storages_made_inside(ops: list[Op], nested: NestedAllocations,
+                         step_first_ids: list[int]) -> frozenset[int]:
+    """Suids first used as an input that a nested op created earlier in the same step window
+    (module doc). ``step_first_ids``: the node id that opens each step (``Op.step`` indexes
+    it); ops outside any step look back to the start of the trace."""
+    made = nested.by_storage
+    last_use: dict[int, int] = {}  # storage id -> node id of the last top-level op using it
+    seen: set[int] = set()
+    out: set[int] = set()
+    for op in ops:
+        inputs = op.input_tensors()
+        for t in inputs:
+            if t.suid < 0 or t.suid in seen:
+                continue
+            ids = made.get(t.storage_id)
+            if ids:
+                low = last_use.get(t.storage_id, -1)
+                if op.step >= 0:
+                    low = max(low, step_first_ids[op.step])
+                k = bisect.bisect_right(ids, low)
+                if k < len(ids) and ids[k] < op.node_id:
+                    out.add(t.suid)
+        for t in (*inputs, *op.output_tensors()):
+            if t.suid >= 0:
+                seen.add(t.suid)
+                last_use[t.storage_id] = op.node_id
+    return frozenset(out)
