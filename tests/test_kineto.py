@@ -14,7 +14,7 @@ from actors.capture.host_profile import UNLINKED_RF_ID, relabel
 from actors.capture.recorder import record_iteration
 from actors.errors import TraceError
 from actors.trace import load_trace
-from actors.trace.kineto import host_gaps_s, kineto_path_for, read_kineto_doc
+from actors.trace.kineto import host_gaps_s, host_times, kineto_path_for, read_kineto_doc
 from tests.et_json import ADD, RELU, node, step_node, tensor, write_trace
 
 HOST, GLOO = 100, 200  # thread ids
@@ -51,6 +51,15 @@ def test_gaps_are_the_host_time_between_ops(tmp_path):
     trace = load_trace(_et(tmp_path))
     kineto = _kineto(tmp_path / "rank-0.kineto.json.gz", OPS)
     assert host_gaps_s(trace, kineto) == pytest.approx([10e-6, 20e-6, 40e-6])
+
+
+def test_host_times_carry_each_ops_duration_and_the_step(tmp_path):
+    trace = load_trace(_et(tmp_path))
+    other = _kineto(tmp_path / "o.json.gz", OPS[:2] + [_op(13, "aten::relu", 1100.0, 10.0, GLOO)])
+    host = host_times(trace, other)
+    assert host.op_s == [pytest.approx(20e-6), pytest.approx(10e-6), 0.0]  # relu 13: not host
+    assert host.step_s == pytest.approx(500e-6)
+    assert host.gaps_s == host_gaps_s(trace, other)
 
 
 def test_time_blocked_on_another_thread_is_not_host_time(tmp_path):

@@ -13,6 +13,7 @@ import bisect
 import gzip
 import re
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
@@ -66,9 +67,26 @@ def read_kineto(kineto_path) -> list[dict]:
     return read_kineto_doc(kineto_path)["traceEvents"]
 
 
+@dataclass(frozen=True)
+class HostTimes:
+    """The host thread's time around every op of a trace, from its profiler trace."""
+
+    #: per op of ``trace.ops``: idle host time before it (see :func:`host_times`)
+    gaps_s: list[float]
+    #: per op: its own recorded duration on the host thread, 0.0 where the profile has none
+    op_s: list[float]
+    #: the profiled step ranges' total duration (0.0 without ``ProfilerStep#`` ranges)
+    step_s: float
+
+
 def host_gaps_s(trace: Trace, kineto_path) -> list[float]:
     """Per op of ``trace.ops``: CPU seconds the original spent after the previous top-level op
-    ended and before this one started.
+    ended and before this one started (:func:`host_times`' ``gaps_s``)."""
+    return host_times(trace, kineto_path).gaps_s
+
+
+def host_times(trace: Trace, kineto_path) -> HostTimes:
+    """The host time of every op of ``trace`` and before it, from its profiler trace.
 
     Measured on the thread that ran the step (its ``ProfilerStep#<n>`` range's thread); the
     first op of a step from the start of that range. "Previous" is the previous op the
@@ -87,20 +105,23 @@ def host_gaps_s(trace: Trace, kineto_path) -> list[float]:
         raise TraceError(kineto_path, f"no cpu_op event carries args[{_RF_ID!r}]; expected the "
                                       "torch.profiler trace recorded with the ET")
     step_events = {e.get("name"): e for e in events if e.get("cat") == "user_annotation"}
-    gaps, linked = [0.0] * len(trace.ops), 0
+    gaps, op_s, linked = [0.0] * len(trace.ops), [0.0] * len(trace.ops), 0
     windows = [(s.name, s.first, s.end) for s in trace.steps] or [(None, 0, len(trace.ops))]
     for name, first, end in windows:
-        linked += _step_gaps(trace, first, end, step_events.get(name), events, spans, gaps)
+        linked += _step_gaps(trace, first, end, step_events.get(name), events, spans, gaps, op_s)
     if trace.ops and not linked:
         raise TraceError(kineto_path, f"none of the {len(trace.ops)} ops of {trace.path} links to "
                                       "this profiler trace (record-function id and name); "
                                       "expected the profile of the same recorded iteration")
-    return gaps
+    step_us = sum(float(step_events[name].get("dur", 0.0)) for name, _, _ in windows
+                  if name in step_events)
+    return HostTimes(gaps, op_s, step_us / _US_PER_S)
 
 
 def _step_gaps(trace: Trace, first: int, end: int, step_ev: dict | None, events: list[dict],
-               spans: dict, gaps: list[float]) -> int:
-    """Fill gaps[first:end] for one step window; returns how many of its ops linked."""
+               spans: dict, gaps: list[float], op_s: list[float]) -> int:
+    """Fill gaps[first:end] and op_s[first:end] for one step window; returns how many of its
+    ops linked."""
     host_tid = step_ev.get("tid") if step_ev else None
     prev_end = float(step_ev["ts"]) if step_ev else None
     blocked = _BlockedUntil(events, host_tid)
@@ -114,6 +135,7 @@ def _step_gaps(trace: Trace, first: int, end: int, step_ev: dict | None, events:
         if span[3] != host_tid:
             continue
         start = span[1]
+        op_s[i] = (span[2] - start) / _US_PER_S
         if prev_end is not None:
             begin = max(prev_end, blocked.last_end(prev_end, start))
             if start > begin:

@@ -1,0 +1,118 @@
+"""Paced, calibrated host gaps (actors/replay/host_gaps.py): the replay's own host time counts
+toward a gap, and the profiler's inflation of the recorded host time is taken off."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from actors.replay.config import AllocationConfig, ReplayConfig
+from actors.replay.engine import ReplayEngine
+from actors.replay.extension import ReplayExtension
+from actors.replay.host_gaps import HostGaps, eager_scale
+from actors.trace import load_trace
+from actors.trace.kineto import HostTimes
+from tests.trace_factory import capture_step
+
+DEMO = Path(__file__).resolve().parents[1] / "demo" / "traces"
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory):
+    return load_trace(capture_step(tmp_path_factory.mktemp("et") / "rank-0.et.json"))
+
+
+def _cfg():
+    return ReplayConfig(mode="compute", device="cpu", iters=2, warmup_iters=0,
+                        measure_memory=False, allocation=AllocationConfig(mode="faithful"))
+
+
+class _Busy(ReplayExtension):
+    """Stands for the replay's own host time: busy-waits ``seconds`` before op ``index``."""
+
+    name = "busy"
+
+    def __init__(self, index: int, seconds: float):
+        self.index, self.seconds = index, seconds
+
+    def hooks(self):
+        def busy():
+            end = time.perf_counter() + self.seconds
+            while time.perf_counter() < end:
+                pass
+        return {self.index: [busy]}, {}
+
+
+def test_paced_gap_spins_only_what_the_replay_did_not_spend(trace):
+    gaps, durs = [0.0] * len(trace.ops), [0.0] * len(trace.ops)
+    gaps[10] = 0.005
+    ext = HostGaps(gaps, "synthetic", op_s=durs)
+    engine = ReplayEngine(trace, _cfg(), extensions=[_Busy(5, 0.003), ext])
+    r = engine.run().to_dict()
+    report = r["host_gaps"]
+    assert report["paced"] and report["target_host_s_per_iteration"] == pytest.approx(0.005)
+    # 3 ms of the 5 ms window went on the replay's own work: at most 2 ms are spun
+    assert 0 < report["added_s_per_iteration"] <= 0.002
+    assert min(r["iteration_times_s"]) >= 0.005
+
+
+def test_unpaced_gaps_spin_in_full_whatever_the_replay_spent(trace):
+    gaps = [0.0] * len(trace.ops)
+    gaps[10] = 0.005
+    engine = ReplayEngine(trace, _cfg(), extensions=[_Busy(5, 0.003), HostGaps(gaps, "synthetic")])
+    report = engine.run().to_dict()["host_gaps"]
+    assert not report["paced"] and report["added_s_per_iteration"] >= 0.005
+
+
+def test_windows_hold_the_gaps_and_the_ops_between_waits(trace):
+    n = len(trace.ops)
+    gaps, durs = [0.0] * n, [1e-4] * n
+    gaps[4], gaps[n - 1] = 0.002, 0.001
+    ext = HostGaps(gaps, "synthetic", op_s=durs, scale=0.5)
+    ext.attach(ReplayEngine(trace, _cfg()))
+    windows = ext.windows_s()
+    assert sorted(windows) == [4, n - 1]
+    # ops 0-3 before the first wait, 4 to n-2 before the second, collectives excluded
+    counted = [i for i in range(n - 1) if trace.ops[i].collective is None]
+    assert sum(windows.values()) == pytest.approx(0.5 * (0.003 + 1e-4 * len(counted)))
+
+
+def _meta(tmp_path, times):
+    (tmp_path / "meta.json").write_text(json.dumps({"ranks": [
+        {"rank": 0, "iteration_times_s": times}]}))
+    return tmp_path / "rank-0.et.json.gz"
+
+
+def test_calibration_takes_the_profilers_excess_off_the_host_time(tmp_path):
+    host = HostTimes(gaps_s=[0.010, 0.010], op_s=[0.005, 0.005], step_s=0.050)
+    # fastest eager 40 ms against the 50 ms profiled step: 10 of the 30 ms of host time go
+    scale, how = eager_scale(host, set(), _meta(tmp_path, [0.045, 0.040, 0.060]), 0)
+    assert scale == pytest.approx(1 - 0.010 / 0.030) and "eager 40.0 ms" in how
+    # a collective's own duration is not host time
+    scale, _ = eager_scale(host, {1}, _meta(tmp_path, [0.040]), 0)
+    assert scale == pytest.approx(1 - 0.010 / 0.025)
+    assert eager_scale(host, set(), _meta(tmp_path, [0.070]), 0)[0] == 1.0  # not inflated
+
+
+def test_no_eager_times_means_no_calibration(tmp_path):
+    host = HostTimes(gaps_s=[0.010], op_s=[0.005], step_s=0.050)
+    assert eager_scale(host, set(), tmp_path / "rank-0.et.json.gz", 0) == (
+        1.0, "none (no eager iteration times for this rank in a meta.json beside the trace)")
+    assert eager_scale(host, set(), _meta(tmp_path, [0.040]), 3)[0] == 1.0  # another rank's
+
+
+def test_demo_zero3_gaps_are_paced_and_calibrated():
+    """The demo's capture: the profiled step is slower than eager, so less than the recorded
+    host time is targeted; every window is non-negative."""
+    demo = load_trace(DEMO / "gpt_zero3_2" / "rank-0.et.json.gz")
+    ext = HostGaps.for_trace(demo)
+    assert ext.op_s is not None and 0 < ext.scale < 1
+    ReplayEngine(demo, _cfg(), extensions=[ext])  # attaches it
+    windows = ext.windows_s()
+    assert windows and min(windows.values()) >= 0
+    collectives = {op.index for op in demo.ops if op.collective is not None}
+    recorded = sum(ext.gaps_s) + sum(d for i, d in enumerate(ext.op_s) if i not in collectives)
+    # nothing is left out but the ops after the last wait
+    assert sum(windows.values()) == pytest.approx(ext.scale * recorded, rel=0.02)
