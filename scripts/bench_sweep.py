@@ -1,6 +1,6 @@
 """Sweep benchmarks (issue 10); prints ONE JSON line.
 
-    .venv/bin/python scripts/bench_sweep.py [--only sweep,min_memory]
+    .venv/bin/python scripts/bench_sweep.py [--only sweep,min_memory,dry_run_70b,preflight]
 
 - ``sweep_over_3x_single``: a 3-point threshold sweep of the demo through the CLI, total wall
   time / the wall times of the same three points run one command each (one before the sweep,
@@ -17,6 +17,9 @@
   and from every descendant of it that Ray titled ``ray::RankActor``: a process's high-water
   mark only grows, so the last reading before it exits is its peak up to then.
   Targets: < 120 s, < 4 GiB per actor.
+- ``preflight_driver_rss_gib``, ``preflight_s``: ``experiment.preflight_only=true`` over 8,
+  64 and 512 small rank files (scripts/bench_preflight.py): the driver's peak RSS (flat is
+  the target) and wall time, keyed by rank count.
 
 Every command runs in a temp dir of its own with its own Ray temp dir. Other benchmarks of
 the issue add a function to ``BENCHES`` returning their keys.
@@ -165,7 +168,19 @@ def bench_dry_run_70b(work: Path) -> dict:
             "driver_rss_gib": round(peaks["driver"] / GIB, 2)}
 
 
-BENCHES = {"sweep": bench_sweep, "min_memory": bench_min_memory, "dry_run_70b": bench_dry_run_70b}
+def bench_preflight(work: Path) -> dict:
+    """``preflight_driver_rss_gib`` and ``preflight_s`` at 8, 64 and 512 rank files, from
+    scripts/bench_preflight.py (each rank count in a fresh driver process)."""
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_preflight.py")], cwd=work,
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    if proc.returncode != 0:
+        raise SystemExit(f"bench_preflight.py failed:\n{proc.stderr[-3000:]}")
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {k: figures[k] for k in ("preflight_driver_rss_gib", "preflight_s")}
+
+
+BENCHES = {"sweep": bench_sweep, "min_memory": bench_min_memory, "dry_run_70b": bench_dry_run_70b,
+           "preflight": bench_preflight}
 
 
 def main() -> None:
