@@ -53,8 +53,9 @@ def test_paced_gap_spins_only_what_the_replay_did_not_spend(trace):
     r = engine.run().to_dict()
     report = r["host_gaps"]
     assert report["paced"] and report["target_host_s_per_iteration"] == pytest.approx(0.005)
-    # 3 ms of the 5 ms window went on the replay's own work: at most 2 ms are spun
-    assert 0 < report["added_s_per_iteration"] <= 0.002
+    # 3 ms of the 5 ms window went on the replay's own work: at most 2 ms are spun, and
+    # still the iteration takes the original's 5 ms (a busy machine only spins less)
+    assert report["added_s_per_iteration"] <= 0.002
     assert min(r["iteration_times_s"]) >= 0.005
 
 
