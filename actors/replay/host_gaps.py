@@ -21,16 +21,19 @@ moves by more than the ops that span ``MERGE_S`` of host time.
 **Paced** (the profiler trace gives op durations, as capture's does): the replay has host
 time of its own between ops (argument binding, allocation, accounting), which the original
 did not, so spinning every recorded gap on top of it counts host time twice. Each wait
-instead closes a *window*, the ops since the previous wait: it spins only until the replay's
-host time in the window (wall time less the time blocked in collectives) reaches the
-original's (its ops' recorded durations plus the gaps in between, collectives excluded on
-both sides). A replay whose own overhead already covers a gap spins nothing there.
+instead spins only until the replay's host time since the iteration began (wall time less the
+time blocked in collectives) reaches the original's up to that op (its ops' recorded
+durations plus the gaps between them, collectives excluded on both sides). A replay whose own
+overhead already covers a gap spins nothing there. Pacing is cumulative over the iteration,
+not per window: per window, two lock-stepped ranks each spin the positive part of every window
+and their spins add up across ranks.
 
 **Calibrated** (a ``meta.json`` beside the trace holds the rank's eager iteration times): the
 profiler's per-op bookkeeping inflates the recorded host time (the bare profiled step of the
-demo ZeRO-3 workload takes 72 ms against 55 ms eager). That excess, profiled step minus the
-median eager iteration, is taken off the original's host time by a uniform scale, so the
-windows reproduce the eager run, not the profiled one.
+demo ZeRO-3 workload takes 72 ms against 52 ms for its fastest eager iteration). That excess,
+the profiled step (the fastest of capture's bare profiled iterations) minus the fastest eager
+iteration, is taken off the original's host time by a uniform scale, so the waits reproduce
+the eager run, not the profiled one.
 """
 from __future__ import annotations
 
