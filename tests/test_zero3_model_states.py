@@ -40,7 +40,7 @@ def shards(numels: list[int], world: int) -> int:
 def replay(trace, world: int, mode: str = "lazy", device: str = "meta", iters: int = 1):
     [ext] = zero3_extensions(Zero3Config(strategy="per_module", world_size=world,
                                          param_persistence_threshold=0,
-                                         reduce_bucket_size=BUCKET), trace)
+                                         reduce_bucket_size=BUCKET, layout="trace"), trace)
     engine = ReplayEngine(trace, ReplayConfig(
         mode="compute", device=device, iters=iters, warmup_iters=0, measure_memory=False,
         allocation=AllocationConfig(mode=mode)), extensions=[ext])

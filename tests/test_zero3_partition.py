@@ -46,10 +46,10 @@ class FakeMemory:
     def __init__(self):
         self.held_bytes = 0
 
-    def charge(self, n):
+    def charge(self, n, category=None):
         self.held_bytes += n
 
-    def discharge(self, n):
+    def discharge(self, n, category=None):
         self.held_bytes -= n
 
 

@@ -28,6 +28,7 @@ def trace(tmp_path_factory):
 
 def replay(trace, device="cpu", iters=2, **zero3):
     zero3.setdefault("param_persistence_threshold", 0)
+    zero3.setdefault("layout", "trace")  # the partitioning alone (DeepSpeed's buffers: test_zero3_deepspeed_layout.py)
     ext = Zero3Extension(Zero3Config(**zero3), read_backward_marks(trace))
     engine = ReplayEngine(trace, ReplayConfig(mode="compute", device=device, iters=iters,
                                               warmup_iters=0, measure_memory=False),

@@ -51,6 +51,7 @@ def zero3_step(model: nn.Module, cfg, leaf_class: type | None):
         engine.backward(loss)
         engine.step()
 
+    step.engine = engine  # DeepSpeed's own buffers, for tests that count them
     return step, {"deepspeed_version": deepspeed.__version__, "ds_config": ds_config,
                   "shm_comm_op": shm_status}
 

@@ -24,6 +24,7 @@ from actors.replay.meters import make_meter
 from actors.replay.op_call import OpCaller
 from actors.replay.report import RankReport
 from actors.replay.tensor_store import TensorStore
+from actors.trace.categories import storage_categories
 from actors.trace.liveness import compute_liveness
 from actors.trace.model import Trace
 
@@ -81,6 +82,7 @@ class ReplayEngine:
         capacity = parse_bytes(cfg.device_memory_capacity) if cfg.device_memory_capacity else None
         self.memory = MemoryTracker(trace.num_storages, device_capacity(self.device, capacity),
                                     cfg.timeline_max_points)
+        self.memory.categories = storage_categories(trace, live)
         ranges = planning.index_ranges(self.steps)
         planning.add_guards(self.steps, ranges, live.storage_external)
         self.store = TensorStore(trace.num_tensors, live, self.memory, self.device,
@@ -224,6 +226,7 @@ class ReplayEngine:
         """Run ``entries`` from ``start``; raises _Flushed when a flush happens while the
         fast (unchecked) entries run."""
         memory, store, calls = self.memory, self.store, self.calls
+        categories, category_bytes = memory.categories, memory.category_bytes
         tensors, drop, held = store.tensors, store.drop, memory.held
         comm, guard = self.comm, self.guard
         get = store.get if self.cfg.mode == "full" else None
@@ -235,6 +238,7 @@ class ReplayEngine:
         try:
             for position, entry in enumerate(islice(entries, start, None), start):
                 fn, getter, kwargs, out_uid, out_suid, out_bytes, limit, frees, step = entry
+                memory.step = step
                 if fn is not None:  # the common case, kept free of attribute lookups
                     if memory.held_bytes > limit and self._make_room(step) and not checked:
                         raise _Flushed(position)
@@ -250,8 +254,9 @@ class ReplayEngine:
                         if out_bytes:  # a fresh storage (MemoryTracker.add, inlined)
                             held[out_suid] = out_bytes
                             memory.held_bytes += out_bytes
+                            category_bytes[categories[out_suid]] += out_bytes
                             if memory.held_bytes > memory.peak_bytes:
-                                memory.peak_bytes = memory.held_bytes
+                                memory.new_peak(step)
                         if check:
                             calls.check_single(step, out)
                     out = None  # a storage freed below must not live on in a local

@@ -11,7 +11,8 @@ Engine facilities an extension may use (all set when ``attach`` is called):
 * ``engine.trace``, ``engine.liveness``, ``engine.device``, ``engine.rank``, ``engine.cfg``;
 * ``engine.store.bind(t, x)``: make tensor ``x`` the value of ``TensorArg t`` without
   accounting; ``engine.store.unbind(suid)``: drop every tensor on storage ``suid``;
-* ``engine.memory.charge(nbytes)`` / ``engine.memory.discharge(nbytes)``: account bytes the
+* ``engine.memory.charge(nbytes, category)`` / ``engine.memory.discharge(nbytes, category)``
+  (a category of actors/trace/categories.py): account bytes the
   extension allocates itself (they count toward the peak, the capacity and the threshold);
 * ``engine.comm``: the CollectiveReplayer (None in compute mode), whose ``groups`` hold the
   rebuilt process groups (``groups.handle("0")`` is the world group).

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from actors.trace.categories import CATEGORIES, TEMPORARIES
+
 
 class OutOfMemory(Exception):
     """An op's request would cross the device capacity, or a real allocation failed."""
@@ -54,7 +56,8 @@ def device_capacity(device: torch.device, configured: int | None) -> int | None:
 
 class MemoryTracker:
     """Accounted bytes held per storage generation (a list indexed by suid), bytes charged by
-    extensions, the peak, the flush ticks and a bounded timeline."""
+    extensions, the peak with its breakdown by category (actors/trace/categories.py) and the
+    op it happened at, the flush ticks and a bounded timeline."""
 
     def __init__(self, num_storages: int, capacity_bytes: int | None, max_points: int = 2000):
         self.capacity_bytes = capacity_bytes
@@ -67,6 +70,11 @@ class MemoryTracker:
         self.recording = True
         self.flush_ticks: list[int] = []  # op index of each flush
         self.timeline: list[tuple[int, int]] = []  # (op index, bytes held after it)
+        self.categories: list[int] = [TEMPORARIES] * num_storages  # suid -> category index
+        self.category_bytes = [0] * len(CATEGORIES)  # bytes held now, per category
+        self.peak_category_bytes = list(self.category_bytes)  # ... when the peak was reached
+        self.peak_step = None  # the replay step (its op) running when the peak was reached
+        self.step = None  # the step running now, for charges between ops (engine sets it)
 
     def check(self, requested_bytes: int) -> None:
         """Raise OutOfMemory when ``requested_bytes`` more would cross the capacity."""
@@ -80,19 +88,29 @@ class MemoryTracker:
             return
         self.held[suid] = nbytes
         self.held_bytes += nbytes
+        self.category_bytes[self.categories[suid]] += nbytes
         if self.held_bytes > self.peak_bytes:
-            self.peak_bytes = self.held_bytes
+            self.new_peak(self.step)
 
-    def charge(self, nbytes: int) -> None:
-        """Account bytes an extension allocated itself (checked against the capacity)."""
+    def charge(self, nbytes: int, category: int = TEMPORARIES) -> None:
+        """Account bytes an extension allocated itself (checked against the capacity), as a
+        category of actors/trace/categories.py."""
         self.check(nbytes)
         self.held_bytes += nbytes
+        self.category_bytes[category] += nbytes
         if self.held_bytes > self.peak_bytes:
-            self.peak_bytes = self.held_bytes
+            self.new_peak(self.step)
 
-    def discharge(self, nbytes: int) -> None:
-        """Stop accounting bytes an extension released."""
+    def discharge(self, nbytes: int, category: int = TEMPORARIES) -> None:
+        """Stop accounting bytes an extension released (charged as ``category``)."""
         self.held_bytes -= nbytes
+        self.category_bytes[category] -= nbytes
+
+    def new_peak(self, step) -> None:
+        """The bytes held now are the peak: remember their breakdown and the step."""
+        self.peak_bytes = self.held_bytes
+        self.peak_category_bytes = self.category_bytes[:]
+        self.peak_step = step
 
     def note_flush(self, op_index: int) -> None:
         if self.recording:

@@ -12,6 +12,8 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
+from actors.trace.categories import breakdown
+
 MAX_ERROR_CHARS = 300
 
 
@@ -82,6 +84,8 @@ class RankReport:
             "comm_time_s": med(self.comm_times_s) if self.comm_times_s else None,
             "measured_peak_bytes": measured,
             "accounted_peak_bytes": memory.peak_bytes,
+            "peak_breakdown": breakdown(memory.peak_category_bytes),
+            "peak_op": peak_op(engine, memory.peak_step),
             "peak_memory_bytes": measured if measured is not None else memory.peak_bytes,
             "peak_memory_source": "measured" if measured is not None else "accounted",
             "memory_measure_method": meter.method,
@@ -107,6 +111,15 @@ class RankReport:
              "last_op": self.last_op, "oom": self.oom, "iteration_times_s": self.iteration_times_s}
         d.update(self.data)
         return d
+
+
+def peak_op(engine, step) -> dict | None:
+    """The op running when the accounted peak was reached (``hook``: in an extension's hook
+    next to it, e.g. a ZeRO-3 fetch), None before the first op."""
+    if step is None:
+        return None
+    op = step.op if step.op is not None else engine.trace.ops[step.at]
+    return {"node_id": op.node_id, "op": op.name, "index": op.index, "hook": step.op is None}
 
 
 def coverage(engine) -> tuple[int, int, Counter]:

@@ -138,6 +138,7 @@ class TensorStore:
         nbytes = memory.held[suid]
         memory.held[suid] = 0
         memory.held_bytes -= nbytes
+        memory.category_bytes[memory.categories[suid]] -= nbytes
         return nbytes
 
     def free_all(self) -> int:

@@ -24,6 +24,23 @@ class ParamRef(Choice):
     order = "order"  # position among the detected parameters in order of first use, from 0
 
 
+class StatesLayout(Choice):
+    """Which model states a rank holds beside its parameter shards."""
+
+    deepspeed = "deepspeed"  # DeepSpeed stage 3's: fp32 masters and moments, gradient
+    # partitions and reduce bucket buffers (actors/zero3/deepspeed_layout.py)
+    trace = "trace"  # only the trace's own optimizer state and gradients, partitioned
+
+
+class GradAccumDtype(Choice):
+    """DeepSpeed's ``data_types.grad_accum_dtype``."""
+
+    param = "param"  # the parameters' dtype (DeepSpeed's default)
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
 @dataclass
 class Zero3Config:
     """ZeRO-3 parameter partitioning and fetch/release emulation."""
@@ -76,10 +93,21 @@ class Zero3Config:
     # shard (DeepSpeed's reduce_bucket_size, default 5e8). A gradient that would overflow the
     # bucket sends it first; a bucket is also sent before its gradients are used again.
     reduce_bucket_size: int = 500_000_000
+    # deepspeed: hold the model states as DeepSpeed's stage 3 does (an fp32 master partition,
+    # fp32 optimizer moments, one persistent buffer of gradient partitions, a reduce bucket
+    # buffer, the update's flattened fp32 gradients), so a plain trace emulates a DeepSpeed
+    # job; trace: only what the trace's optimizer holds, partitioned.
+    layout: StatesLayout = StatesLayout.deepspeed
+    # layout=deepspeed: dtype of the gradient partitions (DeepSpeed's data_types.grad_accum_dtype;
+    # param = the parameters' dtype, its default).
+    grad_accum_dtype: GradAccumDtype = GradAccumDtype.param
 
     def __post_init__(self):
         self.strategy = Zero3Strategy.coerce(self.strategy, "zero3.strategy")
         self.modules_by = ParamRef.coerce(self.modules_by, "zero3.modules_by")
+        self.layout = StatesLayout.coerce(self.layout, "zero3.layout")
+        self.grad_accum_dtype = GradAccumDtype.coerce(self.grad_accum_dtype,
+                                                      "zero3.grad_accum_dtype")
 
     @property
     def enabled(self) -> bool:

@@ -15,11 +15,12 @@ import torch.distributed as dist
 
 from actors.errors import ConfigError
 from actors.replay.extension import ReplayExtension
-from actors.zero3.config import Zero3Config
+from actors.zero3.config import GradAccumDtype, StatesLayout, Zero3Config
+from actors.zero3.deepspeed_layout import deepspeed_buffers, update_windows
 from actors.zero3.markers import read_backward_marks
 from actors.zero3.model_states import GRAD, STATE, TEMP, StatesPlan, find_model_states, \
     plan_states, views_of
-from actors.zero3.modules import phases
+from actors.zero3.modules import UPDATE, phases
 from actors.zero3.planning import Zero3Plan, build_plan, module_report
 from actors.zero3.runtime import Zero3Runtime
 from actors.zero3.states_runtime import ModelStatesRuntime
@@ -61,12 +62,24 @@ class Zero3Extension(ReplayExtension):
         self.runtime.allocate()
         self.engine = engine
         partitioned = [p for p in self.z.params if not self.z.home_of[p.suid].persistent]
-        found = find_model_states(engine.trace, engine.liveness, partitioned,
-                                  phases(engine.trace))
-        self.states = plan_states(engine.trace, found, self.cfg.reduce_bucket_size)
+        deepspeed = self.cfg.layout == StatesLayout.deepspeed
+        phase = phases(engine.trace)
+        found = find_model_states(engine.trace, engine.liveness, partitioned, phase)
+        self.states = plan_states(engine.trace, found, self.cfg.reduce_bucket_size,
+                                  contiguous=deepspeed)
+        self.buffers = None
+        if deepspeed and partitioned:
+            accum = self.cfg.grad_accum_dtype
+            self.buffers = deepspeed_buffers(partitioned, found, world,
+                                             self.cfg.reduce_bucket_size,
+                                             None if accum == GradAccumDtype.param else str(accum))
+            for first, end in update_windows(phase, UPDATE):
+                self.states.late.setdefault(first, []).append(("update_begin", None))
+                self.states.early.setdefault(end, []).insert(0, ("update_end", None))
         self.states_runtime = ModelStatesRuntime(
             self.states, world, engine.rank % world, engine.device, engine.store, engine.memory,
-            self.runtime.metrics, views_of(engine.trace, {m.suid for m in found}), group)
+            self.runtime.metrics, views_of(engine.trace, {m.suid for m in found}), group,
+            self.buffers)
         self.states_runtime.allocate()
 
     def owned_storages(self) -> set[int]:
@@ -121,7 +134,9 @@ class Zero3Extension(ReplayExtension):
                "reduce_bucket_size": cfg.reduce_bucket_size,
                "num_grads": len(self.states.of_kind(GRAD)),
                "num_optimizer_states": len(self.states.of_kind(STATE)),
-               "num_update_temporaries": len(self.states.of_kind(TEMP))}
+               "num_update_temporaries": len(self.states.of_kind(TEMP)),
+               "layout": cfg.layout.value,
+               "deepspeed_buffers": self.buffers.as_dict() if self.buffers else None}
         out.update(self.runtime.metrics.summary())
         out["modules"] = module_report(z, cfg.module_granularity_threshold)
         return out

@@ -138,11 +138,14 @@ def find_model_states(trace: Trace, liveness: Liveness, partitioned: list[Param]
     return sorted(found, key=lambda m: (m.first, m.suid))
 
 
-def plan_states(trace: Trace, states: list[ModelState], bucket_numel: int) -> StatesPlan:
+def plan_states(trace: Trace, states: list[ModelState], bucket_numel: int,
+                contiguous: bool = False) -> StatesPlan:
     """Buckets and per-boundary events for ``states`` (see the module docstring): full
     gradients charged when first made, reduce-scattered per bucket; temporaries charged when
     made; gradient shards and temporaries released after their last use (``release``
-    events; a policy that holds intermediates to the end of the iteration drops them)."""
+    events; a policy that holds intermediates to the end of the iteration drops them).
+    ``contiguous``: a ready gradient moves into the reduce bucket's persistent buffer right
+    away (``to_bucket``, DeepSpeed's contiguous_gradients)."""
     plan = StatesPlan(states=list(states))
     grads = plan.of_kind(GRAD)
     touch = _first_touch_after(trace, {g.suid: g.ready for g in grads})
@@ -168,6 +171,9 @@ def plan_states(trace: Trace, states: list[ModelState], bucket_numel: int) -> St
     for dtype in list(pending):
         members, deadline = pending[dtype]
         send(dtype, deadline if deadline < _NEVER else max(g.ready for g in members) + 1)
+    if contiguous:
+        for g in grads:
+            plan.early.setdefault(g.ready + 1, []).append(("to_bucket", g))
     for m in states:
         if m.kind == STATE:
             continue

@@ -15,15 +15,13 @@ last backward op are backward, the rest is the update (the optimizer step).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from actors.capture import FORWARD, parse_module_range
 from actors.trace.model import Trace
+from actors.trace.phases import BWD, FWD, UPDATE, is_backward_op, phases  # noqa: F401 (re-exported)
 from actors.zero3.params import Param
 
-_BACKWARD = re.compile(r"(Backward\d*|AccumulateGrad)$")
-FWD, BWD, UPDATE = "forward", "backward", "update"
 
 
 @dataclass
@@ -102,22 +100,6 @@ def op_module(op) -> str | None:
     """The qualified name of the module range an op ran in, None outside module ranges."""
     parsed = parse_module_range(op.module) if op.module.startswith("## ") else None
     return parsed[0] if parsed is not None and parsed[1] == FORWARD else None
-
-
-def is_backward_op(op) -> bool:
-    return bool(_BACKWARD.search(op.module))
-
-
-def phases(trace: Trace) -> list[str]:
-    """FWD, BWD or UPDATE per op index (see the module docstring)."""
-    out = [FWD] * len(trace.ops)
-    windows = [(s.first, s.end) for s in trace.steps] or [(0, len(trace.ops))]
-    for first, end in windows:
-        bwd = [i for i in range(first, end) if is_backward_op(trace.ops[i])]
-        if bwd:
-            for i in range(bwd[0], end):
-                out[i] = BWD if i <= bwd[-1] else UPDATE
-    return out
 
 
 def build_tree(trace: Trace, params: list[Param], backward: dict[str, list[tuple[int, int]]],

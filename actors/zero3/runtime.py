@@ -24,6 +24,7 @@ import torch
 from actors.replay.collective_calls import AG_ONE
 from actors.replay.resolve import torch_dtype
 from actors.replay.tensor_store import FLOAT_FILL
+from actors.trace.categories import COMMUNICATION, PARAMETERS, TEMPORARIES
 from actors.zero3.metrics import Zero3Metrics
 from actors.zero3.params import Param
 from actors.zero3.partition import flat_offsets, flat_shard, param_shard, reassemble, shard_numel
@@ -78,7 +79,7 @@ class Zero3Runtime:
         for h in self.homes:
             if h.persistent:
                 full = self._full(h.params[0])
-                self.memory.charge(_nbytes(full))
+                self.memory.charge(_nbytes(full), PARAMETERS)
                 m.persistent_bytes += _nbytes(full)
                 self.held[h] = (0, full)
                 continue
@@ -94,7 +95,7 @@ class Zero3Runtime:
             elif self.device.type != "meta":
                 shard.fill_(FLOAT_FILL)
             self.shards[h] = shard
-            self.memory.charge(_nbytes(shard))
+            self.memory.charge(_nbytes(shard), PARAMETERS)
             m.shard_bytes += _nbytes(shard)
         self.bind_persistent()
 
@@ -128,7 +129,7 @@ class Zero3Runtime:
                                        self.secondary) if local else \
             (self.world, self.rank, self.group, self.shards)
         out = torch.empty(g.numel, dtype=torch_dtype(g.homes[0].dtype), device=self.device)
-        self.memory.charge(_nbytes(out))
+        self.memory.charge(_nbytes(out), COMMUNICATION)
         chunk = g.numel // ranks
         slot = out[rank * chunk:(rank + 1) * chunk]
         if len(g.homes) > 1:
@@ -160,7 +161,7 @@ class Zero3Runtime:
             for h, padded in zip(g.homes, reassemble(out, numels, ranks, self.world)):
                 self._hold(h, padded, _nbytes(padded))
                 self._bind(h.params[0], padded[:h.params[0].numel])
-            self.memory.discharge(_nbytes(out))
+            self.memory.discharge(_nbytes(out), COMMUNICATION)
             m.add_gathered(-_nbytes(out))
         else:
             h = g.homes[0]
@@ -174,7 +175,7 @@ class Zero3Runtime:
     def _hold(self, h: Home, padded: torch.Tensor, charge: int) -> None:
         """``padded`` now holds home ``h`` (``charge`` more bytes than the gathered buffer)."""
         if charge:
-            self.memory.charge(charge)
+            self.memory.charge(charge, COMMUNICATION)
             self.metrics.add_gathered(charge)
         self.held[h] = (_nbytes(padded), padded)
 
@@ -185,7 +186,7 @@ class Zero3Runtime:
             chunk = padded.numel() // self.hpz
             r = self.rank % self.hpz
             self.secondary[h] = sec = padded[r * chunk:(r + 1) * chunk].clone()
-            self.memory.charge(_nbytes(sec))
+            self.memory.charge(_nbytes(sec), PARAMETERS)
             self.metrics.add_secondary(_nbytes(sec))
         self.forward_gathered.discard(h)
         self._drop(h)
@@ -193,7 +194,7 @@ class Zero3Runtime:
 
     def drop_secondary(self, _=None) -> None:
         for sec in self.secondary.values():
-            self.memory.discharge(_nbytes(sec))
+            self.memory.discharge(_nbytes(sec), PARAMETERS)
             self.metrics.add_secondary(-_nbytes(sec))
         self.secondary.clear()
 
@@ -209,7 +210,7 @@ class Zero3Runtime:
             if self.device.type != "meta":
                 shard.fill_(FLOAT_FILL)
             nbytes = _nbytes(shard)
-            self.memory.charge(nbytes)
+            self.memory.charge(nbytes, TEMPORARIES)
             self.metrics.add_scratch(nbytes)
         else:
             shard, nbytes = self.shards[home], 0
@@ -225,11 +226,12 @@ class Zero3Runtime:
         for p in h.params:
             self.store.unbind(p.suid)
         nbytes, _ = self.held.pop(h)
-        self.memory.discharge(nbytes)
         if h in self.scratched:
             self.scratched.discard(h)
+            self.memory.discharge(nbytes, TEMPORARIES)
             self.metrics.add_scratch(-nbytes)
         else:
+            self.memory.discharge(nbytes, COMMUNICATION)
             self.metrics.add_gathered(-nbytes)
 
     def _bind(self, p: Param, data: torch.Tensor, offset: int = 0) -> None:
@@ -246,7 +248,7 @@ class Zero3Runtime:
         for out, work, _ in self.inflight.values():
             if work is not None:
                 work.wait()
-            self.memory.discharge(_nbytes(out))
+            self.memory.discharge(_nbytes(out), COMMUNICATION)
             self.metrics.add_gathered(-_nbytes(out))
         self.inflight.clear()
         for h in [h for h in self.held if not h.persistent]:

@@ -20,6 +20,8 @@ import torch
 from actors.replay.collective_calls import RS_ONE
 from actors.replay.resolve import torch_dtype
 from actors.replay.tensor_store import FLOAT_FILL
+from actors.trace.categories import COMMUNICATION, GRADIENTS, OPTIMIZER_STATE, TEMPORARIES
+from actors.zero3.deepspeed_layout import DeepSpeedBuffers
 from actors.zero3.metrics import Zero3Metrics
 from actors.zero3.model_states import GRAD, STATE, Bucket, ModelState, StatesPlan
 from actors.zero3.runtime import view_stride
@@ -35,23 +37,36 @@ class ModelStatesRuntime:
     """Shards and full gradients of one rank; ``run(events)`` executes one boundary's events."""
 
     def __init__(self, plan: StatesPlan, world: int, rank: int, device: torch.device, store,
-                 memory, metrics: Zero3Metrics, views: dict[int, list], group=None):
+                 memory, metrics: Zero3Metrics, views: dict[int, list], group=None,
+                 buffers: DeepSpeedBuffers | None = None):
         self.plan, self.world, self.rank, self.device = plan, world, rank, device
         self.store, self.memory, self.metrics, self.group = store, memory, metrics, group
         self.views = views  # suid -> its TensorArgs (one per tensor uid)
         self.state_shards: dict[int, torch.Tensor] = {}  # suid -> optimizer-state shard
         # gradients and temporaries held now: charged bytes, and whether it is a shard
         self.held: dict[ModelState, tuple[int, bool]] = {}
+        # zero3.layout=deepspeed: DeepSpeed's own buffers (gradient shards live in its
+        # gradient-partition buffer, so they cost nothing more)
+        self.buffers = buffers
+        self.ds_persistent: list[tuple[torch.Tensor, int]] = []  # (buffer, category)
+        self.update_held: list[tuple[torch.Tensor, int]] = []  # the update's flat gradients
 
     # --- set-up ---------------------------------------------------------------------------
     def allocate(self) -> None:
         """Optimizer-state shards, charged once and bound."""
         for m in self.plan.of_kind(STATE):
             shard = self._empty(m.shard_numel(self.world), m.dtype)
-            self.memory.charge(_nbytes(shard))
+            self.memory.charge(_nbytes(shard), OPTIMIZER_STATE)
             self.metrics.optimizer_state_bytes += _nbytes(shard)
             self.state_shards[m.suid] = shard
         self.bind_states()
+        if self.buffers is not None:
+            b = self.buffers
+            for nbytes, category in ((b.master_bytes + b.state_upcast_bytes, OPTIMIZER_STATE),
+                                     (b.grad_partition_bytes, GRADIENTS),
+                                     (b.reduce_bucket_bytes, COMMUNICATION)):
+                self.ds_persistent.append(self._charged_bytes(nbytes, category))
+            self.metrics.optimizer_state_bytes += b.master_bytes + b.state_upcast_bytes
 
     def bind_states(self) -> None:
         """Every view of an optimizer state is its flat shard (the step runs element-wise)."""
@@ -68,7 +83,7 @@ class ModelStatesRuntime:
     def grad_full(self, g: ModelState) -> None:
         """Before the op that makes gradient ``g``: its full size is held until reduced. A
         gradient that existed before the iteration (accumulated into) gets its full tensor."""
-        self.memory.charge(g.nbytes)
+        self.memory.charge(g.nbytes, GRADIENTS)
         self.metrics.add_grad_full(g.nbytes)
         self.held[g] = (g.nbytes, False)
         if g.external:
@@ -76,10 +91,33 @@ class ModelStatesRuntime:
             for v in self.views[g.suid]:
                 self.store.bind(v, torch.as_strided(full, v.shape, view_stride(v), v.offset))
 
+    def to_bucket(self, g: ModelState) -> None:
+        """DeepSpeed's contiguous gradients: ready gradient ``g`` is copied into the reduce
+        bucket's buffer (held for good) and autograd's tensor is freed; its data stays bound
+        for the reduce-scatter."""
+        nbytes, is_shard = self.held.get(g, (0, True))
+        if is_shard:
+            return
+        self.memory.discharge(nbytes, GRADIENTS)
+        self.metrics.add_grad_full(-nbytes)
+        self.held[g] = (0, False)
+
+    def update_begin(self, _=None) -> None:
+        """DeepSpeed's update flattens the gradient partitions and converts them to fp32."""
+        b = self.buffers
+        for nbytes in (b.update_flat_grad_bytes, b.update_fp32_grad_bytes):
+            self.update_held.append(self._charged_bytes(nbytes, GRADIENTS))
+
+    def update_end(self, _=None) -> None:
+        """After the optimizer step: the flat gradients go."""
+        for x, category in self.update_held:
+            self.memory.discharge(_nbytes(x), category)
+        self.update_held.clear()
+
     def temp(self, t: ModelState) -> None:
         """Before the op that makes update temporary ``t``: its shard size."""
         nbytes = t.shard_bytes(self.world)
-        self.memory.charge(nbytes)
+        self.memory.charge(nbytes, TEMPORARIES)
         self.metrics.add_scratch(nbytes)
         self.held[t] = (nbytes, True)
 
@@ -105,7 +143,7 @@ class ModelStatesRuntime:
             return
         nbytes, is_shard = held
         self.store.unbind(m.suid)
-        self.memory.discharge(nbytes)
+        self.memory.discharge(nbytes, GRADIENTS if m.kind == GRAD else TEMPORARIES)
         if m.kind != GRAD:
             self.metrics.add_scratch(-nbytes)
         elif is_shard:
@@ -118,16 +156,18 @@ class ModelStatesRuntime:
         that stopped half-way); optimizer-state shards stay."""
         for m in list(self.held):
             self.release(m)
+        self.update_end()
 
     # --- helpers --------------------------------------------------------------------------
     def _to_shard(self, g: ModelState, shard: torch.Tensor) -> None:
-        self.memory.charge(_nbytes(shard))
-        self.metrics.add_grad_shard(_nbytes(shard))
+        nbytes = 0 if self.buffers is not None else _nbytes(shard)  # in the partition buffer
+        self.memory.charge(nbytes, GRADIENTS)
+        self.metrics.add_grad_shard(nbytes)
         full_bytes, _ = self.held[g]
         self.store.unbind(g.suid)
-        self.memory.discharge(full_bytes)
+        self.memory.discharge(full_bytes, GRADIENTS)
         self.metrics.add_grad_full(-full_bytes)
-        self.held[g] = (_nbytes(shard), True)
+        self.held[g] = (nbytes, True)
         for v in self.views[g.suid]:
             self.store.bind(v, shard)
 
@@ -165,7 +205,7 @@ class ModelStatesRuntime:
         dtype = bucket.grads[0].dtype
         rows = self._empty(world * sum(sizes), dtype, fill=False).view(world, sum(sizes))
         out = self._empty(sum(sizes), dtype, fill=False)
-        self.memory.charge(_nbytes(rows) + _nbytes(out))
+        self.memory.charge(_nbytes(rows) + _nbytes(out), COMMUNICATION)
         col = 0
         for g, full, s in zip(bucket.grads, fulls, sizes):
             block = rows[:, col:col + s]
@@ -178,8 +218,13 @@ class ModelStatesRuntime:
         RS_ONE(out, rows.reshape(-1), group=self.group)
         out.div_(world)  # DeepSpeed averages gradients over the data-parallel ranks
         shards = [piece.clone() for piece in out.split(sizes)]
-        self.memory.discharge(_nbytes(rows) + _nbytes(out))
+        self.memory.discharge(_nbytes(rows) + _nbytes(out), COMMUNICATION)
         return shards
+
+    def _charged_bytes(self, nbytes: int, category: int) -> tuple[torch.Tensor, int]:
+        """A buffer of ``nbytes`` really allocated (measured on cpu) and charged."""
+        self.memory.charge(nbytes, category)
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.device), category
 
     def _empty(self, numel: int, dtype: str, fill: bool = True) -> torch.Tensor:
         x = torch.empty(numel, dtype=torch_dtype(dtype), device=self.device)

@@ -1,0 +1,31 @@
+"""Training phases of a trace's ops: forward, backward, update (pure data).
+
+Per ProfilerStep window: ops before the first backward op are forward, ops up to the last
+backward op are backward, the rest is the update (the optimizer step). A backward op is one
+recorded inside an autograd node's range (``...Backward0``, ``AccumulateGrad``).
+"""
+from __future__ import annotations
+
+import re
+
+from actors.trace.model import Op, Trace
+
+_BACKWARD = re.compile(r"(Backward\d*|AccumulateGrad)$")
+FWD, BWD, UPDATE = "forward", "backward", "update"
+
+
+def is_backward_op(op: Op) -> bool:
+    """Whether ``op`` ran inside an autograd node (the backward pass)."""
+    return bool(_BACKWARD.search(op.module))
+
+
+def phases(trace: Trace) -> list[str]:
+    """FWD, BWD or UPDATE per op index (see the module docstring)."""
+    out = [FWD] * len(trace.ops)
+    windows = [(s.first, s.end) for s in trace.steps] or [(0, len(trace.ops))]
+    for first, end in windows:
+        bwd = [i for i in range(first, end) if is_backward_op(trace.ops[i])]
+        if bwd:
+            for i in range(bwd[0], end):
+                out[i] = BWD if i <= bwd[-1] else UPDATE
+    return out
