@@ -126,7 +126,19 @@ def _memory(ranks: list[dict]) -> dict:
             "peak_memory_source": top.get("peak_memory_source", "accounted") if top else None,
             "memory_measure_method": next(iter(_values(ranks, "memory_measure_method")), None),
             "persistent_bytes": max(_values(ranks, "persistent_bytes"), default=None),
-            "device_memory_threshold": next(iter(_values(ranks, "device_memory_threshold")), None)}
+            "device_memory_threshold": next(iter(_values(ranks, "device_memory_threshold")), None),
+            **_peak_breakdown(ranks)}
+
+
+def _peak_breakdown(ranks: list[dict]) -> dict:
+    """The accounted peak's breakdown by category and its op, of the rank with the largest
+    accounted peak (computed from the trace: actors/trace/categories.py)."""
+    top = max((r for r in ranks if r.get("peak_breakdown")),
+              key=lambda r: r.get("accounted_peak_bytes") or 0, default=None)
+    if top is None:
+        return {"peak_breakdown": None, "peak_op": None}
+    return {"peak_breakdown": top["peak_breakdown"],
+            "peak_op": {"rank": top["rank"], **top["peak_op"]} if top.get("peak_op") else None}
 
 
 def _first_oom(reports: list[dict]) -> dict | None:

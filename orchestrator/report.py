@@ -220,6 +220,18 @@ def _footer(summary: dict) -> str:
     return " | ".join(parts)
 
 
+def breakdown_line(summary: dict) -> str | None:
+    """``peak (accounted) at rank r node N op: category size, ...`` (largest first)."""
+    parts = summary.get("peak_breakdown")
+    if not parts:
+        return None
+    op = summary.get("peak_op")
+    where = (f" at rank {op['rank']} node {op['node_id']} {op['op']}"
+             + (" (in a hook next to it)" if op.get("hook") else "")) if op else ""
+    items = sorted(((k, v) for k, v in parts.items() if v), key=lambda kv: -kv[1])
+    return f"peak (accounted){where}: " + ", ".join(f"{k} {human_bytes(v)}" for k, v in items)
+
+
 def _zero3_line(z: dict) -> str:
     """ZeRO-3 emulation figures per iteration (medians over ranks)."""
     if z.get("num_params") and not z.get("num_partitioned"):
@@ -240,14 +252,17 @@ def _zero3_line(z: dict) -> str:
 
 
 def print_summary(summary: dict, console: Console | None = None) -> None:
-    """Print the per-rank table, the collectives table (if any), a one-line footer and the
-    ZeRO-3 line (when emulating)."""
+    """Print the per-rank table, the collectives table (if any), a one-line footer, the
+    accounted peak's breakdown and the ZeRO-3 line (when emulating)."""
     # Logs and CI capture are not terminals: rich would fold the tables to 80 columns.
     console = console or Console(width=None if sys.stdout.isatty() else 132)
     console.print(_ranks_table(summary))
     if summary.get("collectives"):
         console.print(_collectives_table(summary["collectives"]))
     console.print(_footer(summary))
+    line = breakdown_line(summary)
+    if line:
+        console.print(line, markup=False)
     if summary.get("zero3"):
         console.print(_zero3_line(summary["zero3"]), markup=False)
     if summary.get("error"):

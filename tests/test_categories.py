@@ -59,3 +59,21 @@ def test_peak_breakdown_sums_to_the_peak_and_names_its_op(demo, mode):
     assert trace.ops[op["index"]].name == op["op"]
     if mode == "lazy":  # lazy holds no parameter before its first use: the peak is in backward
         assert breakdown["activations"] > 0
+
+
+def test_summary_takes_the_breakdown_of_the_rank_with_the_largest_peak():
+    from orchestrator.metrics import aggregate
+    from orchestrator.report import breakdown_line
+
+    def rank(r, peak, acts):
+        return {"rank": r, "status": "ok", "accounted_peak_bytes": peak,
+                "peak_memory_bytes": peak, "iteration_times_s": [0.1],
+                "peak_breakdown": {"parameters": peak - acts, "activations": acts},
+                "peak_op": {"node_id": 10 + r, "op": "aten::mm", "index": r, "hook": False}}
+
+    summary = aggregate([rank(0, 100, 40), rank(1, 300, 200)], world_size=2)
+    assert summary["peak_breakdown"] == {"parameters": 100, "activations": 200}
+    assert summary["peak_op"]["rank"] == 1 and summary["peak_op"]["node_id"] == 11
+    line = breakdown_line(summary)
+    assert line.startswith("peak (accounted) at rank 1 node 11 aten::mm: activations 200")
+    assert line.index("activations") < line.index("parameters")  # largest first
