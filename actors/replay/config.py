@@ -26,7 +26,7 @@ class Device(Choice):
 
 
 class AllocationMode(Choice):
-    """How the replay holds tensor memory (see the README's side-by-side table)."""
+    """How the replay holds tensor memory (see docs/memory.md's side-by-side table)."""
 
     pre_allocate = "pre_allocate"  # the reference replayer: inputs up front, intermediates to the end
     lazy = "lazy"  # every storage from first to last use, parameters included
