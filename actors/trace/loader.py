@@ -16,6 +16,12 @@ record of a ``c10d::*`` op (its first such child) completes that op, and a ``c10
 collectives do their work. Backend
 nodes (``gloo:*``, ``nccl:*``) are neither ops nor module names: their children are
 treated as children of the backend node's parent.
+
+Tensor subclasses: an op on wrapper tensors (DTensor: FSDP2's sharded parameters, gradients
+and optimizer state) is recorded with the wrappers, which have no storage of their own (every
+DTensor shows one shared storage id), and a ``PythonSubclass`` child holding the ops the
+subclass ran on its local tensors. Those ops are the real work and the real memory: the
+wrapper op is dropped and the ops under ``PythonSubclass`` are top-level in its place.
 """
 from __future__ import annotations
 
@@ -34,9 +40,10 @@ from actors.trace.model import Op, ProcessGroupInfo, Step, Trace
 from actors.trace.op_schema import parse_schema
 from actors.trace.schema import NodeView, OpSchemaReader, parse_version
 from actors.trace.source import TraceSource, as_source
-from actors.trace.tensor_ids import TensorIdAssigner
+from actors.trace.tensor_ids import TensorIdAssigner, refill_starts
 
 PG_INIT = "## process_group:init ##"
+SUBCLASS = "PythonSubclass"  # a tensor subclass's dispatch (see the module docstring)
 STEP_PREFIX = "ProfilerStep#"
 # Annotation frames that are not module boundaries.
 _NOT_MODULE = ("[pytorch|profiler", "autograd::engine", STEP_PREFIX, "## process_group")
@@ -106,14 +113,15 @@ def _load_trace(source: TraceSource, rank: int | None, data: bytes | None) -> Tr
         bad = next((n for n in nodes if not isinstance(n, dict) or not isinstance(n.get("id"), int)), None)
         raise TraceError(path, f"a node has no integer 'id' (node starts {str(bad)[:80]!r})") from None
     ops, pgs, steps, num_outside, (nested, step_first_ids) = _build_ops(path, nodes, flat)
-    assigner = TensorIdAssigner()
+    assigner = TensorIdAssigner(refill_starts(ops))
     for op in ops:
         assigner.assign(op)
     coll.link_waits(ops)
     return Trace(path=str(path), schema=doc["schema"], num_nodes=num_nodes, ops=ops,
                  process_groups=pgs, steps=steps, num_tensors=assigner.num_tensors,
                  num_storages=assigner.num_storages,
-                 made_inside=storages_made_inside(ops, nested, step_first_ids),
+                 made_inside=storages_made_inside(ops, nested, step_first_ids)
+                 | frozenset(assigner.refilled),
                  rank=rank if rank is not None else rank_from_name(source.name),
                  meta={"pid": doc.get("pid"), "time": doc.get("time"),
                        "num_ops_outside_steps": num_outside})
@@ -131,6 +139,7 @@ def _build_ops(path, nodes: list, flat: bool):
     ctx: dict[int, tuple[int, int, str]] = {}
     backend_parent: dict[int, int] = {}
     top_level: list = []  # [raw node, step, module] per selected op
+    selected: dict[int, list] = {}  # id -> entry of top_level, for ops selected outside any op
     rpc_child: dict[int, dict] = {}  # c10d op id -> its record_param_comms record
     c10d_calls: set[int] = set()  # ids of selected collective calls that may take such a record
     step_names: list[str] = []
@@ -167,12 +176,18 @@ def _build_ops(path, nodes: list, flat: bool):
             elif enclosing == _FREE or (collective and (enclosing == _IN_OP
                                                         or name in coll.FUNCTIONAL)):
                 top_level.append([raw, step, module])
+                if enclosing == _FREE:
+                    selected[nid] = top_level[-1]
                 if name in coll.C10D_KINDS and name not in coll.FUNCTIONAL_WAITS:
                     c10d_calls.add(nid)
             else:
                 nested.add(nid, *_side_values(raw, flat))
             ctx[nid] = (_IN_FUNCTIONAL if name in coll.FUNCTIONAL_CALLS else max(enclosing, _IN_OP),
                         step, module)
+            continue
+        if name == SUBCLASS and parent in selected:
+            selected.pop(parent)[0] = None  # the wrapper op: its local ops replace it
+            ctx[nid] = (_FREE, step, module)
             continue
         if name.startswith(STEP_PREFIX) and step < 0:
             step = len(step_names)
@@ -184,7 +199,8 @@ def _build_ops(path, nodes: list, flat: bool):
             module = name
         ctx[nid] = (enclosing, step, module)
     nodes.clear()
-    del ctx, backend_parent
+    del ctx, backend_parent, selected
+    top_level = [t for t in top_level if t[0] is not None]
     num_outside = 0
     if step_names:  # honour ProfilerStep windows: ops outside them are set-up, not iterations
         _assign_steps(top_level, step_spans)

@@ -207,7 +207,8 @@ class Trace:
     rank: int | None = None  # from the file name when it follows rank-<r>.*
     meta: dict = field(default_factory=dict)
     # suids first used as an input that an op nested in another op made earlier in the
-    # iteration (actors/trace/made_inside.py): not alive before it, though they look so
+    # iteration (actors/trace/made_inside.py; and FSDP2 unsharded parameters re-filled after a
+    # storage resize, actors/trace/tensor_ids.py): not alive before it, though they look so
     made_inside: frozenset = frozenset()
 
     @property

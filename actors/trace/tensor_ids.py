@@ -5,6 +5,13 @@ possibly of another dtype, and tensor ids are recycled too. A storage id therefo
 new *generation* when an op returns a freshly allocated tensor on it (a return without an
 alias annotation in the op schema) or when a tensor of another dtype appears on it. Keying
 the replay on generations keeps an index tensor from ever reading another dtype's bytes.
+
+FSDP2 frees an unsharded parameter by resizing its storage to 0 bytes and brings it back by
+resizing it again before the all-gather's copy-out writes it (``UntypedStorage.resize_`` is
+no op the trace records): every storage in the ``out`` list of an ``fsdp::split_with_sizes_copy``
+starts a new generation at its first use in that copy-out (the views FSDP2 makes of it right
+before the copy), which lives until its last use, as the unsharded parameter does between one
+all-gather and its reshard.
 """
 from __future__ import annotations
 
@@ -15,16 +22,27 @@ from actors.trace.op_schema import fresh_return_positions
 class TensorIdAssigner:
     """Walks ops in order and stamps `uid`/`suid` on every TensorArg."""
 
-    def __init__(self):
+    def __init__(self, refill_starts: dict[int, frozenset] | None = None):
+        """``refill_starts``: op index -> storage ids a new generation starts at (see
+        :func:`refill_starts`)."""
+        self._refill_starts = refill_starts or {}
         self._uids: dict[tuple, int] = {}
         self._storage: dict[int, tuple[int, str]] = {}  # storage_id -> (suid, dtype)
         self.num_tensors = 0
         self.num_storages = 0
+        # generations an op re-filled (first seen as its input, yet made in the iteration)
+        self.refilled: set[int] = set()
 
     def assign(self, op: Op) -> None:
         inputs = op.input_tensors()
+        refilled = self._refill_starts.get(op.index, ())
+        started = set()
         for t in inputs:
-            self._stamp(t, fresh=False)
+            restart = t.storage_id in refilled and t.storage_id not in started
+            self._stamp(t, fresh=restart)
+            if restart:
+                started.add(t.storage_id)
+                self.refilled.add(t.suid)
         # An output on a storage one of the op's own inputs lives on is a view of it, whatever
         # the schema says (composite ops such as unflatten_dense_tensors return views without
         # alias annotations): the allocator cannot hand out a storage that is still in use.
@@ -54,3 +72,28 @@ class TensorIdAssigner:
             uid = self._uids[key] = self.num_tensors
             self.num_tensors += 1
         t.uid = uid
+
+
+# Ops writing whole storages their caller has just re-allocated in place (see the docstring).
+_REFILLING = frozenset({"fsdp::split_with_sizes_copy"})
+
+
+def refill_starts(ops: list[Op]) -> dict[int, frozenset]:
+    """Op index -> storage ids whose new generation starts there: per re-filling op, each
+    storage of its tensor-list arguments at its first use among the ops of the same module
+    range right before it (the copy-out), else at the re-filling op."""
+    starts: dict[int, set] = {}
+    for op in ops:
+        if op.name not in _REFILLING:
+            continue
+        pending = {t.storage_id for arg in op.inputs if type(arg) is not TensorArg
+                   and arg.kind == "tensor_list" for t in arg.value if t is not None and t.storage_id}
+        first = op.index
+        while first > 0 and ops[first - 1].module == op.module and ops[first - 1].name not in _REFILLING:
+            first -= 1
+        for i in range(first, op.index + 1):
+            hit = pending & {t.storage_id for t in ops[i].input_tensors()}
+            if hit:
+                starts.setdefault(i, set()).update(hit)
+                pending -= hit
+    return {i: frozenset(v) for i, v in starts.items()}
