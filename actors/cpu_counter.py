@@ -14,8 +14,9 @@ data pointer: oneDNN's raw_allocate/raw_deallocate and copy-on-write storages re
 and the 64-byte alignment is kept. The profiler, if running, sees those 64 bytes per block.
 Cost per allocation: three atomic updates, no lock.
 
-The C++ is compiled once by :mod:`actors.native`. Installs nest (a count of them); the
-first sets the counter to zero, the last :func:`uninstall` restores the previous allocator.
+The C++ is compiled once by :mod:`actors.native`. Every :func:`install` starts a fresh count
+from zero (one measurer at a time: a later install takes the count over); installs nest, and
+the last :func:`uninstall` restores the previous allocator.
 """
 from __future__ import annotations
 
@@ -89,12 +90,12 @@ CountingAllocator g_counting;
 
 extern "C" int tracefleet_cpu_counter_install() {
   std::lock_guard<std::mutex> lock(g_install_mutex);
+  g_epoch.fetch_add(1);  // a fresh count: blocks counted so far are never subtracted from it
+  g_current = 0;
+  g_peak = 0;
+  g_blocks = 0;
   if (g_installs == 0) {
     g_previous = c10::GetAllocator(c10::DeviceType::CPU);
-    g_epoch.fetch_add(1);
-    g_current = 0;
-    g_peak = 0;
-    g_blocks = 0;
     c10::SetAllocator(c10::DeviceType::CPU, &g_counting, kPriority);
     if (c10::GetAllocator(c10::DeviceType::CPU) != &g_counting) return 0;
   }
@@ -133,8 +134,7 @@ def _lib() -> ctypes.CDLL:
 
 
 def install() -> None:
-    """Count CPU allocations from now on (nested installs share one count; the first sets
-    it to zero)."""
+    """Count CPU allocations from now on, from zero (blocks counted before are forgotten)."""
     if not _lib().tracefleet_cpu_counter_install():
         raise ConfigError("could not install the CPU allocation counter (c10::SetAllocator "
                           "kept another allocator registered with a higher priority)")

@@ -4,6 +4,7 @@ before the install, nesting and restore, torch paths that need simple data point
 clear errors when the library cannot be built."""
 from __future__ import annotations
 
+import gc
 import json
 import os
 import threading
@@ -19,6 +20,13 @@ from actors import cpu_counter, native
 from actors.errors import ConfigError
 
 MiB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def _no_engine_left_counting():
+    """Replay engines of earlier tests hold the counter until collected: collect them."""
+    gc.collect()
+    assert not cpu_counter.installed()
 
 
 def _bytes(n: int) -> torch.Tensor:
@@ -63,7 +71,7 @@ def test_blocks_from_before_the_install_are_never_subtracted():
         kept = _bytes(2 * MiB)
         del old  # freed by torch's own deleter: not counted, not subtracted
         assert cpu_counter.current_bytes() == 2 * MiB
-    with cpu_counter.counting():  # a new installation: the earlier one's block is not its own
+    with cpu_counter.counting():  # a new count: the earlier one's block is not its own
         assert cpu_counter.current_bytes() == 0
         del kept
         assert cpu_counter.current_bytes() == 0 and cpu_counter.num_live_blocks() == 0
@@ -73,14 +81,19 @@ def test_installs_nest_and_the_last_uninstall_restores_torch_allocator():
     assert not cpu_counter.installed()
     with cpu_counter.counting():
         x = _bytes(MiB)
-        with cpu_counter.counting():  # nested: the same count goes on
-            assert cpu_counter.installed() and cpu_counter.current_bytes() == MiB
+        with cpu_counter.counting():  # nested: a fresh count, x is not its own
+            assert cpu_counter.installed() and cpu_counter.current_bytes() == 0
+            w = _bytes(MiB)
         assert cpu_counter.installed()
+        del x  # an earlier count's block: not subtracted
+        assert cpu_counter.current_bytes() == MiB
+        del w
+        assert cpu_counter.current_bytes() == 0
     assert not cpu_counter.installed()
     before = cpu_counter.current_bytes()
     y = _bytes(MiB)  # torch's own allocator again: not counted
     assert cpu_counter.current_bytes() == before
-    del x, y
+    del y
 
 
 def test_torch_paths_keep_working_under_the_counter():

@@ -103,7 +103,8 @@ def test_memory_is_measured_in_every_timed_iteration_without_the_profiler(step_t
 
     trace = load_trace(step_trace)
     probe = _Probe(0, note, before=True)
-    r = ReplayEngine(trace, _cfg(iters=2, warmup_iters=1), extensions=[probe]).run().to_dict()
+    engine = ReplayEngine(trace, _cfg(iters=2, warmup_iters=1), extensions=[probe])
+    r = engine.run().to_dict()
     assert r["status"] == "ok", r["error"]
     # no iteration of its own, no profiler: the counter runs through warm-up and timed ones
     assert seen == [(0, False, True), (1, False, True), (2, False, True)]
@@ -113,7 +114,16 @@ def test_memory_is_measured_in_every_timed_iteration_without_the_profiler(step_t
     # every timed iteration starts from the persistent set the replay keeps across them
     starts = r["memory_measure"]["start_bytes_per_iteration"]
     assert len(starts) == 2 and starts[0] == starts[1] < min(per_iteration)
-    assert not cpu_counter.installed()  # the run's end restored torch's allocator
+    engine.close()
+    assert not cpu_counter.installed()  # torch's allocator is back
+
+
+def test_a_collected_engine_gives_torch_its_allocator_back(step_trace):
+    engine = ReplayEngine(load_trace(step_trace), _cfg())
+    assert cpu_counter.installed()
+    del engine
+    gc.collect()
+    assert not cpu_counter.installed()
 
 
 def test_a_failed_engine_build_uninstalls_the_counter(step_trace):

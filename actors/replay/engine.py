@@ -8,6 +8,7 @@ they are planned into the sequence once.
 from __future__ import annotations
 
 import time
+import weakref
 from itertools import islice
 
 import torch
@@ -88,13 +89,15 @@ class ReplayEngine:
         self.extensions = list(extensions)
         if cfg.host_gaps:
             self.extensions.append(HostGaps.for_trace(trace))
-        # measure from before anything of the replay exists (extensions allocate in attach)
+        # measure from before anything of the replay exists (extensions allocate in attach),
+        # until close() or until the engine is collected (a CPU meter wraps torch's allocator)
         self.meter = make_meter(self.device, cfg.measure_memory)
         self.meter.open()
+        self._close_meter = weakref.finalize(self, self.meter.close)
         try:
             self._attach(cfg)
         except BaseException:
-            self.meter.close()
+            self.close()
             raise
 
     def _attach(self, cfg: ReplayConfig) -> None:
@@ -316,7 +319,7 @@ class ReplayEngine:
                         store.materialize(t)
 
     def _reset_timings(self) -> None:
-        """Forget what an untimed iteration (memory, warm-up) added to the timings."""
+        """Forget what an untimed (warm-up) iteration added to the timings."""
         for step in self.steps:
             step.time_ns = 0
         if self.comm is not None:
@@ -359,5 +362,8 @@ class ReplayEngine:
         finally:
             if window:  # stopped inside a timed iteration: its peak up to there counts
                 meter.stop()
-            meter.close()
         return report.finish(self)
+
+    def close(self) -> None:
+        """Stop measuring (the CPU meter gives torch its allocator back); the report stays."""
+        self._close_meter()
