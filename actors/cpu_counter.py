@@ -113,6 +113,7 @@ extern "C" int tracefleet_cpu_counter_uninstall() {
 extern "C" int tracefleet_cpu_counter_installed() {
   return c10::GetAllocator(c10::DeviceType::CPU) == &g_counting;
 }
+extern "C" int64_t tracefleet_cpu_counter_epoch() { return g_epoch.load(); }
 extern "C" int64_t tracefleet_cpu_counter_current() { return g_current.load(); }
 extern "C" int64_t tracefleet_cpu_counter_peak() { return g_peak.load(); }
 extern "C" int64_t tracefleet_cpu_counter_blocks() { return g_blocks.load(); }
@@ -128,7 +129,7 @@ PURPOSE = "measuring CPU memory (replay.measure_memory, capture's memory meter)"
 @functools.cache
 def _lib() -> ctypes.CDLL:
     lib = load_library("cpu_counter", _SOURCE, PURPOSE)
-    for name in ("current", "peak", "blocks", "reset_peak"):
+    for name in ("epoch", "current", "peak", "blocks", "reset_peak"):
         getattr(lib, f"tracefleet_cpu_counter_{name}").restype = ctypes.c_int64
     return lib
 
@@ -149,6 +150,11 @@ def uninstall() -> None:
 def installed() -> bool:
     """Whether the counter is torch's CPU allocator right now."""
     return bool(_lib().tracefleet_cpu_counter_installed())
+
+
+def count_id() -> int:
+    """Which count is running: every :func:`install` starts a new one."""
+    return _lib().tracefleet_cpu_counter_epoch()
 
 
 def current_bytes() -> int:

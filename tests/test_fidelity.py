@@ -118,6 +118,19 @@ def test_memory_is_measured_in_every_timed_iteration_without_the_profiler(step_t
     assert not cpu_counter.installed()  # torch's allocator is back
 
 
+def test_a_meter_superseded_by_another_engine_reports_nothing(step_trace):
+    trace = load_trace(step_trace)
+    first = ReplayEngine(trace, _cfg())
+    second = ReplayEngine(trace, _cfg())  # a new count: first's bytes are no longer counted
+    r = first.run().to_dict()
+    assert r["status"] == "ok", r["error"]
+    assert r["measured_peak_bytes"] is None and r["memory_measure"]["superseded"]
+    assert r["peak_memory_source"] == "accounted"
+    assert second.run().to_dict()["measured_peak_bytes"] > 0
+    first.close()
+    second.close()
+
+
 def test_a_collected_engine_gives_torch_its_allocator_back(step_trace):
     engine = ReplayEngine(load_trace(step_trace), _cfg())
     assert cpu_counter.installed()

@@ -2,14 +2,16 @@
 
 One meter per device kind. The engine opens it before it allocates anything (before
 extensions such as ZeRO-3 allocate their shards), ``start``/``stop`` wrap every timed
-iteration, and it is closed when the replay ends:
+iteration, and it is closed by ``engine.close()`` (or when the engine is collected):
 
 * cpu: a counter of the CPU allocator's live bytes (actors/cpu_counter.py), installed as
   torch's CPU allocator from ``open`` to ``close``. It sees allocations and frees in every
   thread (gloo's worker thread frees collective temporaries, which the torch profiler's
   allocator events miss), counts only blocks allocated after ``open``, and its peak is reset
   to the bytes alive at the start of every timed iteration. Cost: three atomic updates per
-  allocation, so every timed iteration is measured, with no iteration of its own.
+  allocation, so every timed iteration is measured, with no iteration of its own. One count
+  per process: if another meter opens before this one's last iteration, this one reports
+  nothing (``superseded``) rather than another replay's bytes.
 * cuda: the caching allocator's own peak statistics, reset before every timed iteration;
   free to read, so every timed iteration is measured. ``max_memory_reserved`` (what the
   allocator took from the driver) is reported beside ``max_memory_allocated``.
@@ -58,17 +60,22 @@ class CpuCounterMeter(NoMeter):
 
     def __init__(self):
         self._open = False
+        self._count: int | None = None  # the counter's count this meter started
+        self._superseded = False
         self._start_bytes: list[int] = []
         self._peaks: list[int] = []
 
     def open(self) -> None:
         cpu_counter.install()
         self._open = True
+        self._count = cpu_counter.count_id()
 
     def start(self) -> None:
         self._start_bytes.append(cpu_counter.reset_peak())
 
     def stop(self) -> None:
+        # another meter opened in this process meanwhile: the count is no longer this replay's
+        self._superseded |= cpu_counter.count_id() != self._count
         self._peaks.append(cpu_counter.peak_bytes())
 
     def close(self) -> None:
@@ -78,11 +85,12 @@ class CpuCounterMeter(NoMeter):
 
     @property
     def peak_bytes(self) -> int | None:
-        return max(self._peaks) if self._peaks else None
+        return max(self._peaks) if self._peaks and not self._superseded else None
 
     def details(self) -> dict:
         return {"peak_bytes_per_iteration": list(self._peaks),
-                "start_bytes_per_iteration": list(self._start_bytes)}
+                "start_bytes_per_iteration": list(self._start_bytes),
+                "superseded": self._superseded}
 
 
 class CudaAllocatorMeter(NoMeter):
