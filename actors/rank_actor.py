@@ -55,10 +55,14 @@ class RankActor(RankWorkerBase):
             t2 = time.perf_counter()
             engine = ReplayEngine(trace, cfg, device=device, comm=comm, rank=rank,
                                   extensions=zero3_extensions(zero3, trace, trace_bytes))
-            if profile_dir:
-                report = self._profiled(engine, Path(profile_dir) / f"rank-{rank}.pt.trace.json")
-            else:
-                report = engine.run()
+            try:
+                if profile_dir:
+                    path = Path(profile_dir) / f"rank-{rank}.pt.trace.json"
+                    report = self._profiled(engine, path)
+                else:
+                    report = engine.run()
+            finally:
+                engine.close()  # the CPU memory meter gives torch its allocator back
             out = report.to_dict()
             # The driver splits its replay window with these (launch.replay_phases).
             out["timings_s"] = {"trace_load_s": t1 - t0, "rendezvous_s": t2 - t1,

@@ -8,6 +8,7 @@ import weakref
 import pytest
 import torch
 
+from actors import cpu_counter
 from actors.errors import ReplayError
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
@@ -78,12 +79,12 @@ def test_measured_peak_sees_op_temporaries(tmp_path):
     assert r["status"] == "ok", r["error"]
     # by hand: input + output + mean + rstd alive together inside the op
     expected = 4 * numel + 4 * numel + 2 * (4 * numel // 2)
-    assert r["measured_peak_bytes"] == pytest.approx(expected, rel=0.10)
+    assert r["measured_peak_bytes"] == expected  # the counter is exact to the byte
     # accounting only knows the trace's tensors: input and output
     assert r["accounted_peak_bytes"] == 8 * numel
     assert r["peak_memory_bytes"] == r["measured_peak_bytes"]
     assert r["peak_memory_source"] == "measured"
-    assert r["memory_measure_method"] == "cpu_profiler_allocator_events"
+    assert r["memory_measure_method"] == "cpu_allocator_counter"
 
 
 def test_meta_cannot_measure(tmp_path):
@@ -93,21 +94,59 @@ def test_meta_cannot_measure(tmp_path):
     assert r["peak_memory_bytes"] == r["accounted_peak_bytes"] == 8 * (1 << 16)
 
 
-def test_memory_is_measured_in_its_own_untimed_iteration(step_trace):
+def test_memory_is_measured_in_every_timed_iteration_without_the_profiler(step_trace):
     seen = []
 
     def note(engine, iteration):
-        seen.append((iteration, torch.autograd.profiler._is_profiler_enabled))
+        seen.append((iteration, torch.autograd.profiler._is_profiler_enabled,
+                     cpu_counter.installed()))
 
     trace = load_trace(step_trace)
     probe = _Probe(0, note, before=True)
-    r = ReplayEngine(trace, _cfg(iters=2, warmup_iters=1), extensions=[probe]).run().to_dict()
+    engine = ReplayEngine(trace, _cfg(iters=2, warmup_iters=1), extensions=[probe])
+    r = engine.run().to_dict()
     assert r["status"] == "ok", r["error"]
-    # iterations 0 and 1 measure memory under the profiler (the peak is the second's, past
-    # one-time allocations); the warm-up and timed ones run without it
-    assert seen == [(0, True), (1, True), (2, False), (3, False), (4, False)]
-    assert len(r["iteration_times_s"]) == 2 and r["num_iterations_completed"] == 5
-    assert r["measured_peak_bytes"] > 0
+    # no iteration of its own, no profiler: the counter runs through warm-up and timed ones
+    assert seen == [(0, False, True), (1, False, True), (2, False, True)]
+    assert len(r["iteration_times_s"]) == 2 and r["num_iterations_completed"] == 3
+    per_iteration = r["memory_measure"]["peak_bytes_per_iteration"]
+    assert len(per_iteration) == 2 and r["measured_peak_bytes"] == max(per_iteration)
+    # every timed iteration starts from the persistent set the replay keeps across them
+    starts = r["memory_measure"]["start_bytes_per_iteration"]
+    assert len(starts) == 2 and starts[0] == starts[1] < min(per_iteration)
+    engine.close()
+    assert not cpu_counter.installed()  # torch's allocator is back
+
+
+def test_a_meter_superseded_by_another_engine_reports_nothing(step_trace):
+    trace = load_trace(step_trace)
+    first = ReplayEngine(trace, _cfg())
+    second = ReplayEngine(trace, _cfg())  # a new count: first's bytes are no longer counted
+    r = first.run().to_dict()
+    assert r["status"] == "ok", r["error"]
+    assert r["measured_peak_bytes"] is None and r["memory_measure"]["superseded"]
+    assert r["peak_memory_source"] == "accounted"
+    assert second.run().to_dict()["measured_peak_bytes"] > 0
+    first.close()
+    second.close()
+
+
+def test_a_collected_engine_gives_torch_its_allocator_back(step_trace):
+    engine = ReplayEngine(load_trace(step_trace), _cfg())
+    assert cpu_counter.installed()
+    del engine
+    gc.collect()
+    assert not cpu_counter.installed()
+
+
+def test_a_failed_engine_build_uninstalls_the_counter(step_trace):
+    class Refuses(_Probe):
+        def attach(self, engine):
+            raise ReplayError("refused in attach")
+
+    with pytest.raises(ReplayError, match="refused in attach"):
+        ReplayEngine(load_trace(step_trace), _cfg(), extensions=[Refuses(0, None)])
+    assert not cpu_counter.installed()
 
 
 def test_measure_memory_off_runs_no_extra_iteration(step_trace):
@@ -145,9 +184,10 @@ def test_faithful_keeps_persistent_storages_and_frees_intermediates_at_last_use(
 
     probes = [_Probe(first, grab), _Probe(last, after_last_use),
               _Probe(0, persistent_bases, before=True)]
-    r = ReplayEngine(trace, _cfg("faithful", iters=2), extensions=probes).run().to_dict()
+    r = ReplayEngine(trace, _cfg("faithful", iters=2, warmup_iters=1),
+                     extensions=probes).run().to_dict()
     assert r["status"] == "ok", r["error"]
-    assert len(bases) == 4 and all(b == bases[0] for b in bases)  # 2 memory + 2 timed
+    assert len(bases) == 3 and all(b == bases[0] for b in bases)  # 1 warm-up + 2 timed
     assert r["persistent_bytes"] == sum(live.storage_bytes[s] for s in persistent)
 
 

@@ -38,7 +38,7 @@ def ok_report(rank: int, iter_s: float, peak_mib: int = 100, bound_mib: int = 80
         },
         "memory_timeline": [[i, (i % 17) * MiB] for i in range(num_points)],
         "top_ops": [{"name": "aten::mm", "num_calls": 30, "total_s": 0.5, "mean_us": 16.6}],
-        "memory_measure": {"num_allocator_events": 42},
+        "memory_measure": {"peak_bytes_per_iteration": [peak_mib * MiB]},
     }
 
 
@@ -81,7 +81,7 @@ def test_slowest_iteration_uses_iterations_every_rank_finished():
 def test_memory_figures_measured_beside_accounted():
     measured = {**ok_report(0, 0.1), "measured_peak_bytes": 150 * MiB,
                 "accounted_peak_bytes": 100 * MiB, "peak_memory_bytes": 150 * MiB,
-                "memory_measure_method": "cpu_profiler_allocator_events"}
+                "memory_measure_method": "cpu_allocator_counter"}
     meta = {**ok_report(1, 0.1), "measured_peak_bytes": None, "accounted_peak_bytes": 120 * MiB,
             "peak_memory_bytes": 120 * MiB, "peak_memory_source": "accounted"}
     s = aggregate([measured, meta], world_size=2)

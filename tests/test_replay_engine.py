@@ -224,4 +224,7 @@ def test_demo_traces_replay_fully(folder):
         # lazy's accounted peak follows the trace's liveness (an invariant, not a result);
         # what the allocator really held is measured and reported beside it
         assert r["accounted_peak_bytes"] <= 1.05 * r["liveness_lower_bound_bytes"]
-        assert r["peak_memory_source"] == "measured" and r["measured_peak_bytes"] > 0
+        assert r["peak_memory_source"] == "measured"
+        # the tensors accounted for are real CPU blocks the counter sees, op temporaries come
+        # on top (gpt_dp_4: equal to the byte; ZeRO-3 demos within 0.5% either way)
+        assert r["measured_peak_bytes"] >= 0.95 * r["accounted_peak_bytes"] > 0

@@ -72,11 +72,10 @@ class ReplayConfig:
     warmup_iters: int = 1
     # Measured iterations.
     iters: int = 3
-    # Measure the peak of real allocations, op temporaries included. cpu: one extra untimed
-    # iteration first, under the torch profiler's allocator events (the timed iterations run
-    # without it); cuda: the caching allocator's peak stats in every timed iteration (free).
-    # meta cannot measure, nor cpu while replay.profile runs the profiler: the accounted peak
-    # is then reported alone.
+    # Measure the peak of real allocations, op temporaries included, in every timed
+    # iteration. cpu: a counter of the CPU allocator's live bytes in every thread (docs/
+    # memory.md; needs a C++ compiler once); cuda: the caching allocator's peak stats. meta
+    # cannot measure: the accounted peak is then reported alone.
     measure_memory: bool = True
     # Time every op (the top-ops table); off, only collectives and whole iterations are timed,
     # which keeps the op loop's host overhead low.

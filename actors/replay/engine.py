@@ -8,6 +8,7 @@ they are planned into the sequence once.
 from __future__ import annotations
 
 import time
+import weakref
 from itertools import islice
 
 import torch
@@ -90,6 +91,20 @@ class ReplayEngine:
         self.extensions = list(extensions)
         if cfg.host_gaps:
             self.extensions.append(HostGaps.for_trace(trace))
+        # measure from before anything of the replay exists (extensions allocate in attach),
+        # until close() or until the engine is collected (a CPU meter wraps torch's allocator)
+        self.meter = make_meter(self.device, cfg.measure_memory)
+        self.meter.open()
+        self._close_meter = weakref.finalize(self, self.meter.close)
+        try:
+            self._attach(cfg)
+        except BaseException:
+            self.close()
+            raise
+
+    def _attach(self, cfg: ReplayConfig) -> None:
+        """Extensions, the allocation policy, guards and hooks (the rest of ``__init__``)."""
+        trace, live = self.trace, self.liveness
         for ext in self.extensions:
             ext.attach(self)
         owned = set().union(*(ext.owned_storages() for ext in self.extensions))
@@ -106,19 +121,18 @@ class ReplayEngine:
         self.flush_bytes = threshold * self.memory.capacity_bytes if threshold < 1 else None
         limits = [x for x in (self.flush_bytes, self.memory.capacity_bytes) if x is not None]
         self.guard = min(limits) if limits else float("inf")
-        self.meter = make_meter(self.device, cfg.measure_memory, cfg.profile)
         planning.set_fast_path(self.steps, live, self.guard, self.policy.persistent | owned,
                                self.store.gather, self.store.constant)
         hooks = [ext.hooks() for ext in self.extensions]
-        if comm is not None:  # async collectives complete before the first op using them,
-            hooks.append((comm.hooks(), {}))  # after a host gap there (a wait inside it)
+        if self.comm is not None:  # async collectives complete before the first op using
+            hooks.append((self.comm.hooks(), {}))  # them, after a host gap there (a wait in it)
         self._hooks = sequence.merge_hooks(hooks)
         self._sequences: dict[tuple[bool, bool], list] = {}  # (sampled, checked) -> entries
-        self.calls = OpCaller(self.store, owned, cfg.strict, rank)
+        self.calls = OpCaller(self.store, owned, cfg.strict, self.rank)
         self.num_flushes = 0
         self.flushed_bytes = 0
         self.last_op = None
-        self.num_iterations_run = 0  # completed iterations, the memory iteration included
+        self.num_iterations_run = 0  # completed iterations, warm-up included
         self.stop_index: int | None = None  # op index the replay stopped at (OOM, failure)
         self.stopped_in_hook = False  # ... in an extension's hook next to that op
 
@@ -309,24 +323,8 @@ class ReplayEngine:
                     if t.suid in persistent and store.tensors[t.uid] is None:
                         store.materialize(t)
 
-    def _memory_iteration(self) -> None:
-        """cpu: two untimed iterations under the profiler's allocator events, from before the
-        first allocation; the peak is the second's (meters.py; the timed iterations run
-        without the profiler)."""
-        self.meter.start()
-        try:
-            self._prepare()
-            self._iteration()
-            self._end_iteration(measured=False)
-            self.meter.mark()
-            self._iteration()
-            self._end_iteration(measured=False)
-        finally:
-            self.meter.stop()
-        self._reset_timings()
-
     def _reset_timings(self) -> None:
-        """Forget what an untimed iteration (memory, warm-up) added to the timings."""
+        """Forget what an untimed (warm-up) iteration added to the timings."""
         for step in self.steps:
             step.time_ns = 0
         if self.comm is not None:
@@ -337,24 +335,22 @@ class ReplayEngine:
         what was measured before them is kept."""
         report = RankReport.start(self)
         num_iters = self.cfg.warmup_iters + self.cfg.iters
-        meter = self.meter
-        per_iteration = not meter.needs_own_iteration and meter.method is not None
+        meter, window = self.meter, False
         try:
-            if meter.needs_own_iteration:
-                self._memory_iteration()
-            else:
-                self._prepare()
+            self._prepare()
             for it in range(num_iters):
                 measured = it >= self.cfg.warmup_iters
-                if per_iteration and measured:
+                if measured:
                     meter.start()
+                    window = True
                 t0 = time.perf_counter()
                 comm_s = self._iteration()
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 elapsed = time.perf_counter() - t0
-                if per_iteration and measured:
+                if measured:
                     meter.stop()
+                    window = False
                 self._end_iteration(measured)
                 if measured:  # no op computes in comms mode: all but collectives is overhead
                     compute_s = 0.0 if self.cfg.mode == "comms" else elapsed - comm_s
@@ -368,4 +364,11 @@ class ReplayEngine:
                            in_hook=self.stopped_in_hook)
         except Exception as e:  # a collective that failed or timed out, a strict mismatch
             report.set_failed(self.last_op, e)
+        finally:
+            if window:  # stopped inside a timed iteration: its peak up to there counts
+                meter.stop()
         return report.finish(self)
+
+    def close(self) -> None:
+        """Stop measuring (the CPU meter gives torch its allocator back); the report stays."""
+        self._close_meter()

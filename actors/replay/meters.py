@@ -1,16 +1,17 @@
 """Measured memory: what the device's allocator really handed out, op temporaries included.
 
-One meter per device kind:
+One meter per device kind. The engine opens it before it allocates anything (before
+extensions such as ZeRO-3 allocate their shards), ``start``/``stop`` wrap every timed
+iteration, and it is closed by ``engine.close()`` (or when the engine is collected):
 
-* cpu: the torch profiler's allocator events (``profile_memory=True``). Every allocation and
-  free of the CPU allocator while the profiler runs is an event with its byte count; the
-  running sum from the profiler's start is exact as long as nothing the replay holds was
-  allocated before it, so the engine starts it before it allocates anything and runs two
-  extra, untimed iterations under it: the peak is taken over the second (``mark``), after the
-  first has paid for one-time allocations (gloo's buffers, lazily built kernels), as the
-  original was measured after its warm-up. The timed iterations run without the profiler,
-  whose per-op cost would distort them. Cost: two iterations at profiler speed (about 2-4x an
-  iteration on tiny ops) plus the events' memory.
+* cpu: a counter of the CPU allocator's live bytes (actors/cpu_counter.py), installed as
+  torch's CPU allocator from ``open`` to ``close``. It sees allocations and frees in every
+  thread (gloo's worker thread frees collective temporaries, which the torch profiler's
+  allocator events miss), counts only blocks allocated after ``open``, and its peak is reset
+  to the bytes alive at the start of every timed iteration. Cost: three atomic updates per
+  allocation, so every timed iteration is measured, with no iteration of its own. One count
+  per process: if another meter opens before this one's last iteration, this one reports
+  nothing (``superseded``) rather than another replay's bytes.
 * cuda: the caching allocator's own peak statistics, reset before every timed iteration;
   free to read, so every timed iteration is measured. ``max_memory_reserved`` (what the
   allocator took from the driver) is reported beside ``max_memory_allocated``.
@@ -20,7 +21,9 @@ from __future__ import annotations
 
 import torch
 
-CPU_METHOD = "cpu_profiler_allocator_events"
+from actors import cpu_counter
+
+CPU_METHOD = "cpu_allocator_counter"
 CUDA_METHOD = "cuda_allocator_stats"
 
 
@@ -28,16 +31,18 @@ class NoMeter:
     """A device that cannot measure (meta), or measuring turned off."""
 
     method = None
-    needs_own_iteration = False
+
+    def open(self) -> None:
+        """Before the replay allocates anything: what is counted from here on."""
 
     def start(self) -> None:
-        """Begin a measured window (an iteration, or the profiler's whole own iterations)."""
-
-    def mark(self) -> None:
-        """Where the window's peak starts to count (what came before still adds up)."""
+        """Begin a measured window (a timed iteration)."""
 
     def stop(self) -> None:
         """End the window begun by ``start``."""
+
+    def close(self) -> None:
+        """The replay is over (safe to call more than once, and without ``open``)."""
 
     @property
     def peak_bytes(self) -> int | None:
@@ -47,68 +52,45 @@ class NoMeter:
         return None
 
 
-MARK = "tracefleet::measured_iteration"
-
-
-class CpuProfilerMeter(NoMeter):
-    """The peak of the running sum of CPU allocator events under the torch profiler, over the
-    events after ``mark()``."""
+class CpuCounterMeter(NoMeter):
+    """Peak live bytes of the CPU allocator per timed iteration, from the allocation counter
+    installed between ``open`` and ``close``."""
 
     method = CPU_METHOD
-    needs_own_iteration = True
 
     def __init__(self):
-        self._profiler = None
-        self._peak: int | None = None
-        self.num_events = 0
+        self._open = False
+        self._count: int | None = None  # the counter's count this meter started
+        self._superseded = False
+        self._start_bytes: list[int] = []
+        self._peaks: list[int] = []
+
+    def open(self) -> None:
+        cpu_counter.install()
+        self._open = True
+        self._count = cpu_counter.count_id()
 
     def start(self) -> None:
-        from torch.profiler import ProfilerActivity, profile
-        self._profiler = profile(activities=[ProfilerActivity.CPU], profile_memory=True,
-                                 record_shapes=False, with_stack=False)
-        self._profiler.__enter__()
-
-    def mark(self) -> None:
-        from torch.profiler import record_function
-        with record_function(MARK):  # a zero-length event: its start is the mark
-            pass
+        self._start_bytes.append(cpu_counter.reset_peak())
 
     def stop(self) -> None:
-        if self._profiler is None:
-            return
-        profiler, self._profiler = self._profiler, None
-        profiler.__exit__(None, None, None)
-        events, since = _cpu_memory_events(profiler)
-        running = peak = 0
-        for start_ns, nbytes in events:
-            running += nbytes
-            if running > peak and start_ns >= since:
-                peak = running
-        self.num_events = len(events)
-        self._peak = max(peak, self._peak or 0)
+        # another meter opened in this process meanwhile: the count is no longer this replay's
+        self._superseded |= cpu_counter.count_id() != self._count
+        self._peaks.append(cpu_counter.peak_bytes())
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            cpu_counter.uninstall()
 
     @property
     def peak_bytes(self) -> int | None:
-        return self._peak
+        return max(self._peaks) if self._peaks and not self._superseded else None
 
     def details(self) -> dict:
-        return {"num_allocator_events": self.num_events}
-
-
-def _cpu_memory_events(profiler) -> tuple[list[tuple[int, int]], int]:
-    """(start ns, signed bytes) of every CPU allocator event in time order, and the start of
-    the last ``mark()`` (0 without one), from one pass over the profiler's events."""
-    from torch._C._autograd import DeviceType
-    events, since = [], 0
-    for e in profiler.profiler.kineto_results.events():
-        name = e.name()
-        if name == "[memory]":
-            if e.device_type() == DeviceType.CPU:
-                events.append((e.start_ns(), e.nbytes()))
-        elif name == MARK:
-            since = max(since, e.start_ns())
-    events.sort()
-    return events, since
+        return {"peak_bytes_per_iteration": list(self._peaks),
+                "start_bytes_per_iteration": list(self._start_bytes),
+                "superseded": self._superseded}
 
 
 class CudaAllocatorMeter(NoMeter):
@@ -140,13 +122,12 @@ class CudaAllocatorMeter(NoMeter):
                 "allocated_peak_bytes_per_iteration": list(self._allocated)}
 
 
-def make_meter(device: torch.device, enabled: bool, profiling: bool = False) -> NoMeter:
-    """The meter for ``device`` (NoMeter on meta or when measuring is off). While the user's
-    own profiler runs (``replay.profile``) the CPU meter cannot: one profiler at a time."""
+def make_meter(device: torch.device, enabled: bool) -> NoMeter:
+    """The meter for ``device`` (NoMeter on meta or when measuring is off)."""
     if not enabled or device.type == "meta":
         return NoMeter()
     if device.type == "cuda":
         return CudaAllocatorMeter(device)
-    if device.type == "cpu" and not profiling:
-        return CpuProfilerMeter()
+    if device.type == "cpu":
+        return CpuCounterMeter()
     return NoMeter()
