@@ -113,7 +113,7 @@ def _load_trace(source: TraceSource, rank: int | None, data: bytes | None) -> Tr
         bad = next((n for n in nodes if not isinstance(n, dict) or not isinstance(n.get("id"), int)), None)
         raise TraceError(path, f"a node has no integer 'id' (node starts {str(bad)[:80]!r})") from None
     ops, pgs, steps, num_outside, (nested, step_first_ids) = _build_ops(path, nodes, flat)
-    assigner = TensorIdAssigner(refill_starts(ops))
+    assigner = TensorIdAssigner(refill_starts(ops), nested.by_storage)
     for op in ops:
         assigner.assign(op)
     coll.link_waits(ops)

@@ -12,8 +12,15 @@ no op the trace records): every storage in the ``out`` list of an ``fsdp::split_
 starts a new generation at its first use in that copy-out (the views FSDP2 makes of it right
 before the copy), which lives until its last use, as the unsharded parameter does between one
 all-gather and its reshard.
+
+A storage id an op nested inside another allocated again after its last top-level use (as an
+input) also starts a new generation there: the composite op made a new tensor on the reused
+storage (actors/trace/made_inside.py), which the next top-level op reads; without the split,
+the old tensor would seem to live on until then.
 """
 from __future__ import annotations
+
+import bisect
 
 from actors.trace.model import Op, TensorArg
 from actors.trace.op_schema import fresh_return_positions
@@ -22,10 +29,15 @@ from actors.trace.op_schema import fresh_return_positions
 class TensorIdAssigner:
     """Walks ops in order and stamps `uid`/`suid` on every TensorArg."""
 
-    def __init__(self, refill_starts: dict[int, frozenset] | None = None):
+    def __init__(self, refill_starts: dict[int, frozenset] | None = None,
+                 nested_allocations: dict[int, list[int]] | None = None):
         """``refill_starts``: op index -> storage ids a new generation starts at (see
-        :func:`refill_starts`)."""
+        :func:`refill_starts`); ``nested_allocations``: storage id -> increasing node ids of
+        nested ops that allocated on it (actors/trace/made_inside.py)."""
         self._refill_starts = refill_starts or {}
+        self._nested = nested_allocations or {}
+        # storage id -> (node id of its last top-level use, whether that op returned it)
+        self._last: dict[int, tuple[int, bool]] = {}
         self._uids: dict[tuple, int] = {}
         self._storage: dict[int, tuple[int, str]] = {}  # storage_id -> (suid, dtype)
         self.num_tensors = 0
@@ -37,27 +49,48 @@ class TensorIdAssigner:
         inputs = op.input_tensors()
         refilled = self._refill_starts.get(op.index, ())
         started = set()
+        last, nested, node_id = self._last, self._nested, op.node_id
         for t in inputs:
-            restart = t.storage_id in refilled and t.storage_id not in started
-            self._stamp(t, fresh=restart)
+            sid = t.storage_id
+            restart = sid in refilled and sid not in started
+            self._stamp(t, fresh=restart or (sid in nested and sid not in started
+                                             and self._remade_inside(sid, node_id)))
             if restart:
-                started.add(t.storage_id)
                 self.refilled.add(t.suid)
+            started.add(sid)
         # An output on a storage one of the op's own inputs lives on is a view of it, whatever
         # the schema says (composite ops such as unflatten_dense_tensors return views without
         # alias annotations): the allocator cannot hand out a storage that is still in use.
         input_storages = {t.storage_id for t in inputs if t.storage_id}
         # Collective outputs are their (in-place) inputs even where the schema omits the alias.
-        fresh = () if op.collective is not None and op.collective.source != "functional" \
-            else fresh_return_positions(op.schema)
+        in_place = op.collective is not None and op.collective.source != "functional"
+        fresh = () if in_place else fresh_return_positions(op.schema)
         for i, arg in enumerate(op.outputs):
-            is_fresh = fresh[i] if i < len(fresh) else False
+            # An output on no input's storage is new memory even where the schema says it may
+            # alias (``aten::to`` converting, ``contiguous`` copying): the allocator handed the
+            # op a storage, perhaps one a freed tensor had.
+            is_fresh = not in_place or (fresh[i] if i < len(fresh) else False)
             if type(arg) is TensorArg:
                 self._stamp(arg, is_fresh and arg.storage_id not in input_storages)
             elif arg.kind == "tensor_list":
                 for t in arg.value:
                     if t is not None:
                         self._stamp(t, is_fresh and t.storage_id not in input_storages)
+        for sid in input_storages:
+            last[sid] = (node_id, False)
+        for t in op.output_tensors():
+            if t.storage_id:
+                last[t.storage_id] = (node_id, True)
+
+    def _remade_inside(self, sid: int, node_id: int) -> bool:
+        """Whether a nested op allocated on storage ``sid`` after its last top-level use (an
+        input, not an output whose own making the nested ops were) and before ``node_id``."""
+        prev = self._last.get(sid)
+        if prev is None or prev[1]:
+            return False
+        ids = self._nested[sid]
+        k = bisect.bisect_right(ids, prev[0])
+        return k < len(ids) and ids[k] < node_id
 
     def _stamp(self, t: TensorArg, fresh: bool) -> None:
         current = self._storage.get(t.storage_id)
