@@ -163,13 +163,31 @@ class WorkloadConfig:
             self.activation_checkpointing, "workload.activation_checkpointing")
         self.device = WorkloadDevice.coerce(self.device, "workload.device")
         self.attention = Attention.coerce(self.attention, "workload.attention")
-        # The deprecated aliases, resolved here and only here.
+        # The deprecated aliases, resolved here and only here. An alias replaces fields left at
+        # their defaults (a preset's model too, when it agrees); a field set to something else
+        # is a contradiction, refused rather than silently overridden.
         if self.kind is not None:
-            model, parallel = WorkloadKind.coerce(self.kind, "workload.kind").value.split("_")
+            kind = WorkloadKind.coerce(self.kind, "workload.kind")
+            model, parallel = kind.value.split("_")
+            _refuse_clashes(f"workload.kind={kind}", (
+                ("model", self.model, ModelName(model), ModelName.gpt),
+                ("parallel", self.parallel, _KIND_PARALLEL[parallel], Parallel.ddp)))
             self.model, self.parallel, self.kind = ModelName(model), _KIND_PARALLEL[parallel], None
         if self.dtype is not None:
-            self.precision = _DTYPE_PRECISION[DType.coerce(self.dtype, "workload.dtype")]
-            self.dtype = None
+            dtype = DType.coerce(self.dtype, "workload.dtype")
+            _refuse_clashes(f"workload.dtype={dtype}", (
+                ("precision", self.precision, _DTYPE_PRECISION[dtype], Precision.fp32),))
+            self.precision, self.dtype = _DTYPE_PRECISION[dtype], None
+
+
+def _refuse_clashes(alias: str, fields: tuple) -> None:
+    """ConfigError when a field (name, value, what the alias implies, default) contradicts it."""
+    clashes = [f"workload.{name}={value}" for name, value, implied, default in fields
+               if value not in (implied, default)]
+    if clashes:
+        implied = " ".join(f"{name}={implied}" for name, _, implied, _ in fields)
+        raise ConfigError(f"{alias} (deprecated) means {implied}, but {', '.join(clashes)} is "
+                          f"set; drop {alias.split('=')[0]}")
 
 
 def validate(cfg: WorkloadConfig) -> None:
