@@ -212,6 +212,19 @@ def test_selective_op_ac_keeps_every_other_matmul(ac_traces):
     assert not any(op.module == "PythonDispatchMode" for op in trace.ops)
 
 
+def test_meta_liveness_counts_what_each_mode_keeps(tmp_path):
+    """On meta (addresses never reused) a kept matmul output stays one storage generation from
+    forward to its recompute, so the trace's liveness bound orders the modes as their memory:
+    full keeps least, selective_op more (the kept matmul and attention outputs), none most."""
+    shape = dict(LLAMA, kind="llama_local", vocab=32, d_model=64, ffn_dim=256, seq_len=64)
+    bounds = {}
+    for mode in ("none", "selective_op", "full"):
+        meta_capture(tmp_path / mode, 1, **shape, activation_checkpointing=mode)
+        trace = load_trace(tmp_path / mode / trace_file_name(0))
+        bounds[mode] = compute_liveness(trace.ops, trace.num_storages).lower_bound_bytes
+    assert bounds["full"] < bounds["selective_op"] < bounds["none"]
+
+
 def test_gpt_selective_op_ac_runs(tmp_path):
     """GPT's biased Linears run addmm: counted as matmuls, so the pattern holds there too."""
     trace, _ = _record_here(tmp_path / "gpt.et.json.gz", model="gpt", vocab=64, d_model=32,

@@ -5,6 +5,11 @@ possibly of another dtype, and tensor ids are recycled too. A storage id therefo
 new *generation* when an op returns a freshly allocated tensor on it (a return without an
 alias annotation in the op schema) or when a tensor of another dtype appears on it. Keying
 the replay on generations keeps an index tensor from ever reading another dtype's bytes.
+
+Meta captures never reuse an address (actors/capture/meta_storage.py): there a fresh return on
+a storage already seen is that same allocation handed back, e.g. an output selective
+activation checkpointing kept in forward and returns again in its recompute, and it stays in
+its generation.
 """
 from __future__ import annotations
 
@@ -43,7 +48,7 @@ class TensorIdAssigner:
 
     def _stamp(self, t: TensorArg, fresh: bool) -> None:
         current = self._storage.get(t.storage_id)
-        if fresh or current is None or current[1] != t.dtype:
+        if (fresh and t.device != "meta") or current is None or current[1] != t.dtype:
             current = (self.num_storages, t.dtype)
             self._storage[t.storage_id] = current
             self.num_storages += 1
