@@ -76,11 +76,10 @@ def _checkpointed(forward, context_fn, *args):
 
 
 def apply_activation_checkpointing(blocks: nn.ModuleList, mode: ActivationCheckpointing,
-                                   every: int) -> list[int]:
-    """Checkpoint ``blocks`` per ``mode`` (``every``: selective_layer's period); returns the
-    indices of the checkpointed blocks."""
+                                   every: int) -> None:
+    """Checkpoint ``blocks`` per ``mode`` (``every``: selective_layer's period)."""
     if mode == ActivationCheckpointing.none:
-        return []
+        return
     chosen = [i for i in range(len(blocks))
               if mode != ActivationCheckpointing.selective_layer or (i + 1) % every == 0]
     context_fn = (_every_second_matmul_recomputed
@@ -89,4 +88,3 @@ def apply_activation_checkpointing(blocks: nn.ModuleList, mode: ActivationCheckp
         block = blocks[i]
         # An instance attribute: nn.Module.__call__ runs it in place of the class's forward.
         block.forward = partial(_checkpointed, block.forward, context_fn)
-    return chosen
