@@ -7,7 +7,9 @@ memory) into ``out_dir``. ``workload.device=meta`` captures in this process over
 process group instead (no Ray, any world size, no timings or memory). Examples::
 
     tracefleet-capture world_size=4 out_dir=demo/traces/gpt_dp_4
-    tracefleet-capture workload.kind=gpt_zero3 workload.leaf_modules=true world_size=2
+    tracefleet-capture workload.parallel=zero3 workload.leaf_modules=true world_size=2
+    tracefleet-capture workload.model=llama workload.parallel=fsdp2 \
+        workload.precision=bf16_mixed workload.activation_checkpointing=selective_op world_size=2
     tracefleet-capture workload=llama_70b world_size=8     # meta, seconds
 """
 from __future__ import annotations
@@ -27,7 +29,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from actors.capture import kineto_file_name, trace_file_name
-from actors.capture.workloads import WorkloadConfig, validate as validate_workload
+from actors.capture.workload_config import WorkloadConfig, validate as validate_workload
 from orchestrator.config import Transfer
 from actors.errors import ConfigError, TracefleetError
 from orchestrator.cli import run_app, user_errors

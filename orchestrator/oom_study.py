@@ -48,9 +48,9 @@ class OomStudyConfig:
     # A capture workload preset (conf/workload/<name>.yaml, e.g. llama_70b) traced on the meta
     # device for the study, replacing trace.dir; null: study trace.dir as it is.
     workload: str | None = None
-    # Workload fields over the preset's, e.g. {kind: llama_local, seq_len: 2048}.
+    # Workload fields over the preset's, e.g. {parallel: local, seq_len: 2048}.
     workload_overrides: dict[str, Any] = field(default_factory=dict)
-    # Ranks captured. *_local workloads give every rank the same trace: 1 rank with
+    # Ranks captured. parallel=local workloads give every rank the same trace: 1 rank with
     # zero3.world_size=N replays rank 0 of an N-rank ZeRO-3 job.
     capture_world_size: int = 1
     # Captured traces are kept here, one folder per workload, and reused by later studies.

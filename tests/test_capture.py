@@ -107,7 +107,8 @@ def test_dp_capture_writes_rank_traces_and_meta(dp_capture):
         "meta.json", "rank-0.et.json.gz", "rank-0.kineto.json.gz", "rank-1.et.json.gz",
         "rank-1.kineto.json.gz"]
     on_disk = json.loads((out_dir / "meta.json").read_text())
-    assert on_disk["world_size"] == 2 and on_disk["workload"]["kind"] == "gpt_dp"
+    assert on_disk["world_size"] == 2
+    assert (on_disk["workload"]["model"], on_disk["workload"]["parallel"]) == ("gpt", "ddp")
     # Eager times: per rank the median of its timed iterations, overall the median of ranks.
     assert all(len(r["iteration_times_s"]) == 2 and min(r["iteration_times_s"]) > 0
                and r["iteration_time_s"] == statistics.median(r["iteration_times_s"])
@@ -281,9 +282,9 @@ def test_cli_refuses_bad_values_before_any_work(tmp_path):
     proc = _cli(tmp_path, "workload.kind=llama_zero3", "workload.device=meta")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [
-        "tracefleet-capture: error: workload.kind=llama_zero3 runs DeepSpeed, which needs real "
-        "tensors; on workload.device=meta use a *_local kind (plain traces for the ZeRO-3 "
-        "emulation) or *_dp"]
+        "tracefleet-capture: error: workload.parallel=zero3 runs DeepSpeed, which needs real "
+        "tensors; on workload.device=meta use workload.parallel=local (plain traces for the "
+        "ZeRO-3 emulation) or ddp"]
     assert not (tmp_path / "out").exists()  # refused before any work
 
 

@@ -126,13 +126,17 @@ def test_presets_compose_and_typos_are_refused(tmp_path):
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = OmegaConf.to_object(compose("capture", overrides=["workload=llama_70b",
                                                                  f"out_dir={tmp_path}"]))
-        assert (cfg.workload.kind, cfg.workload.device, cfg.workload.dtype) == \
-            ("llama_dp", "meta", "bfloat16")
+        assert (cfg.workload.model, cfg.workload.parallel, cfg.workload.device,
+                cfg.workload.precision) == ("llama", "ddp", "meta", "bf16")
         assert (cfg.workload.d_model, cfg.workload.n_layers, cfg.workload.n_kv_heads) == \
             (8192, 80, 8)
-        assert compose("capture").workload.kind == "gpt_dp"  # the demo GPT by default
-        with pytest.raises(Exception, match="llama_nope"):
-            compose("capture", overrides=["workload.kind=llama_nope"])
+        # The demo GPT by default.
+        assert (compose("capture").workload.model, compose("capture").workload.parallel) == \
+            ("gpt", "ddp")
+        for typo in ("kind=llama_nope", "parallel=fsdp3", "precision=bf17",
+                     "activation_checkpointing=fulll"):
+            with pytest.raises(Exception, match=typo.split("=")[1]):
+                compose("capture", overrides=[f"workload.{typo}"])
     with pytest.raises(ConfigError, match="needs real tensors"):
         CaptureConfig(workload=WorkloadConfig(kind="llama_zero3", device="meta")).validate()
     with pytest.raises(ConfigError, match="n_heads=4 is not divisible by workload.n_kv_heads=3"):

@@ -194,8 +194,10 @@ TINY_LLAMA = {"kind": "llama_local", "vocab": 64, "d_model": 32, "n_layers": 2, 
 
 def test_workload_presets_merge_overrides_and_refuse_typos():
     cfg = study_traces.workload_config("llama_70b", {"kind": "llama_local", "seq_len": 2048})
-    assert (cfg.d_model, cfg.n_layers, cfg.seq_len, str(cfg.kind), str(cfg.device)) == \
-        (8192, 80, 2048, "llama_local", "meta")
+    # The deprecated kind replaces the preset's model and parallel, and is then cleared.
+    assert (cfg.d_model, cfg.n_layers, cfg.seq_len, str(cfg.model), str(cfg.parallel),
+            cfg.kind, str(cfg.device), str(cfg.precision)) == \
+        (8192, 80, 2048, "llama", "local", None, "meta", "bf16")
     with pytest.raises(ConfigError, match="seq_lne"):
         study_traces.workload_config("llama_70b", {"seq_lne": 1})
     with pytest.raises(ConfigError, match="llama_8b"):  # the message lists the presets

@@ -31,7 +31,7 @@ def test_presets_compose():
     osc = study.experiment.oom_study
     assert (study.experiment.search, osc.workload, osc.device_memory_capacity) == \
         ("oom_study", "llama_70b", "80GiB")
-    assert osc.workload_overrides["kind"] == "llama_local"
+    assert osc.workload_overrides["parallel"] == "local"
     assert (str(study.zero3.strategy), study.zero3.world_size, str(study.replay.device),
             str(study.replay.mode)) == ("per_module", 64, "meta", "compute")
     assert [str(m) for m in osc.allocation_modes] == ["pre_allocate", "faithful", "lazy"]

@@ -1,15 +1,18 @@
-"""A small GPT-style decoder: learned positions, LayerNorm, fused causal attention, GELU MLP."""
+"""A small GPT-style decoder: learned positions, LayerNorm, causal attention (fused or math, see
+actors/capture/attention.py), GELU MLP."""
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from actors.capture.attention import Attention, causal_attention
+
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, d_model: int, n_heads: int):
+    def __init__(self, d_model: int, n_heads: int, attention: Attention):
         super().__init__()
-        self.n_heads = n_heads
+        self.n_heads, self.attention = n_heads, attention
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
 
@@ -17,7 +20,7 @@ class CausalSelfAttention(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.n_heads, c // self.n_heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = causal_attention(q, k, v, self.attention)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
 
@@ -34,10 +37,10 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """One pre-norm decoder block: the unit ZeRO-3 leaf mode fetches at once."""
 
-    def __init__(self, d_model: int, n_heads: int, ffn_dim: int):
+    def __init__(self, d_model: int, n_heads: int, ffn_dim: int, attention: Attention):
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, n_heads)
+        self.attn = CausalSelfAttention(d_model, n_heads, attention)
         self.ln2 = nn.LayerNorm(d_model)
         self.mlp = MLP(d_model, ffn_dim)
 
@@ -49,15 +52,17 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """Token + learned position embedding, decoder blocks, final norm, LM head.
 
-    ``forward(idx, targets)`` returns the mean cross-entropy loss.
+    ``forward(idx, targets)`` returns the mean cross-entropy loss, computed on float32 logits
+    (as the reference trainers do: a bf16 softmax over a large vocabulary loses precision).
     """
 
     def __init__(self, vocab: int, d_model: int, n_layers: int, n_heads: int, seq_len: int,
-                 ffn_dim: int):
+                 ffn_dim: int, attention: Attention = Attention.fused):
         super().__init__()
         self.tok_emb = nn.Embedding(vocab, d_model)
         self.pos_emb = nn.Embedding(seq_len, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, n_heads, ffn_dim) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(Block(d_model, n_heads, ffn_dim, attention)
+                                    for _ in range(n_layers))
         self.ln_f = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab, bias=False)
 
@@ -66,5 +71,5 @@ class GPT(nn.Module):
         x = self.tok_emb(idx) + self.pos_emb(pos)
         for block in self.blocks:
             x = block(x)
-        logits = self.head(self.ln_f(x))
+        logits = self.head(self.ln_f(x)).float()
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))

@@ -3,31 +3,15 @@
 Shaped like Meta's reference model (``tok_embeddings``, ``layers.<i>.attention.wq/wk/wv/wo``,
 ``feed_forward.w1/w2/w3``, ``attention_norm``, ``ffn_norm``, ``norm``, ``output``; no biases).
 It builds and trains on the ``meta`` device too, where every op runs on shapes only, so a
-70B-class model is traced in seconds. Attention is either
-
-* ``fused``: the flash-attention kernel CPU's ``scaled_dot_product_attention`` dispatches to,
-  called directly on cpu and meta (on meta SDPA would fall back to the unfused math path, so
-  a meta trace would show other ops than a CPU one), ``scaled_dot_product_attention`` on
-  CUDA. Nothing of size seq x seq is kept for backward, as in real training;
-* ``math``: the reference's explicit ``softmax(q k^T / sqrt(d) + mask) v``, which keeps the
-  scores.
+70B-class model is traced in seconds. Attention is fused or math (actors/capture/attention.py).
 """
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from actors.choices import Choice
-
-
-class Attention(Choice):
-    """How a Llama block computes attention (see the module docstring)."""
-
-    fused = "fused"
-    math = "math"
+from actors.capture.attention import Attention, causal_attention
 
 
 class RMSNorm(nn.Module):
@@ -54,7 +38,9 @@ def _rotate(x, cos, sin):
     """Rotary embedding of x (b, heads, t, head_dim): x cos + rotate_half(x) sin."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    # In x's dtype: under autocast the tables stay float32 (as the reference trainers compute
+    # rotary embeddings in float32) and the attention kernel gets bf16 q and k.
+    return (x * cos + rotated * sin).type_as(x)
 
 
 def _repeat_kv(x, n_rep: int):
@@ -63,36 +49,6 @@ def _repeat_kv(x, n_rep: int):
         return x
     b, h, t, d = x.shape
     return x[:, :, None].expand(b, h, n_rep, t, d).reshape(b, h * n_rep, t, d)
-
-
-class _CpuFlashAttention(torch.autograd.Function):
-    """Causal attention through CPU's flash kernel and its backward (meta kernels exist)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v):
-        out, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, True)
-        ctx.save_for_backward(q, k, v, out, logsumexp)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, out, logsumexp = ctx.saved_tensors
-        return tuple(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad_out.contiguous(), q, k, v, out, logsumexp, 0.0, True))
-
-
-def causal_attention(q, k, v, attention: Attention):
-    """Causal attention of (b, heads, t, head_dim) tensors, heads already repeated."""
-    if attention == Attention.math:
-        t = q.shape[2]
-        scores = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(q.shape[-1])
-        mask = torch.full((t, t), float("-inf"), device=q.device).triu(1)
-        scores = F.softmax((scores + mask).float(), dim=-1).type_as(q)
-        return torch.matmul(scores, v)
-    if q.device.type == "cuda":
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return _CpuFlashAttention.apply(q, k, v)
 
 
 class GQAttention(nn.Module):

@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, record_function
+from torch.utils._python_dispatch import _disable_current_modes
 
 from actors.capture import BWD_BEGIN, BWD_END, STEP_PREFIX, module_range_name
 from actors.capture.host_profile import write_relabeled
@@ -30,8 +31,20 @@ TENSOR_RANGE_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE"
 
 def _mark(name: str) -> None:
     """A zero-length record_function node: a position in execution order."""
-    with record_function(name):
+    with _disable_current_modes(), record_function(name):
         pass
+
+
+def _outside_dispatch_modes(call, *args):
+    """Run a record_function enter or exit with no Python dispatch mode active.
+
+    Under a mode (selective activation checkpointing's, FakeTensorMode) the range's enter op is
+    dispatched through the mode, whose ``PythonDispatchMode`` frame becomes the range's parent
+    while the ops that follow land under that frame instead of inside the range: the trace
+    would lose every module range opened under the mode.
+    """
+    with _disable_current_modes():
+        return call(*args)
 
 
 class ModuleRanges:
@@ -49,10 +62,11 @@ class ModuleRanges:
         self._open: dict[int, list] = {}  # id(module) -> open forward ranges
 
     def _enter(self, key: int, name: str) -> None:
-        self._open.setdefault(key, []).append(record_function(name).__enter__())
+        self._open.setdefault(key, []).append(
+            _outside_dispatch_modes(record_function(name).__enter__))
 
     def _exit(self, key: int) -> None:
-        self._open[key].pop().__exit__(None, None, None)
+        _outside_dispatch_modes(self._open[key].pop().__exit__, None, None, None)
 
     def __enter__(self):
         for qualname, module in self.model.named_modules():

@@ -11,10 +11,14 @@ log = logging.getLogger(__name__)
 
 
 def zero3_step(model: nn.Module, cfg, leaf_class: type | None):
-    """``(step(batch), info)``: one DeepSpeed ZeRO-3 iteration (forward, backward, step).
+    """``(step(batch), info)``: one DeepSpeed ZeRO-3 iteration (every micro-batch's forward
+    and backward, the optimizer step at the accumulation boundary).
 
     ``cfg`` is the WorkloadConfig; ``leaf_class`` the block class marked a ZeRO-3 leaf when
     ``cfg.leaf_modules`` (one coalesced fetch per block instead of one per module).
+    ``bf16_mixed`` is DeepSpeed's bf16 mode: the engine casts the model to bf16 and keeps
+    float32 master partitions and AdamW state in its optimizer. DeepSpeed reduce-scatters
+    gradients after every micro-batch's backward (ZeRO-3 has no no_sync).
     """
     # DeepSpeed picks its accelerator at import: CPU unless the user chose otherwise.
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if cfg.device == "cuda" else "cpu")
@@ -29,7 +33,7 @@ def zero3_step(model: nn.Module, cfg, leaf_class: type | None):
         deepspeed.utils.set_z3_leaf_modules(model, [leaf_class])
     ds_config = {
         "train_micro_batch_size_per_gpu": cfg.batch_size,
-        "gradient_accumulation_steps": 1,
+        "gradient_accumulation_steps": cfg.grad_accum_steps,
         "optimizer": {"type": "AdamW", "params": {"lr": cfg.lr, "torch_adam": True}},
         "zero_optimization": {
             "stage": 3,
@@ -39,7 +43,7 @@ def zero3_step(model: nn.Module, cfg, leaf_class: type | None):
             "reduce_bucket_size": cfg.zero3_reduce_bucket_size,
         },
         "fp16": {"enabled": False},
-        "bf16": {"enabled": False},
+        "bf16": {"enabled": cfg.precision == "bf16_mixed"},
         "steps_per_print": 2**31 - 1,  # keep DeepSpeed's per-step log quiet
     }
     # torch.distributed is already up: DeepSpeed adopts the existing default group.
@@ -47,9 +51,9 @@ def zero3_step(model: nn.Module, cfg, leaf_class: type | None):
                                            config=ds_config, dist_init_required=False)
 
     def step(batch):
-        loss = engine(*batch)
-        engine.backward(loss)
-        engine.step()
+        for micro_batch in batch:  # DeepSpeed scales the loss by the accumulation steps
+            engine.backward(engine(*micro_batch))
+            engine.step()  # the optimizer steps at the boundary only
 
     step.engine = engine  # DeepSpeed's own buffers, for tests that count them
     return step, {"deepspeed_version": deepspeed.__version__, "ds_config": ds_config,

@@ -46,7 +46,8 @@ PG_INIT = "## process_group:init ##"
 SUBCLASS = "PythonSubclass"  # a tensor subclass's dispatch (see the module docstring)
 STEP_PREFIX = "ProfilerStep#"
 # Annotation frames that are not module boundaries.
-_NOT_MODULE = ("[pytorch|profiler", "autograd::engine", STEP_PREFIX, "## process_group")
+_NOT_MODULE = ("[pytorch|profiler", "autograd::engine", STEP_PREFIX, "## process_group",
+               "PythonDispatchMode")  # the frame of a Python dispatch mode (selective AC)
 _BACKEND_PREFIXES = ("gloo:", "nccl:")
 _MAX_BACKEND_HOPS = 64  # backend nodes chained under backend nodes (bounds a parent cycle)
 # What encloses a node: no op, some op, or a functional collective (which calls c10d ops).

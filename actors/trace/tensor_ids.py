@@ -17,6 +17,11 @@ A storage id an op nested inside another allocated again after its last top-leve
 input) also starts a new generation there: the composite op made a new tensor on the reused
 storage (actors/trace/made_inside.py), which the next top-level op reads; without the split,
 the old tensor would seem to live on until then.
+
+Meta captures never reuse an address (actors/capture/meta_storage.py): there a fresh return on
+a storage already seen is that same allocation handed back, e.g. an output selective
+activation checkpointing kept in forward and returns again in its recompute, and it stays in
+its generation.
 """
 from __future__ import annotations
 
@@ -94,7 +99,7 @@ class TensorIdAssigner:
 
     def _stamp(self, t: TensorArg, fresh: bool) -> None:
         current = self._storage.get(t.storage_id)
-        if fresh or current is None or current[1] != t.dtype:
+        if (fresh and t.device != "meta") or current is None or current[1] != t.dtype:
             current = (self.num_storages, t.dtype)
             self._storage[t.storage_id] = current
             self.num_storages += 1

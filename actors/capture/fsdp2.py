@@ -1,0 +1,45 @@
+"""FSDP2 training step: ``fully_shard`` on every decoder block, then on the root, as torchtitan
+shards a decoder.
+
+Parameters become DTensor shards over a 1-D DeviceMesh of all ranks; each block's are
+all-gathered before its forward and backward and freed after (``reshard_after_forward``), and
+gradients are reduce-scattered. ``bf16_mixed`` shards float32 parameters with
+``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: gathered parameters and
+compute in bf16, float32 shards (master weights), gradient reduction and AdamW state. With
+several micro-batches the gradient reduction runs after the last one only
+(``set_requires_gradient_sync(False)`` before the others).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from actors.capture.data_parallel import micro_batch_loss
+
+
+def fsdp2_step(model: nn.Module, cfg, blocks: nn.ModuleList, device: torch.device,
+               world_size: int, mesh=None):
+    """Shard ``model`` in place; ``step(batch)``: micro-batches' forward and backward, AdamW."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if mesh is None:
+        mesh = init_device_mesh(device.type, (world_size,))
+    kwargs = {"mesh": mesh}
+    if cfg.precision == "bf16_mixed":
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                   reduce_dtype=torch.float32)
+    for block in blocks:
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+
+    def step(batch):
+        opt.zero_grad(set_to_none=True)
+        for i, micro_batch in enumerate(batch):
+            if len(batch) > 1:
+                model.set_requires_gradient_sync(i == len(batch) - 1)
+            micro_batch_loss(model, micro_batch, len(batch)).backward()
+        opt.step()
+
+    return step

@@ -1,0 +1,236 @@
+"""The capture workload's config: which decoder, trained how (``WorkloadConfig``), the
+deprecated ``kind`` / ``dtype`` aliases (resolved in ``WorkloadConfig.__post_init__`` only) and
+the checks of what cannot run (:func:`validate`). See docs/capture.md, "Recipes"."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from actors.capture.attention import Attention
+from actors.capture.checkpointing import ActivationCheckpointing
+from actors.choices import Choice
+from actors.errors import ConfigError
+
+
+class ModelName(Choice):
+    """The decoder trained."""
+
+    gpt = "gpt"  # learned positions, LayerNorm, GELU MLP, biases
+    llama = "llama"  # RMSNorm, rotary embeddings, grouped-query attention, SwiGLU
+
+
+class Parallel(Choice):
+    """How ranks combine their work."""
+
+    ddp = "ddp"  # data parallel: gradients all-reduced in buckets once per step
+    fsdp2 = "fsdp2"  # torch fully_shard per block, then the root, over a 1-D mesh
+    zero3 = "zero3"  # DeepSpeed ZeRO-3 (cpu or cuda)
+    local = "local"  # every rank trains alone: no collectives (plain traces)
+
+
+class Precision(Choice):
+    """Parameter, compute and optimizer dtypes."""
+
+    fp32 = "fp32"
+    bf16 = "bf16"  # bf16 parameters, gradients and AdamW state
+    fp16 = "fp16"  # float16 parameters, gradients and AdamW state (ddp, local)
+    # bf16 compute, fp32 parameters (master weights), optimizer state and gradient reduction:
+    # autocast (ddp, local), MixedPrecisionPolicy (fsdp2), DeepSpeed's bf16 mode (zero3).
+    bf16_mixed = "bf16_mixed"
+
+
+class WorkloadKind(Choice):
+    """Deprecated ``<model>_<parallel>`` names: ``workload.kind`` sets model and parallel."""
+
+    gpt_dp = "gpt_dp"
+    gpt_zero3 = "gpt_zero3"
+    gpt_local = "gpt_local"
+    llama_dp = "llama_dp"
+    llama_zero3 = "llama_zero3"
+    llama_local = "llama_local"
+
+
+class WorkloadDevice(Choice):
+    """Where the model lives while capturing."""
+
+    cpu = "cpu"
+    cuda = "cuda"  # one GPU per rank (LOCAL_RANK), NCCL
+    meta = "meta"  # shapes only: no data, no memory, fake process group (any world size)
+
+
+class DType(Choice):
+    """Deprecated ``workload.dtype`` values: each names a pure precision."""
+
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+_KIND_PARALLEL = {"dp": Parallel.ddp, "zero3": Parallel.zero3, "local": Parallel.local}
+_DTYPE_PRECISION = {DType.float32: Precision.fp32, DType.bfloat16: Precision.bf16,
+                    DType.float16: Precision.fp16}
+PARAM_DTYPES = {Precision.fp32: torch.float32, Precision.bf16: torch.bfloat16,
+                Precision.fp16: torch.float16, Precision.bf16_mixed: torch.float32}
+
+
+@dataclass
+class WorkloadConfig:
+    """What to train while capturing."""
+
+    # The decoder: gpt or llama.
+    model: ModelName = ModelName.gpt
+    # ddp, fsdp2, zero3 or local (no gradient communication).
+    parallel: Parallel = Parallel.ddp
+    # fp32, bf16 (pure), fp16 (pure) or bf16_mixed (bf16 compute, fp32 masters and reduction).
+    precision: Precision = Precision.fp32
+    # none, full, selective_layer (every ac_every-th block) or selective_op (docs/capture.md).
+    activation_checkpointing: ActivationCheckpointing = ActivationCheckpointing.none
+    # selective_layer: checkpoint every ac_every-th block.
+    ac_every: int = 2
+    # Micro-batches per optimizer step; gradients are communicated once, after the last (ddp:
+    # no_sync, fsdp2: set_requires_gradient_sync(False) before; zero3: DeepSpeed's own).
+    grad_accum_steps: int = 1
+    # Deprecated: <model>_<dp|zero3|local>; when set it replaces model and parallel and is
+    # then cleared (meta.json records model and parallel).
+    kind: Optional[WorkloadKind] = None
+    # Deprecated: float32, bfloat16 or float16; when set it replaces precision (fp32, bf16,
+    # fp16) and is then cleared.
+    dtype: Optional[DType] = None
+    # cpu, cuda (one GPU per rank) or meta (shapes only; 70B-class models in seconds).
+    device: WorkloadDevice = WorkloadDevice.cpu
+    # Vocabulary size (token embedding rows, LM head outputs).
+    vocab: int = 512
+    # Hidden size.
+    d_model: int = 128
+    # Number of decoder blocks.
+    n_layers: int = 2
+    # Attention heads per block (must divide d_model).
+    n_heads: int = 4
+    # llama: key/value heads (grouped-query attention; must divide n_heads); 0 = n_heads.
+    n_kv_heads: int = 0
+    # Hidden size of the feed-forward block; 0 = the model's rule (gpt: 4 x d_model; llama:
+    # 2/3 of 4 x d_model rounded up to a multiple of 256, as Meta's reference).
+    ffn_dim: int = 0
+    # Tokens per sample (gpt: also the number of learned positions).
+    seq_len: int = 64
+    # Samples per rank per micro-batch (DeepSpeed's train_micro_batch_size_per_gpu).
+    batch_size: int = 4
+    # fused (one flash kernel, nothing seq x seq kept) or math (explicit softmax).
+    attention: Attention = Attention.fused
+    # llama: rotary embedding base.
+    rope_theta: float = 500000.0
+    # llama: RMSNorm epsilon.
+    norm_eps: float = 1e-5
+    # AdamW learning rate.
+    lr: float = 1e-3
+    # Model init seed, the same on every rank; rank r draws its batches from seed + 1 + r.
+    seed: int = 0
+    # ddp: 0 = one all-reduce per gradient; > 0 = gradients packed (in backward order)
+    # into flat buckets of at most this many elements, one all-reduce each (like DDP).
+    dp_bucket_numel: int = 0
+    # zero3: mark each decoder block a ZeRO-3 leaf module (one fetch per block).
+    leaf_modules: bool = False
+    # zero3: parameters with fewer elements stay gathered (stage3_param_persistence_threshold).
+    zero3_param_persistence_threshold: int = 0
+    # zero3: elements fetched ahead of use; 0 fetches each module when it runs.
+    zero3_prefetch_bucket_size: int = 0
+    # zero3: keep parameters gathered when reused within this many elements; 0 releases
+    # them after every use, so backward fetches them again.
+    zero3_max_reuse_distance: int = 0
+    # zero3: gradient elements per reduce-scatter bucket (reduce_bucket_size).
+    zero3_reduce_bucket_size: int = 200_000
+    # zero3: let DeepSpeed JIT-build its CPU shm comm op (30-90 s with g++ the first time;
+    # skipped if the build fails). Off by default: only DeepSpeed's inference all-reduce uses
+    # it, so a training trace is the same without it.
+    build_shm_op: bool = False
+
+    def __post_init__(self):
+        self.model = ModelName.coerce(self.model, "workload.model")
+        self.parallel = Parallel.coerce(self.parallel, "workload.parallel")
+        self.precision = Precision.coerce(self.precision, "workload.precision")
+        self.activation_checkpointing = ActivationCheckpointing.coerce(
+            self.activation_checkpointing, "workload.activation_checkpointing")
+        self.device = WorkloadDevice.coerce(self.device, "workload.device")
+        self.attention = Attention.coerce(self.attention, "workload.attention")
+        # The deprecated aliases, resolved here and only here. An alias replaces fields left at
+        # their defaults (a preset's model too, when it agrees); a field set to something else
+        # is a contradiction, refused rather than silently overridden.
+        if self.kind is not None:
+            kind = WorkloadKind.coerce(self.kind, "workload.kind")
+            model, parallel = kind.value.split("_")
+            _refuse_clashes(f"workload.kind={kind}", (
+                ("model", self.model, ModelName(model), ModelName.gpt),
+                ("parallel", self.parallel, _KIND_PARALLEL[parallel], Parallel.ddp)))
+            self.model, self.parallel, self.kind = ModelName(model), _KIND_PARALLEL[parallel], None
+        if self.dtype is not None:
+            dtype = DType.coerce(self.dtype, "workload.dtype")
+            _refuse_clashes(f"workload.dtype={dtype}", (
+                ("precision", self.precision, _DTYPE_PRECISION[dtype], Precision.fp32),))
+            self.precision, self.dtype = _DTYPE_PRECISION[dtype], None
+
+
+def _refuse_clashes(alias: str, fields: tuple) -> None:
+    """ConfigError when a field (name, value, what the alias implies, default) contradicts it."""
+    clashes = [f"workload.{name}={value}" for name, value, implied, default in fields
+               if value not in (implied, default)]
+    if clashes:
+        implied = " ".join(f"{name}={implied}" for name, _, implied, _ in fields)
+        raise ConfigError(f"{alias} (deprecated) means {implied}, but {', '.join(clashes)} is "
+                          f"set; drop {alias.split('=')[0]}")
+
+
+def validate(cfg: WorkloadConfig) -> None:
+    """Raise ConfigError when the workload knobs are inconsistent."""
+    for name in ("vocab", "d_model", "n_layers", "n_heads", "seq_len", "batch_size",
+                 "ac_every", "grad_accum_steps"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"workload.{name}={getattr(cfg, name)}: must be >= 1")
+    for name in ("dp_bucket_numel", "n_kv_heads", "ffn_dim"):
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"workload.{name}={getattr(cfg, name)}: must be >= 0")
+    if cfg.d_model % cfg.n_heads:
+        raise ConfigError(f"workload.d_model={cfg.d_model} is not divisible by "
+                          f"workload.n_heads={cfg.n_heads}")
+    if cfg.model == ModelName.gpt and cfg.n_kv_heads not in (0, cfg.n_heads):
+        raise ConfigError(f"workload.n_kv_heads={cfg.n_kv_heads}: grouped-query attention is "
+                          "a llama knob; workload.model=gpt needs 0")
+    if cfg.model == ModelName.llama:
+        if cfg.n_heads % (cfg.n_kv_heads or cfg.n_heads):
+            raise ConfigError(f"workload.n_heads={cfg.n_heads} is not divisible by "
+                              f"workload.n_kv_heads={cfg.n_kv_heads}")
+        if (cfg.d_model // cfg.n_heads) % 2:
+            raise ConfigError(f"workload.d_model / workload.n_heads = {cfg.d_model // cfg.n_heads}"
+                              ": rotary embeddings need an even head size")
+    _validate_recipe(cfg)
+
+
+def _validate_recipe(cfg: WorkloadConfig) -> None:
+    """The parallel x precision x device combinations that cannot run."""
+    where = f"workload.parallel={cfg.parallel}"
+    if cfg.device == WorkloadDevice.meta:
+        if cfg.parallel == Parallel.zero3:
+            raise ConfigError(f"{where} runs DeepSpeed, which needs real tensors; on "
+                              "workload.device=meta use workload.parallel=local (plain traces "
+                              "for the ZeRO-3 emulation) or ddp")
+        if cfg.parallel == Parallel.fsdp2:
+            raise ConfigError(f"{where} refuses parameters on the meta device (FSDP2 checks "
+                              "them when the step runs); use workload.device=fake")
+        if cfg.precision == Precision.bf16_mixed:
+            raise ConfigError("workload.precision=bf16_mixed runs under torch.autocast, which "
+                              "has no meta backend (a meta trace would run in float32); use "
+                              "workload.device=fake, or precision=bf16 for pure bf16")
+    if cfg.parallel == Parallel.zero3 and cfg.precision in (Precision.bf16, Precision.fp16):
+        raise ConfigError(f"{where} with workload.precision={cfg.precision}: DeepSpeed keeps "
+                          "fp32 master weights in its optimizer; use precision=bf16_mixed "
+                          "(DeepSpeed's bf16 mode) or fp32")
+
+
+def ffn_dim_of(cfg: WorkloadConfig) -> int:
+    """The feed-forward hidden size ``cfg`` asks for (see WorkloadConfig.ffn_dim)."""
+    if cfg.ffn_dim:
+        return cfg.ffn_dim
+    if cfg.model == ModelName.gpt:
+        return 4 * cfg.d_model
+    return -(-int(2 * 4 * cfg.d_model / 3) // 256) * 256
