@@ -67,6 +67,15 @@ class MemoryTracker:
         self.recording = True
         self.flush_ticks: list[int] = []  # op index of each flush
         self.timeline: list[tuple[int, int]] = []  # (op index, bytes held after it)
+        self.observer = None  # sees every allocation and free (observe)
+
+    def observe(self, observer) -> None:
+        """Tell ``observer`` (an allocator model: actors/replay/reserved_model.py) of every
+        storage held and released, ``held(suid, nbytes)`` / ``released(suid)``, and of every
+        extension charge, ``charged(nbytes)`` / ``discharged(nbytes)``. The op loop writes
+        ``held`` directly, so the list itself reports its transitions."""
+        self.held = _ObservedHeld(self.held, observer)
+        self.observer = observer
 
     def check(self, requested_bytes: int) -> None:
         """Raise OutOfMemory when ``requested_bytes`` more would cross the capacity."""
@@ -86,12 +95,16 @@ class MemoryTracker:
     def charge(self, nbytes: int) -> None:
         """Account bytes an extension allocated itself (checked against the capacity)."""
         self.check(nbytes)
+        if self.observer is not None:
+            self.observer.charged(nbytes)
         self.held_bytes += nbytes
         if self.held_bytes > self.peak_bytes:
             self.peak_bytes = self.held_bytes
 
     def discharge(self, nbytes: int) -> None:
         """Stop accounting bytes an extension released."""
+        if self.observer is not None:
+            self.observer.discharged(nbytes)
         self.held_bytes -= nbytes
 
     def note_flush(self, op_index: int) -> None:
@@ -101,6 +114,26 @@ class MemoryTracker:
     def sample(self, op_index: int) -> None:
         """Record the bytes held after op ``op_index``."""
         self.timeline.append((op_index, self.held_bytes))
+
+
+class _ObservedHeld(list):
+    """MemoryTracker.held that reports a storage going from not held (0) to held and back;
+    only used while an observer is attached (a Python ``__setitem__`` costs a little)."""
+
+    __slots__ = ("_observer",)
+
+    def __init__(self, values, observer):
+        super().__init__(values)
+        self._observer = observer
+
+    def __setitem__(self, suid, nbytes):
+        old = list.__getitem__(self, suid)
+        list.__setitem__(self, suid, nbytes)
+        if not old:
+            if nbytes:
+                self._observer.held(suid, nbytes)
+        elif not nbytes:
+            self._observer.released(suid)
 
 
 def sample_points(num_ops: int, max_points: int) -> range:
