@@ -28,6 +28,8 @@ def test_sizes_round_up_to_512_bytes():
     assert m.allocated_bytes == 1536
     assert m.reserved_bytes == 2 * MiB  # one small segment
     assert cached_sizes(m, small=True) == [2 * MiB - 1536]
+    for n in (1, 511, 512, 513, 1025, 10**6):  # the fast path rounds alike (small pool: split)
+        assert model().malloc(n).size == round_size(n, [0] * 16) == max(512, -(-n // 512) * 512)
 
 
 def test_one_mib_is_small_one_byte_more_is_large():

@@ -84,6 +84,7 @@ class CachingAllocatorModel(ExpandableSegments):
         self.device_bytes = device_bytes or capacity_bytes or 1 << 46
         self.max_split = s.max_split_size_bytes or 1 << 62
         self.divisions = s.roundup_power2_divisions
+        self.plain_rounding = not any(n > 1 for n in self.divisions)  # the common fast path
         self.expandable = s.expandable_segments
         self.small_pool, self.large_pool = Pool(True), Pool(False)
         self.next_addr = LARGE_BUFFER  # address counter: never 0, page-aligned segment bases
@@ -99,7 +100,10 @@ class CachingAllocatorModel(ExpandableSegments):
         """Serve a request of ``nbytes``; an out-of-memory is counted (``num_ooms``, and the
         first one in ``first_oom``) and the segment reserved beyond the capacity, so the
         stream goes on and the peak shows how much was needed."""
-        size = round_size(nbytes, self.divisions)
+        if self.plain_rounding:
+            size = (nbytes + MIN_BLOCK - 1) & -MIN_BLOCK if nbytes > MIN_BLOCK else MIN_BLOCK
+        else:
+            size = round_size(nbytes, self.divisions)
         pool = self.small_pool if size <= SMALL_SIZE else self.large_pool
         self.num_allocs += 1
         block = self._best_fit(pool, size)

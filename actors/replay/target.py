@@ -77,6 +77,10 @@ class CudaAllocatorConfig:
 _NOMINAL = {TargetName.a100_40gb: "40GiB", TargetName.a100_80gb: "80GiB",
             TargetName.h100_80gb: "80GiB", TargetName.h100_96gb: "96GiB",
             TargetName.h200_141gb: "141GiB"}
+# PyTorch's default CUBLAS_WORKSPACE_CONFIG (aten/src/ATen/cuda/CublasHandlePool.cpp):
+# 32 MiB on Hopper, 4096 KiB x 2 + 16 KiB x 8 before it (and for a custom target).
+_HOPPER = (TargetName.h100_80gb, TargetName.h100_96gb, TargetName.h200_141gb)
+_WORKSPACE_DEFAULT, _WORKSPACE_HOPPER = ":4096:2:16:8", ":4096:8"
 
 
 @dataclass
@@ -95,8 +99,9 @@ class TargetConfig:
     nccl_channels_per_peer: int = 2
     # Peers with NCCL connections (a ring: 2); 0 for a single-GPU job.
     nccl_num_peers: int = 2
-    # CUBLAS_WORKSPACE_CONFIG: ":SIZE_KiB:COUNT" pairs (PyTorch's default; Hopper ":4096:8").
-    cublas_workspace_config: str = ":4096:2:16:8"
+    # CUBLAS_WORKSPACE_CONFIG: ":SIZE_KiB:COUNT" pairs; null: PyTorch's default for the
+    # target (":4096:8" on Hopper, ":4096:2:16:8" otherwise).
+    cublas_workspace_config: str | None = None
     allocator: CudaAllocatorConfig = field(default_factory=CudaAllocatorConfig)
 
     def __post_init__(self):
@@ -124,6 +129,8 @@ class TargetConfig:
         if min(self.nccl_channels_per_peer, self.nccl_num_peers, context, buffsize) < 0:
             raise ConfigError("target: NCCL counts and sizes must not be negative")
         nccl = buffsize * self.nccl_channels_per_peer * self.nccl_num_peers
+        workspace = self.cublas_workspace_config or \
+            (_WORKSPACE_HOPPER if self.name in _HOPPER else _WORKSPACE_DEFAULT)
         usable = device - context - nccl
         if usable <= 0:
             raise ConfigError(f"target {self.name}: the context ({context} B) and NCCL buffers "
@@ -131,7 +138,7 @@ class TargetConfig:
         return {
             "name": str(self.name), "device_memory_bytes": device,
             "cuda_context_bytes": context, "nccl_buffer_bytes": nccl,
-            "cublas_workspace_bytes": cublas_workspace_bytes(self.cublas_workspace_config),
+            "cublas_workspace_bytes": cublas_workspace_bytes(workspace),
             "usable_capacity_bytes": usable,
             "defaults": {
                 "device_memory": self.device_memory or f"{_NOMINAL[self.name]} (nominal)",
@@ -139,8 +146,9 @@ class TargetConfig:
                                 "context; measure yours)",
                 "nccl": f"NCCL_BUFFSIZE {self.nccl_buffsize} x {self.nccl_channels_per_peer} "
                         f"channels/peer x {self.nccl_num_peers} peers",
-                "cublas_workspace": f"CUBLAS_WORKSPACE_CONFIG {self.cublas_workspace_config} "
-                                    "(served by the caching allocator: in reserved)"},
+                "cublas_workspace": f"CUBLAS_WORKSPACE_CONFIG {workspace}"
+                                    + ("" if self.cublas_workspace_config else " (PyTorch's default)")
+                                    + ", served by the caching allocator: in reserved"},
         }
 
 

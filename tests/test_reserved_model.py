@@ -1,0 +1,130 @@
+"""Predicted reserved memory: the allocator model fed by a replay (reserved_model.py), the
+target's figures (target.py), and the MemoryTracker's observer hook."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from actors.errors import ConfigError
+from actors.replay.config import AllocationConfig, ReplayConfig
+from actors.replay.engine import ReplayEngine
+from actors.replay.memory import MemoryTracker
+from actors.replay.reserved_model import ReservedMemoryModel, reserved_model_extensions
+from actors.replay.target import CudaAllocatorConfig, TargetConfig, cublas_workspace_bytes
+from actors.trace import load_trace
+
+MiB = 1 << 20
+DEMO = Path(__file__).resolve().parents[1] / "demo" / "traces" / "gpt_dp_4"
+
+
+class _Recorder:
+    def __init__(self):
+        self.events = []
+
+    def held(self, suid, nbytes):
+        self.events.append(("held", suid, nbytes))
+
+    def released(self, suid):
+        self.events.append(("released", suid))
+
+    def charged(self, nbytes):
+        self.events.append(("charged", nbytes))
+
+    def discharged(self, nbytes):
+        self.events.append(("discharged", nbytes))
+
+
+def test_memory_tracker_reports_transitions_only():
+    memory = MemoryTracker(4, None)
+    rec = _Recorder()
+    memory.observe(rec)
+    memory.add(1, 100)
+    memory.add(1, 100)  # already held: nothing
+    memory.held[2] = 50  # the op loop's inlined add
+    memory.held[3] = 0  # never held: nothing
+    memory.held[1] = 0  # TensorStore.drop
+    memory.charge(7)
+    memory.discharge(7)
+    assert rec.events == [("held", 1, 100), ("held", 2, 50), ("released", 1),
+                          ("charged", 7), ("discharged", 7)]
+    assert list(memory.held) == [0, 0, 50, 0]  # the values are stored as before
+
+
+def _dry_run(mode: str, target: TargetConfig):
+    cfg = ReplayConfig(mode="compute", device="meta", iters=2, warmup_iters=1,
+                       allocation=AllocationConfig(mode=mode))
+    ext = ReservedMemoryModel(target)
+    report = ReplayEngine(load_trace(DEMO / "rank-0.et.json.gz"), cfg, extensions=[ext]).run()
+    return report.to_dict(), ext
+
+
+@pytest.mark.parametrize("mode", ["lazy", "faithful", "pre_allocate"])
+def test_meta_dry_run_predicts_reserved_above_allocated(mode):
+    report, ext = _dry_run(mode, TargetConfig(name="h100_80gb"))
+    assert report["status"] == "ok", report["error"]
+    reserved = report["predicted_reserved_peak_bytes"]
+    allocated = report["predicted_allocated_peak_bytes"]
+    # 512 B rounding and the 32 MiB Hopper cuBLAS workspace only add to the accounted peak
+    assert reserved >= allocated >= report["accounted_peak_bytes"] + 32 * MiB > 32 * MiB
+    assert reserved % (2 * MiB) == 0  # whole segments
+    model = ext.model
+    # every storage the iterations made was freed again: what stays allocated is the
+    # workspace plus the policy's persistent storages (rounded up)
+    assert 0 <= model.allocated_bytes - 32 * MiB - report["persistent_bytes"] < 512 * 2000
+    assert report["cuda_allocator"]["target"]["usable_capacity_bytes"] == \
+        80 * 1024 * MiB - 512 * MiB - 16 * MiB
+    assert report["num_alloc_retries"] == 0
+
+
+def test_a_small_target_retries_and_then_runs_out():
+    tight = TargetConfig(name="custom", device_memory="600MiB", cuda_context="512MiB",
+                         nccl_num_peers=0, cublas_workspace_config=":0:0")
+    report, ext = _dry_run("pre_allocate", tight)
+    assert report["status"] == "ok"  # the accounted OOM check is not the model's business
+    assert ext.model.capacity_bytes == 88 * MiB
+    big, _ = _dry_run("pre_allocate", TargetConfig(name="custom", device_memory="100GiB",
+                                                   nccl_num_peers=0,
+                                                   cublas_workspace_config=":0:0"))
+    # the same stream needs less than 88 MiB reserved: no retry at all
+    assert big["predicted_reserved_peak_bytes"] < 88 * MiB
+    tiny = TargetConfig(name="custom", device_memory="530MiB", cuda_context="512MiB",
+                        nccl_num_peers=0, cublas_workspace_config=":0:0")
+    report, ext = _dry_run("pre_allocate", tiny)
+    assert ext.model.num_ooms > 0 and report["cuda_allocator"]["first_oom"]["request_bytes"] > 0
+    assert report["num_alloc_retries"] >= ext.model.num_ooms  # each OOM retried first
+
+
+def test_expandable_segments_through_the_target():
+    plain, _ = _dry_run("lazy", TargetConfig(name="a100_80gb"))
+    target = TargetConfig(name="a100_80gb",
+                          allocator=CudaAllocatorConfig(pytorch_cuda_alloc_conf="expandable_segments:True"))
+    grown, ext = _dry_run("lazy", target)
+    assert ext.model.expandable and grown["cuda_allocator"]["settings"]["expandable_segments"]
+    assert grown["predicted_allocated_peak_bytes"] <= grown["predicted_reserved_peak_bytes"]
+    assert plain["predicted_reserved_peak_bytes"] > 0
+
+
+def test_target_figures_name_their_defaults():
+    figures = TargetConfig(name="a100_40gb").figures()
+    assert figures["device_memory_bytes"] == 40 * 1024 * MiB
+    assert figures["nccl_buffer_bytes"] == 4 * MiB * 2 * 2
+    assert figures["cublas_workspace_bytes"] == 4096 * 1024 * 2 + 16 * 1024 * 8
+    assert figures["usable_capacity_bytes"] == 40 * 1024 * MiB - 512 * MiB - 16 * MiB
+    assert "NCCL_BUFFSIZE 4MiB" in figures["defaults"]["nccl"]
+    assert "default" in figures["defaults"]["cuda_context"]
+    assert cublas_workspace_bytes(":4096:8") == 32 * MiB
+    assert reserved_model_extensions(TargetConfig()) == []
+
+
+def test_bad_target_values_are_config_errors():
+    for target, match in ((TargetConfig(name="custom"), "device_memory"),
+                          (TargetConfig(name="h100_80gb", cublas_workspace_config="4096"),
+                           "cublas_workspace_config"),
+                          (TargetConfig(name="h100_80gb", cuda_context="90GiB"), "leave nothing"),
+                          (TargetConfig(name="h100_80gb", allocator=CudaAllocatorConfig(
+                              max_split_size_mb=4)), "max_split_size_mb")):
+        with pytest.raises(ConfigError, match=match):
+            target.validate()
+    with pytest.raises(ConfigError, match="target.name"):
+        TargetConfig(name="h100")
