@@ -175,16 +175,19 @@ def _ranks_table(summary: dict) -> Table:
     table.add_column("rank", justify="right", no_wrap=True)
     table.add_column("node", overflow="fold")
     table.add_column("status", no_wrap=True)
+    # reserved*: the allocator model's prediction for target, beside the accounted peak
+    predicted = summary.get("predicted_reserved_peak_bytes") is not None
     for header in ("iter\nms", "comp\nms", "comm\nms", "measured\nMiB", "accounted\nMiB",
-                   "reserved*\nMiB", "bound\nMiB", "flush", "cov\n%"):
+                   *(("reserved*\nMiB",) if predicted else ()), "bound\nMiB", "flush", "cov\n%"):
         table.add_column(header, justify="right", no_wrap=True)
     for r in summary.get("ranks", []):
         coverage = r.get("coverage")
+        reserved = (_mib(r.get("predicted_reserved_peak_bytes")),) if predicted else ()
         table.add_row(
             str(r.get("rank")), r.get("node_ip") or "-", _status(r.get("status")),
             _ms(r.get("iteration_time_s")), _ms(r.get("compute_time_s")), _ms(r.get("comm_time_s")),
             _mib(r.get("measured_peak_bytes")), _mib(r.get("accounted_peak_bytes")),
-            _mib(r.get("predicted_reserved_peak_bytes")), _mib(r.get("liveness_lower_bound_bytes")),
+            *reserved, _mib(r.get("liveness_lower_bound_bytes")),
             "-" if r.get("num_flushes") is None else str(r["num_flushes"]),
             "-" if coverage is None else f"{coverage * 100:.1f}",
         )

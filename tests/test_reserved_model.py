@@ -128,3 +128,90 @@ def test_bad_target_values_are_config_errors():
             target.validate()
     with pytest.raises(ConfigError, match="target.name"):
         TargetConfig(name="h100")
+
+
+def test_summary_and_console_carry_the_prediction():
+    from rich.console import Console
+
+    from orchestrator.metrics import aggregate
+    from orchestrator.report import print_summary
+    from tests.test_metrics_report import ok_report
+
+    reports = [ok_report(0, 0.1), ok_report(1, 0.2)]
+    for r, (reserved, retries) in zip(reports, ((300, 1), (500, 2))):
+        r.update(predicted_reserved_peak_bytes=reserved * MiB,
+                 predicted_allocated_peak_bytes=(reserved - 50) * MiB, num_alloc_retries=retries)
+    target = TargetConfig(name="h100_80gb").figures()
+    summary = aggregate(reports, world_size=2, extra={"target": target})
+    assert summary["predicted_reserved_peak_bytes"] == 500 * MiB  # the worst rank
+    assert summary["predicted_allocated_peak_bytes"] == 450 * MiB
+    assert summary["num_alloc_retries"] == 3  # summed over ranks
+    assert [r["predicted_reserved_peak_bytes"] for r in summary["ranks"]] == [300 * MiB, 500 * MiB]
+    console = Console(record=True, width=250)
+    print_summary(summary, console=console)
+    text = console.export_text()
+    row0 = next(line for line in text.splitlines() if "10.0.0.0" in line and " ok " in line)
+    assert row0.split()[6:9] == ["100.0", "90.0", "300.0"]  # measured, accounted, reserved*
+    assert "reserved* 500.0 MiB predicted" in text and "3 alloc retries" in text
+    assert "target h100_80gb" in text and "NCCL_BUFFSIZE 4MiB" in text and ":4096:8" in text
+    plain = aggregate([ok_report(0, 0.1)], world_size=1)
+    assert plain["predicted_reserved_peak_bytes"] is None and plain["num_alloc_retries"] is None
+
+
+def test_rank_actor_models_zero3_charges_too(monkeypatch):
+    """The rank actor puts the model before ZeRO-3's extension, so the shards and gathered
+    buffers it charges are allocations too, and every discharge frees one of them."""
+    from actors.rank_actor import RankActor
+    from actors.zero3.config import Zero3Config
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    actor = RankActor()
+    monkeypatch.setattr(actor, "_where", lambda: {"node_ip": "127.0.0.1", "node_id": "node"})
+    cfg = ReplayConfig(mode="compute", device="meta", iters=1, warmup_iters=0,
+                       allocation=AllocationConfig(mode="lazy"))
+    zero3 = Zero3Config(strategy="per_module", param_persistence_threshold=0)
+    plain = actor.replay(str(DEMO / "rank-0.et.json.gz"), None, cfg, [],
+                         target=TargetConfig(name="a100_80gb"))
+    report = actor.replay(str(DEMO / "rank-0.et.json.gz"), None, cfg, [], zero3=zero3,
+                          target=TargetConfig(name="a100_80gb"))
+    assert report["status"] == plain["status"] == "ok", report["error"]
+    model = report["cuda_allocator"]
+    assert model["num_unmatched_discharges"] == 0
+    assert report["predicted_allocated_peak_bytes"] >= report["accounted_peak_bytes"] > 0
+    assert model["num_allocs"] > plain["cuda_allocator"]["num_allocs"]  # the charges
+    assert report.get("predicted_reserved_peak_bytes") and \
+        "predicted_reserved_peak_bytes" not in actor.replay(
+            str(DEMO / "rank-0.et.json.gz"), None, cfg, [])  # no target: no model
+
+
+def test_tracefleet_dry_run_with_a_target_reports_reserved(tmp_path):
+    """End to end: `tracefleet replay=dry_run target=a100_40gb` on one rank of the demo."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    repo = Path(__file__).resolve().parents[1]
+    ray_dir = tempfile.mkdtemp(prefix="tf-ca-", dir="/tmp")  # Ray's socket paths must be short
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", "from orchestrator.main import main; main()", "replay=dry_run",
+             "target=a100_40gb", "trace.ranks=[0]", f"hydra.run.dir={tmp_path}/run",
+             f"cluster.temp_dir={ray_dir}", "target.allocator.max_split_size_mb=64"],
+            capture_output=True, text=True, timeout=300, cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(repo)})
+    finally:
+        shutil.rmtree(ray_dir, ignore_errors=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    reserved = summary["predicted_reserved_peak_bytes"]
+    assert reserved >= summary["predicted_allocated_peak_bytes"] > summary["accounted_peak_bytes"] > 0
+    assert summary["num_alloc_retries"] == 0
+    assert summary["target"]["name"] == "a100_40gb"
+    [rank] = summary["ranks"]
+    assert rank["predicted_reserved_peak_bytes"] == reserved
+    assert rank["cuda_allocator"]["settings"]["max_split_size_bytes"] == 64 * MiB
+    assert "reserved*" in proc.stdout and "target a100_40gb" in proc.stdout
