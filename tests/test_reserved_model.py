@@ -154,6 +154,9 @@ def test_summary_and_console_carry_the_prediction():
     assert row0.split()[6:9] == ["100.0", "90.0", "300.0"]  # measured, accounted, reserved*
     assert "reserved* 500.0 MiB predicted" in text and "3 alloc retries" in text
     assert "target h100_80gb" in text and "NCCL_BUFFSIZE 4MiB" in text and ":4096:8" in text
+    from orchestrator.results import summary_columns
+    row = summary_columns(summary)  # a sweep's results table (e.g. over targets)
+    assert row["predicted_reserved_peak_bytes"] == 500 * MiB and row["num_alloc_retries"] == 3
     plain = aggregate([ok_report(0, 0.1)], world_size=1)
     assert plain["predicted_reserved_peak_bytes"] is None and plain["num_alloc_retries"] is None
 
