@@ -218,3 +218,28 @@ def test_tracefleet_dry_run_with_a_target_reports_reserved(tmp_path):
     assert rank["predicted_reserved_peak_bytes"] == reserved
     assert rank["cuda_allocator"]["settings"]["max_split_size_bytes"] == 64 * MiB
     assert "reserved*" in proc.stdout and "target a100_40gb" in proc.stdout
+
+
+def test_every_target_preset_composes():
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from orchestrator.config import CONF_DIR, register_configs
+
+    register_configs()
+    presets = sorted(p.stem for p in (CONF_DIR / "target").glob("*.yaml"))
+    assert presets == ["a100_40gb", "a100_80gb", "custom", "h100_80gb", "h100_96gb",
+                       "h200_141gb", "none"]
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        assert not OmegaConf.to_object(compose("tracefleet")).target.enabled  # default: none
+        for name in presets:
+            extra = ["target.device_memory=100GiB"] if name == "custom" else []
+            run = OmegaConf.to_object(compose("tracefleet", overrides=[f"target={name}", *extra]))
+            run.validate()
+            assert str(run.target.name) == name
+            if name == "none":
+                continue
+            figures = run.target.figures()
+            hopper = name.startswith(("h100", "h200"))
+            assert figures["cublas_workspace_bytes"] == (32 * MiB if hopper else 8 * MiB + 128 * 1024)
+            assert figures["usable_capacity_bytes"] == figures["device_memory_bytes"] - 528 * MiB
