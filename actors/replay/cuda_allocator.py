@@ -137,7 +137,8 @@ class CachingAllocatorModel(ExpandableSegments):
             i = self._prefer_expandable(pool, i)
         key = keys[i]
         found = key >> ADDR_BITS
-        if size < self.max_split <= found or (size >= self.max_split and found >= size + LARGE_BUFFER):
+        oversize = self.max_split
+        if size < oversize <= found or (size >= oversize and found >= size + LARGE_BUFFER):
             return None  # an oversize block is kept for oversize requests of about its size
         block = pool.blocks.pop(key)
         del keys[i]

@@ -131,6 +131,7 @@ class TargetConfig:
         nccl = buffsize * self.nccl_channels_per_peer * self.nccl_num_peers
         workspace = self.cublas_workspace_config or \
             (_WORKSPACE_HOPPER if self.name in _HOPPER else _WORKSPACE_DEFAULT)
+        origin = "" if self.cublas_workspace_config else " (PyTorch's default)"
         usable = device - context - nccl
         if usable <= 0:
             raise ConfigError(f"target {self.name}: the context ({context} B) and NCCL buffers "
@@ -146,9 +147,8 @@ class TargetConfig:
                                 "context; measure yours)",
                 "nccl": f"NCCL_BUFFSIZE {self.nccl_buffsize} x {self.nccl_channels_per_peer} "
                         f"channels/peer x {self.nccl_num_peers} peers",
-                "cublas_workspace": f"CUBLAS_WORKSPACE_CONFIG {workspace}"
-                                    + ("" if self.cublas_workspace_config else " (PyTorch's default)")
-                                    + ", served by the caching allocator: in reserved"},
+                "cublas_workspace": f"CUBLAS_WORKSPACE_CONFIG {workspace}{origin}, served by "
+                                    "the caching allocator: in reserved"},
         }
 
 
