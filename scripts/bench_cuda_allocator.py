@@ -78,11 +78,11 @@ def dry_runs(path: str, target_name: str) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=2_000_000)
+    parser.add_argument("--events", type=int, default=2_000_000, help="0: no synthetic stream")
     parser.add_argument("--trace", help="a rank trace to dry-run on meta")
     parser.add_argument("--target", default="h200_141gb")
     args = parser.parse_args()
-    for conf in ("", "expandable_segments:True", "max_split_size_mb:128"):
+    for conf in ("", "expandable_segments:True", "max_split_size_mb:128") if args.events else ():
         print(json.dumps(synthetic(args.events, conf)), flush=True)
     for row in dry_runs(args.trace, args.target) if args.trace else ():
         print(json.dumps(row), flush=True)
