@@ -6,7 +6,7 @@ import pytest
 from actors.errors import ConfigError
 from actors.replay.cuda_alloc_conf import (AllocatorSettings, parse_alloc_conf, round_size,
                                            segment_size)
-from actors.replay.cuda_allocator import CachingAllocatorModel
+from actors.replay.cuda_allocator import ADDR_BITS, CachingAllocatorModel
 
 MiB = 1 << 20
 
@@ -18,7 +18,7 @@ def model(capacity_mib=None, **settings) -> CachingAllocatorModel:
 
 def cached_sizes(m, small=False) -> list[int]:
     pool = m.small_pool if small else m.large_pool
-    return sorted(k >> 52 for k in pool.keys)
+    return sorted(k >> ADDR_BITS for k in pool.keys)
 
 
 def test_sizes_round_up_to_512_bytes():

@@ -17,7 +17,7 @@ Pure Python (no torch, no GPU), one stream, one device. The rules (PyTorch's
   step); still refused: an out-of-memory;
 * a freed block stays reserved, merged with its free neighbours in the segment.
 
-Free blocks live in one sorted list of integer keys per pool, ``size << 52 | address``, so a
+Free blocks live in one sorted list of integer keys per pool, ``size << 64 | address``, so a
 best fit is one ``bisect``. Expandable segments are in cuda_expandable.py.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from actors.replay.cuda_alloc_conf import (LARGE_BUFFER, SMALL_SIZE, AllocatorSe
                                            MIN_BLOCK, round_size, segment_size)
 from actors.replay.cuda_expandable import ExpandableSegments
 
-ADDR_BITS = 52  # addresses are counters below 2**52: keys order by size, then address
+ADDR_BITS = 64  # addresses are counters below 2**64: keys order by size, then address
 
 
 class Block:
