@@ -133,6 +133,8 @@ def _memory(ranks: list[dict]) -> dict:
                                                   default=None),
             "num_alloc_retries": sum(_values(ranks, "num_alloc_retries"))
             if _values(ranks, "num_alloc_retries") else None,
+            "num_predicted_ooms": sum(_values(ranks, "num_predicted_ooms"))
+            if _values(ranks, "num_predicted_ooms") else None,
             "device_memory_threshold": next(iter(_values(ranks, "device_memory_threshold")), None)}
 
 

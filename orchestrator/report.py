@@ -226,10 +226,13 @@ def _footer(summary: dict) -> str:
 
 
 def _target_part(summary: dict) -> str:
-    """The allocator model's peaks (reserved*: predicted for the target, not measured)."""
+    """The allocator model's peaks (reserved*: predicted for the target, not measured) and
+    whether the target holds them."""
+    ooms = summary.get("num_predicted_ooms")
+    verdict = f", [red]does not fit the target: {ooms} OOMs[/red]" if ooms else ""
     return (f"reserved* {human_bytes(summary['predicted_reserved_peak_bytes'])} predicted "
             f"(allocated {human_bytes(summary.get('predicted_allocated_peak_bytes'))}, "
-            f"{summary.get('num_alloc_retries') or 0} alloc retries)")
+            f"{summary.get('num_alloc_retries') or 0} alloc retries{verdict})")
 
 
 def _target_line(t: dict) -> str:

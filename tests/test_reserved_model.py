@@ -91,7 +91,8 @@ def test_a_small_target_retries_and_then_runs_out():
     tiny = TargetConfig(name="custom", device_memory="530MiB", cuda_context="512MiB",
                         nccl_num_peers=0, cublas_workspace_config=":0:0")
     report, ext = _dry_run("pre_allocate", tiny)
-    assert ext.model.num_ooms > 0 and report["cuda_allocator"]["first_oom"]["request_bytes"] > 0
+    assert report["num_predicted_ooms"] == ext.model.num_ooms > 0
+    assert report["cuda_allocator"]["first_oom"]["request_bytes"] > 0
     assert report["num_alloc_retries"] >= ext.model.num_ooms  # each OOM retried first
 
 
@@ -154,7 +155,13 @@ def test_summary_and_console_carry_the_prediction():
     text = console.export_text()
     row0 = next(line for line in text.splitlines() if "10.0.0.0" in line and " ok " in line)
     assert row0.split()[6:9] == ["100.0", "90.0", "300.0"]  # measured, accounted, reserved*
+    text = " ".join(text.split())  # the footer may wrap
     assert "reserved* 500.0 MiB predicted" in text and "3 alloc retries" in text
+    assert "does not fit" not in text
+    reports[1]["num_predicted_ooms"] = 4
+    console = Console(record=True, width=250)
+    print_summary(aggregate(reports, world_size=2, extra={"target": target}), console=console)
+    assert "does not fit the target: 4 OOMs" in " ".join(console.export_text().split())
     assert "target h100_80gb" in text and "NCCL_BUFFSIZE 4MiB" in text and ":4096:8" in text
     from orchestrator.results import summary_columns
     row = summary_columns(summary)  # a sweep's results table (e.g. over targets)

@@ -14,7 +14,8 @@ from actors.replay.cuda_allocator import CachingAllocatorModel
 from actors.replay.extension import ReplayExtension
 from actors.replay.target import TargetConfig
 
-HEADLINE = ("predicted_reserved_peak_bytes", "predicted_allocated_peak_bytes", "num_alloc_retries")
+HEADLINE = ("predicted_reserved_peak_bytes", "predicted_allocated_peak_bytes", "num_alloc_retries",
+            "num_predicted_ooms")
 
 
 class ReservedMemoryModel(ReplayExtension):
@@ -70,7 +71,7 @@ class ReservedMemoryModel(ReplayExtension):
                 "streams": 1}
 
     def headline(self) -> dict:
-        stats = self.model.stats()
+        stats = {**self.model.stats(), "num_predicted_ooms": self.model.num_ooms}
         return {k: stats[k] for k in HEADLINE}
 
 
