@@ -18,6 +18,8 @@ from actors.replay.config import ReplayConfig
 from actors.replay.engine import ReplayEngine, pick_device
 from actors.replay.memory import OutOfMemory
 from actors.replay.process_groups import ProcessGroups
+from actors.replay.reserved_model import reserved_model_extensions
+from actors.replay.target import TargetConfig
 from actors.trace import load_trace
 from actors.zero3.config import Zero3Config
 from actors.zero3.extension import zero3_extensions
@@ -30,9 +32,10 @@ class RankActor(RankWorkerBase):
 
     def replay(self, trace_path: str, trace_bytes, cfg: ReplayConfig, pg_table: list,
                group_map: dict | None = None, profile_dir: str | None = None,
-               zero3: Zero3Config | None = None) -> dict:
-        """Replay this rank's trace (under ZeRO-3 emulation when ``zero3`` picks a strategy);
-        never raises: failures come back as a report with a status."""
+               zero3: Zero3Config | None = None, target: TargetConfig | None = None) -> dict:
+        """Replay this rank's trace (under ZeRO-3 emulation when ``zero3`` picks a strategy,
+        predicting reserved memory when ``target`` names a CUDA device); never raises:
+        failures come back as a report with a status."""
         rank = int(os.environ["RANK"])
         world_size = int(os.environ["WORLD_SIZE"])
         engine = None
@@ -53,8 +56,11 @@ class RankActor(RankWorkerBase):
                 comm = CollectiveReplayer(groups, device, ops=trace.ops,
                                           cuda_sync_timing=cfg.cuda_sync_collectives)
             t2 = time.perf_counter()
+            # the allocator model first: it sees what the other extensions charge
+            extensions = reserved_model_extensions(target) + \
+                zero3_extensions(zero3, trace, trace_bytes)
             engine = ReplayEngine(trace, cfg, device=device, comm=comm, rank=rank,
-                                  extensions=zero3_extensions(zero3, trace, trace_bytes))
+                                  extensions=extensions)
             try:
                 if profile_dir:
                     path = Path(profile_dir) / f"rank-{rank}.pt.trace.json"

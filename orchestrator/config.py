@@ -15,6 +15,7 @@ from hydra.core.config_store import ConfigStore
 from actors.choices import Choice
 from actors.errors import ConfigError
 from actors.replay.config import ReplayConfig, parse_bytes
+from actors.replay.target import TargetConfig
 from actors.zero3.config import Zero3Config, Zero3Strategy  # noqa: F401 (composed here)
 from orchestrator.cluster import ClusterConfig
 from orchestrator.min_memory import MinMemoryConfig
@@ -115,11 +116,14 @@ class RunConfig:
     trace: TraceConfig = field(default_factory=TraceConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     zero3: Zero3Config = field(default_factory=Zero3Config)
+    # The CUDA device to predict reserved memory for (actors/replay/target.py); none: no model.
+    target: TargetConfig = field(default_factory=TargetConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
 
     def validate(self) -> None:
         """Raise ConfigError on inconsistent values (before any cluster work)."""
         self.replay.validate()
+        self.target.validate()
         self.zero3.validate(self.replay.mode)
         self.cluster.validate()
 
@@ -132,4 +136,5 @@ def register_configs() -> None:
     cs.store(group="trace", name="schema", node=TraceConfig)
     cs.store(group="replay", name="schema", node=ReplayConfig)
     cs.store(group="zero3", name="schema", node=Zero3Config)
+    cs.store(group="target", name="schema", node=TargetConfig)
     cs.store(group="experiment", name="schema", node=ExperimentConfig)

@@ -37,6 +37,9 @@ _RUN_FIGURES = (  # (summary key, label, formatter)
     ("iteration_time_median_s", "iteration time, median rank", lambda v: f"{v * 1e3:.2f} ms"),
     ("measured_peak_bytes", "peak memory, measured", human_bytes),
     ("accounted_peak_bytes", "peak memory, accounted", human_bytes),
+    ("predicted_reserved_peak_bytes", "reserved memory, predicted for the target", human_bytes),
+    ("predicted_allocated_peak_bytes", "allocated memory, predicted for the target", human_bytes),
+    ("num_alloc_retries", "allocator retries, predicted", str),
     ("liveness_lower_bound_bytes", "liveness lower bound", human_bytes),
     ("device_memory_capacity_bytes", "device capacity", human_bytes),
     ("device_memory_threshold", "flush threshold", lambda v: f"{v:g}"),
@@ -46,8 +49,8 @@ _RANK_COLUMNS = ("rank", "node_ip", "status", "iteration_time_s", "measured_peak
                  "accounted_peak_bytes", "peak_memory_bytes", "liveness_lower_bound_bytes",
                  "num_flushes", "coverage", "error")
 _TABLE_METRICS = ("iteration_time_s", "iteration_time_median_s", "measured_peak_bytes",
-                  "accounted_peak_bytes", "peak_memory_bytes", "liveness_lower_bound_bytes",
-                  "num_flushes", "coverage", "min_capacity_bytes", "max_failing_capacity_bytes",
+                  "accounted_peak_bytes", "predicted_reserved_peak_bytes", "peak_memory_bytes",
+                  "liveness_lower_bound_bytes", "num_flushes", "coverage", "min_capacity_bytes", "max_failing_capacity_bytes",
                   "num_steps", "zero3_num_allgathers_per_iteration", "zero3_fetch_host_s",
                   "zero3_release_host_s")
 _CSS = """body{font-family:sans-serif;margin:24px;color:#222;max-width:1200px}

@@ -67,7 +67,8 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
             profile_dir = str(out_dir / "profile") if cfg.replay.profile else None
             refs = group.execute_async(
                 "replay", args_fn=lambda r: (paths[r], blobs[r], cfg.replay, pre.process_groups,
-                                             cfg.trace.group_map, profile_dir, cfg.zero3))
+                                             cfg.trace.group_map, profile_dir, cfg.zero3,
+                                             cfg.target))
             results = group.wait(refs, timeout_s=cfg.experiment.replay_timeout_s,
                                  on_progress=_progress_printer(world_size, cfg.experiment.progress_interval_s),
                                  failure_grace_s=cfg.experiment.failure_grace_s,
@@ -88,7 +89,8 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
         "mode": cfg.replay.mode, "allocation_mode": cfg.replay.allocation.mode,
         "device_memory_capacity_bytes": _capacity(rank_reports), "timings_s": timings,
         "trace_ranks": pre.ranks, "preflight_warnings": pre.warnings,
-        "zero3": zero3_metrics.summarize_ranks(rank_reports)})
+        "zero3": zero3_metrics.summarize_ranks(rank_reports),
+        "target": cfg.target.figures() if cfg.target.enabled else None})
     report.write_run_outputs(summary, rank_reports, out_dir, config_yaml, plots=not quiet)
     if not quiet:
         report.print_summary(summary, console)

@@ -126,6 +126,15 @@ def _memory(ranks: list[dict]) -> dict:
             "peak_memory_source": top.get("peak_memory_source", "accounted") if top else None,
             "memory_measure_method": next(iter(_values(ranks, "memory_measure_method")), None),
             "persistent_bytes": max(_values(ranks, "persistent_bytes"), default=None),
+            # the caching allocator model of target (predicted, not measured)
+            "predicted_reserved_peak_bytes": max(_values(ranks, "predicted_reserved_peak_bytes"),
+                                                 default=None),
+            "predicted_allocated_peak_bytes": max(_values(ranks, "predicted_allocated_peak_bytes"),
+                                                  default=None),
+            "num_alloc_retries": sum(_values(ranks, "num_alloc_retries"))
+            if _values(ranks, "num_alloc_retries") else None,
+            "num_predicted_ooms": sum(_values(ranks, "num_predicted_ooms"))
+            if _values(ranks, "num_predicted_ooms") else None,
             "device_memory_threshold": next(iter(_values(ranks, "device_memory_threshold")), None),
             **_peak_breakdown(ranks)}
 

@@ -175,16 +175,19 @@ def _ranks_table(summary: dict) -> Table:
     table.add_column("rank", justify="right", no_wrap=True)
     table.add_column("node", overflow="fold")
     table.add_column("status", no_wrap=True)
+    # reserved*: the allocator model's prediction for target, beside the accounted peak
+    predicted = summary.get("predicted_reserved_peak_bytes") is not None
     for header in ("iter\nms", "comp\nms", "comm\nms", "measured\nMiB", "accounted\nMiB",
-                   "bound\nMiB", "flush", "cov\n%"):
+                   *(("reserved*\nMiB",) if predicted else ()), "bound\nMiB", "flush", "cov\n%"):
         table.add_column(header, justify="right", no_wrap=True)
     for r in summary.get("ranks", []):
         coverage = r.get("coverage")
+        reserved = (_mib(r.get("predicted_reserved_peak_bytes")),) if predicted else ()
         table.add_row(
             str(r.get("rank")), r.get("node_ip") or "-", _status(r.get("status")),
             _ms(r.get("iteration_time_s")), _ms(r.get("compute_time_s")), _ms(r.get("comm_time_s")),
             _mib(r.get("measured_peak_bytes")), _mib(r.get("accounted_peak_bytes")),
-            _mib(r.get("liveness_lower_bound_bytes")),
+            *reserved, _mib(r.get("liveness_lower_bound_bytes")),
             "-" if r.get("num_flushes") is None else str(r["num_flushes"]),
             "-" if coverage is None else f"{coverage * 100:.1f}",
         )
@@ -215,6 +218,8 @@ def _footer(summary: dict) -> str:
     parts.append((f"peak {human_bytes(measured)} measured, " if measured is not None else "")
                  + f"{human_bytes(summary.get('accounted_peak_bytes'))} accounted, "
                  f"bound {human_bytes(summary.get('liveness_lower_bound_bytes'))}")
+    if summary.get("predicted_reserved_peak_bytes") is not None:
+        parts.append(_target_part(summary))
     if summary.get("coverage") is not None:
         parts.append(f"coverage {summary['coverage'] * 100:.1f}% (min over ranks)")
     return " | ".join(parts)
@@ -230,6 +235,26 @@ def breakdown_line(summary: dict) -> str | None:
              + (" (in a hook next to it)" if op.get("hook") else "")) if op else ""
     items = sorted(((k, v) for k, v in parts.items() if v), key=lambda kv: -kv[1])
     return f"peak (accounted){where}: " + ", ".join(f"{k} {human_bytes(v)}" for k, v in items)
+
+
+def _target_part(summary: dict) -> str:
+    """The allocator model's peaks (reserved*: predicted for the target, not measured) and
+    whether the target holds them."""
+    ooms = summary.get("num_predicted_ooms")
+    verdict = f", [red]does not fit the target: {ooms} OOMs[/red]" if ooms else ""
+    return (f"reserved* {human_bytes(summary['predicted_reserved_peak_bytes'])} predicted "
+            f"(allocated {human_bytes(summary.get('predicted_allocated_peak_bytes'))}, "
+            f"{summary.get('num_alloc_retries') or 0} alloc retries{verdict})")
+
+
+def _target_line(t: dict) -> str:
+    """The target's memory, what no tensor shows, and where each default comes from."""
+    d = t.get("defaults") or {}
+    return (f"target {t['name']}: {human_bytes(t['device_memory_bytes'])} device "
+            f"[{d.get('device_memory')}] - context {human_bytes(t['cuda_context_bytes'])} "
+            f"[{d.get('cuda_context')}] - NCCL {human_bytes(t['nccl_buffer_bytes'])} "
+            f"[{d.get('nccl')}] = usable {human_bytes(t['usable_capacity_bytes'])}; cuBLAS "
+            f"workspace {human_bytes(t['cublas_workspace_bytes'])} [{d.get('cublas_workspace')}]")
 
 
 def _zero3_line(z: dict) -> str:
@@ -265,6 +290,8 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         console.print(line, markup=False)
     if summary.get("zero3"):
         console.print(_zero3_line(summary["zero3"]), markup=False)
+    if summary.get("target"):
+        console.print(_target_line(summary["target"]), markup=False)
     if summary.get("error"):
         # markup=False: error text may contain brackets that rich would parse as styles.
         console.print("error: " + summary["error"], style="bold red", markup=False)

@@ -40,6 +40,9 @@ SUMMARY_COLUMNS = (
     "device_memory_threshold", "iteration_time_s", "iteration_time_median_s",
     "measured_peak_bytes", "accounted_peak_bytes", "peak_memory_bytes", "peak_memory_source",
     "liveness_lower_bound_bytes", "num_flushes", "flushed_bytes", "coverage",
+    # the caching allocator model's prediction (a run with a target)
+    "predicted_reserved_peak_bytes", "predicted_allocated_peak_bytes", "num_alloc_retries",
+    "num_predicted_ooms",
 )
 ZERO3_COLUMNS = ("strategy", "num_allgathers_per_iteration", "allgather_bytes_per_iteration",
                  "fetch_host_s", "release_host_s", "wait_s", "bubble_s", "gathered_peak_bytes",

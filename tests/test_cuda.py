@@ -46,6 +46,37 @@ def test_emulated_small_gpu_is_an_oom_result():
     assert report["status"] == "oom" and report["oom"]["node_id"] is not None
 
 
+@pytest.mark.parametrize("mode", ["lazy", "pre_allocate"])
+def test_allocator_model_predicts_max_memory_reserved(mode):
+    """The caching allocator model fed by the replay's stream against the real allocator's
+    ``max_memory_reserved`` of the same replay (reserved_model.py; 3% is the target)."""
+    import os
+
+    from actors.replay.reserved_model import ReservedMemoryModel
+    from actors.replay.target import TargetConfig
+
+    props = torch.cuda.get_device_properties(0)
+    workspace = os.environ.get("CUBLAS_WORKSPACE_CONFIG") or \
+        (":4096:8" if props.major >= 9 else ":4096:2:16:8")  # PyTorch's defaults
+    target = TargetConfig(name="custom", device_memory=str(props.total_memory),
+                          cuda_context="0", nccl_num_peers=0, cublas_workspace_config=workspace)
+    ext = ReservedMemoryModel(target)
+    cfg = ReplayConfig(mode="compute", device="cuda", iters=2, warmup_iters=1,
+                       measure_memory=False, allocation=AllocationConfig(mode=mode))
+    engine = ReplayEngine(load_trace(DEMO / "rank-0.et.json.gz"), cfg, extensions=[ext])
+    torch.cuda.synchronize()
+    if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):  # re-made inside the replay
+        torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_reserved()
+    report = engine.run().to_dict()
+    assert report["status"] == "ok", report["error"]
+    real = torch.cuda.max_memory_reserved() - before
+    assert report["predicted_reserved_peak_bytes"] == pytest.approx(real, rel=0.03)
+    assert report["predicted_allocated_peak_bytes"] <= report["predicted_reserved_peak_bytes"]
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_two_rank_nccl_replay(tmp_path):
     import ray

@@ -50,3 +50,7 @@ class ReplayExtension:
     def report(self) -> dict:
         """Figures for the rank report, under ``name``."""
         return {}
+
+    def headline(self) -> dict:
+        """Figures for the top level of the rank report (the driver aggregates them)."""
+        return {}

@@ -75,6 +75,15 @@ class MemoryTracker:
         self.peak_category_bytes = list(self.category_bytes)  # ... when the peak was reached
         self.peak_step = None  # the replay step (its op) running when the peak was reached
         self.step = None  # the step running now, for charges between ops (engine sets it)
+        self.observer = None  # sees every allocation and free (observe)
+
+    def observe(self, observer) -> None:
+        """Tell ``observer`` (an allocator model: actors/replay/reserved_model.py) of every
+        storage held and released, ``held(suid, nbytes)`` / ``released(suid)``, and of every
+        extension charge, ``charged(nbytes)`` / ``discharged(nbytes)``. The op loop writes
+        ``held`` directly, so the list itself reports its transitions."""
+        self.held = _ObservedHeld(self.held, observer)
+        self.observer = observer
 
     def check(self, requested_bytes: int) -> None:
         """Raise OutOfMemory when ``requested_bytes`` more would cross the capacity."""
@@ -96,6 +105,8 @@ class MemoryTracker:
         """Account bytes an extension allocated itself (checked against the capacity), as a
         category of actors/trace/categories.py."""
         self.check(nbytes)
+        if self.observer is not None:
+            self.observer.charged(nbytes)
         self.held_bytes += nbytes
         self.category_bytes[category] += nbytes
         if self.held_bytes > self.peak_bytes:
@@ -103,6 +114,8 @@ class MemoryTracker:
 
     def discharge(self, nbytes: int, category: int = TEMPORARIES) -> None:
         """Stop accounting bytes an extension released (charged as ``category``)."""
+        if self.observer is not None:
+            self.observer.discharged(nbytes)
         self.held_bytes -= nbytes
         self.category_bytes[category] -= nbytes
 
@@ -119,6 +132,26 @@ class MemoryTracker:
     def sample(self, op_index: int) -> None:
         """Record the bytes held after op ``op_index``."""
         self.timeline.append((op_index, self.held_bytes))
+
+
+class _ObservedHeld(list):
+    """MemoryTracker.held that reports a storage going from not held (0) to held and back;
+    only used while an observer is attached (a Python ``__setitem__`` costs a little)."""
+
+    __slots__ = ("_observer",)
+
+    def __init__(self, values, observer):
+        super().__init__(values)
+        self._observer = observer
+
+    def __setitem__(self, suid, nbytes):
+        old = list.__getitem__(self, suid)
+        list.__setitem__(self, suid, nbytes)
+        if not old:
+            if nbytes:
+                self._observer.held(suid, nbytes)
+        elif not nbytes:
+            self._observer.released(suid)
 
 
 def sample_points(num_ops: int, max_points: int) -> range:

@@ -103,6 +103,7 @@ class RankReport:
         }
         for ext in engine.extensions:
             self.data[ext.name] = ext.report()
+            self.data.update(ext.headline())
         return self
 
     def to_dict(self) -> dict:

@@ -1,0 +1,80 @@
+"""Predicted reserved memory: the caching allocator model (cuda_allocator.py) fed with the
+replay's allocations and frees, on any replay device (meta dry runs and CPU replays alike).
+
+The stream is what the replay accounts: a storage becomes held (an op made it, or the replay
+materialized it) with its bytes, then released; an extension's charge (ZeRO-3's gathered
+buffers, shards) is one allocation and its discharge frees the latest charge of that size.
+It lacks what the real run allocates inside ops (temporaries, workspaces other than cuBLAS's)
+and assumes one stream. The cuBLAS workspace is the first request, kept for the whole run,
+as PyTorch keeps it per handle and stream.
+"""
+from __future__ import annotations
+
+from actors.replay.cuda_allocator import CachingAllocatorModel
+from actors.replay.extension import ReplayExtension
+from actors.replay.target import TargetConfig
+
+HEADLINE = ("predicted_reserved_peak_bytes", "predicted_allocated_peak_bytes", "num_alloc_retries",
+            "num_predicted_ooms")
+
+
+class ReservedMemoryModel(ReplayExtension):
+    """Runs the caching allocator model of ``target`` over one rank's replay."""
+
+    name = "cuda_allocator"
+
+    def __init__(self, target: TargetConfig):
+        self.figures = target.figures()
+        self.settings = target.allocator.settings()
+        self.model = CachingAllocatorModel(self.settings, self.figures["usable_capacity_bytes"],
+                                           self.figures["device_memory_bytes"])
+        self._blocks: dict[int, object] = {}  # suid -> its block
+        self._charges: dict[int, list] = {}  # charged size -> blocks, latest last
+        self.num_unmatched_discharges = 0
+
+    def attach(self, engine) -> None:
+        """Observe the engine's memory; serve the cuBLAS workspace first."""
+        if self.figures["cublas_workspace_bytes"]:
+            self.model.malloc(self.figures["cublas_workspace_bytes"])
+        engine.memory.observe(self)
+
+    # --- the MemoryTracker observer ------------------------------------------------------
+    def held(self, suid: int, nbytes: int) -> None:
+        self._blocks[suid] = self.model.malloc(nbytes)
+
+    def released(self, suid: int) -> None:
+        block = self._blocks.pop(suid, None)
+        if block is not None:
+            self.model.free(block)
+
+    def charged(self, nbytes: int) -> None:
+        if nbytes > 0:
+            self._charges.setdefault(nbytes, []).append(self.model.malloc(nbytes))
+
+    def discharged(self, nbytes: int) -> None:
+        blocks = self._charges.get(nbytes)
+        if blocks:
+            self.model.free(blocks.pop())
+        elif nbytes > 0:  # not one earlier charge: left allocated, and counted
+            self.num_unmatched_discharges += 1
+
+    # --- report -----------------------------------------------------------------------------
+    def report(self) -> dict:
+        stats = self.model.stats()
+        return {**stats, "target": self.figures,
+                "settings": {"max_split_size_bytes": self.settings.max_split_size_bytes,
+                             "expandable_segments": self.settings.expandable_segments,
+                             "roundup_power2_divisions": self.settings.roundup_power2_divisions,
+                             "garbage_collection_threshold":
+                                 self.settings.garbage_collection_threshold},
+                "num_unmatched_discharges": self.num_unmatched_discharges,
+                "streams": 1}
+
+    def headline(self) -> dict:
+        stats = {**self.model.stats(), "num_predicted_ooms": self.model.num_ooms}
+        return {k: stats[k] for k in HEADLINE}
+
+
+def reserved_model_extensions(target: TargetConfig | None) -> list:
+    """The model as a replay extension when ``target`` names a device, else none."""
+    return [ReservedMemoryModel(target)] if target is not None and target.enabled else []
