@@ -259,6 +259,8 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     if summary.get("collectives"):
         console.print(_collectives_table(summary["collectives"]))
     console.print(_footer(summary))
+    for warning in summary.get("machine_warnings") or ():
+        console.print("warning: " + warning, style="yellow", markup=False)
     if summary.get("zero3"):
         console.print(_zero3_line(summary["zero3"]), markup=False)
     if summary.get("error"):

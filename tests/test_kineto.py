@@ -62,6 +62,18 @@ def test_host_times_carry_each_ops_duration_and_the_step(tmp_path):
     assert host.gaps_s == host_gaps_s(trace, other)
 
 
+def test_host_times_count_the_profiled_events_of_the_step(tmp_path):
+    """Each event the profiler recorded on the host thread inside the step carries its
+    bookkeeping: the three ops, a nested one, a range; not another thread's, not after."""
+    trace = load_trace(_et(tmp_path))
+    nested = {**_op(None, "aten::empty", 1012.0, 2.0), "args": {}}
+    extra = [nested, {"ph": "X", "cat": "user_annotation", "name": "## module:x ##", "ts": 1005.0,
+                      "dur": 100.0, "tid": HOST},
+             _op(99, "aten::neg", 1070.0, 1.0, GLOO), _op(98, "aten::neg", 1600.0, 1.0)]
+    host = host_times(trace, _kineto(tmp_path / "k.json.gz", OPS + extra))
+    assert host.num_events == 5
+
+
 def test_time_blocked_on_another_thread_is_not_host_time(tmp_path):
     """A gloo range ending inside a gap (the wait of a collective) starts the gap at its end."""
     trace = load_trace(_et(tmp_path))
