@@ -4,7 +4,7 @@ For every trace folder whose meta.json names its capture workload (the demos, an
 given on the command line), in one run on one Ray cluster:
 
 * **time, side by side**: the original (the capture workload, re-built from meta.json: same
-  config, same world size, same threads per rank, trained the same way; actors/capture/eager.py)
+  config, same world size, same threads per rank, trained the same way; orchestrator/original.py)
   and the replay (faithful, and faithful with ``replay.host_gaps``) run alternately, for
   ``--rounds`` rounds. Both sides give the same statistic: the slowest rank per iteration,
   median over ``--iters`` (>= 10) iterations. Each round's ratio (replay / the original of
@@ -37,22 +37,19 @@ import ray
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from actors.capture.eager import EagerActor  # noqa: E402
 from actors.replay.config import AllocationConfig, ReplayConfig  # noqa: E402
 from actors.replay.timed_iterations import median_interval  # noqa: E402
-from orchestrator.cluster import ClusterConfig  # noqa: E402
 from orchestrator.config import RunConfig, TraceConfig  # noqa: E402
 from orchestrator.launch import run_replay  # noqa: E402
 from orchestrator.metrics import slowest_series_s  # noqa: E402
+from orchestrator.original import OriginalWorkload  # noqa: E402
 from orchestrator.session import ReplaySession  # noqa: E402
-from orchestrator.worker_group import WorkerGroup  # noqa: E402
 
 DEMOS = ("gpt_dp_4", "gpt_zero3_2", "gpt_zero3_leaf_2")
 TIMED = (("faithful", False), ("faithful", True))  # replays timed against the original
 MEMORY_ONLY = ("lazy", "pre_allocate")
 MEMORY_TARGET = (0.9, 1.1)
 TIME_TARGET = (0.85, 1.15)
-BUILD_TIMEOUT_S = 600  # a cold DeepSpeed start included
 
 
 def _meta(folder: Path) -> dict:
@@ -73,39 +70,6 @@ def _stat(series: list[float]) -> dict:
     ci = median_interval(series)
     return {"s": round(statistics.median(series), 6), "n": len(series),
             "ci95": [round(ci.low, 6), round(ci.high, 6)] if ci else None}
-
-
-class Original:
-    """The capture workload of one folder on its own worker group, timed on demand."""
-
-    def __init__(self, meta: dict):
-        threads = max(int(r.get("num_threads") or 0) for r in meta["ranks"])
-        self.cfg = {"workload": meta["workload"], "warmup_iters": meta.get("warmup_iters", 3),
-                    "num_threads": threads, "dist_timeout_s": 300}
-        self.group = WorkerGroup(ray.remote(EagerActor), meta["world_size"], ClusterConfig(),
-                                 use_gpu=meta["workload"].get("device") == "cuda")
-
-    def __enter__(self):
-        self.group.start()
-        self._check(self.group.run("build", self.cfg, timeout_s=BUILD_TIMEOUT_S), "build")
-        return self
-
-    def time(self, num_iters: int) -> dict:
-        results = self.group.run("time_iterations", num_iters, timeout_s=BUILD_TIMEOUT_S)
-        self._check(results, "time")
-        return _stat(slowest_series_s([{"iteration_times_s": r.value} for r in results]))
-
-    def __exit__(self, *exc):
-        try:
-            self.group.run("close", timeout_s=30)
-        finally:
-            self.group.shutdown()
-
-    @staticmethod
-    def _check(results, what: str) -> None:
-        bad = [f"rank {r.rank}: {r.error}" for r in results if not r.ok]
-        if bad:
-            raise SystemExit(f"original workload {what} failed: {'; '.join(bad)}")
 
 
 def _replay(folder: Path, mode: str, host_gaps: bool, iters: int, measure: bool,
@@ -134,9 +98,9 @@ def bench_folder(folder: Path, rounds: int, iters: int, session, tmp: Path) -> d
     """Side-by-side time rounds, host-gap figures and memory ratios of one folder."""
     meta = _meta(folder)
     row = {"rounds": [], "machine_warnings": []}
-    with Original(meta) as original:
+    with OriginalWorkload(meta) as original:
         for k in range(rounds):
-            entry = {"original": original.time(iters)}
+            entry = {"original": _stat(original.time(iters))}
             for mode, gaps in TIMED:
                 key = mode + ("+host_gaps" if gaps else "")
                 s = _replay(folder, mode, gaps, iters, k == 0, session, tmp / f"{key}-{k}")

@@ -123,6 +123,20 @@ def test_dp_capture_writes_rank_traces_and_meta(dp_capture):
                for r in on_disk["ranks"])
 
 
+def test_the_original_is_timed_again_from_its_meta(dp_capture):
+    """bench_fidelity's reference: the capture workload rebuilt from meta.json alone, trained
+    on round after round, timed as capture times it (slowest rank per iteration)."""
+    from orchestrator.original import OriginalWorkload
+
+    out_dir, _ = dp_capture
+    meta = json.loads((out_dir / "meta.json").read_text())
+    with OriginalWorkload(meta, timeout_s=240) as original:
+        first, second = original.time(3), original.time(2)
+    assert len(first) == 3 and len(second) == 2 and min(first + second) > 0
+    with pytest.raises(ConfigError, match="names no capture workload"):
+        OriginalWorkload({"world_size": 2, "ranks": []})
+
+
 def test_dp_capture_measures_the_originals_memory(dp_capture):
     """meta.json's memory per the contract, and plausible: when the measured iteration starts,
     parameters, last iteration's gradients and AdamW's two moments are alive (4 x the
