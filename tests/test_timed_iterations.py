@@ -191,4 +191,6 @@ def test_two_ranks_with_min_time_stop_together_within_the_cap(tmp_path):
     noisy = [rep["noisy"] for rep in reports]
     assert len(noisy[0]["iteration_times_s"]) == 12
     assert noisy[0]["timing_stop_reason"].startswith("replay.max_iters")
-    assert len(reports[0]["easy"]["iteration_times_s"]) == 6
+    # a loose target is met before the cap (at 6 on a quiet machine), on both ranks alike
+    easy = reports[0]["easy"]
+    assert len(easy["iteration_times_s"]) < 40 and easy["timing_stop_reason"] == "interval within +-90%"

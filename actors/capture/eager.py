@@ -10,13 +10,13 @@ across ``time_iterations`` calls: training goes on from round to round, as it wo
 from __future__ import annotations
 
 import os
-import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from actors.capture.worker import rank_device, rendezvous_env, warm_up, workload_config
+from actors.capture.worker import (rank_device, rendezvous_env, time_iterations, warm_up,
+                                   workload_config)
 from actors.capture.workloads import build_workload
 from actors.errors import ConfigError
 from actors.rank_base import RankWorkerBase
@@ -47,21 +47,11 @@ class EagerActor(RankWorkerBase):
         return rank
 
     def time_iterations(self, num_iters: int) -> list[float]:
-        """Seconds of each of ``num_iters`` training iterations, timed as capture times them
-        (the ranks start together; nothing attached)."""
+        """Seconds of each of ``num_iters`` more training iterations, timed as capture times
+        them (worker.time_iterations)."""
         if self._workload is None:
             raise ConfigError(f"rank {os.environ.get('RANK')}: build() the workload first")
-        dist.barrier()
-        times_s = []
-        for _ in range(num_iters):
-            batch = self._workload.next_batch()
-            start = time.perf_counter()
-            self._workload.step(batch)
-            if self._device.type == "cuda":
-                torch.cuda.synchronize(self._device)
-            times_s.append(time.perf_counter() - start)
-        dist.barrier()
-        return times_s
+        return time_iterations(self._workload, num_iters, self._device)
 
     def close(self) -> None:
         """Leave the process group (the actor can then be killed)."""

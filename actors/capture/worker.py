@@ -97,16 +97,7 @@ def run_capture(cfg: Mapping, out_dir: str) -> dict:
             warm_up(workload, warmup_iters, meter)
         finally:
             meter.stop()
-        dist.barrier()  # start timing together so no rank waits for a late peer
-        times_s = []
-        for _ in range(timing_iters):
-            batch = workload.next_batch()
-            start = time.perf_counter()
-            workload.step(batch)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times_s.append(time.perf_counter() - start)
-        dist.barrier()
+        times_s = time_iterations(workload, timing_iters, device)
         record_kineto = bool(cfg.get("record_kineto", True))
         profiler_cost = _profiler_cost(rank, world_size) if record_kineto else None
         path = os.path.join(out_dir, trace_file_name(rank))
@@ -134,6 +125,22 @@ def _profiler_cost(rank: int, world_size: int) -> dict:
             cost = profiler_op_cost(profiler_activities())
         dist.barrier()
     return cost
+
+
+def time_iterations(workload: Workload, num_iters: int, device: torch.device) -> list[float]:
+    """Seconds of each of ``num_iters`` training iterations with nothing attached; the ranks
+    start together (so no rank waits for a late peer) and leave together."""
+    dist.barrier()
+    times_s = []
+    for _ in range(num_iters):
+        batch = workload.next_batch()
+        start = time.perf_counter()
+        workload.step(batch)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times_s.append(time.perf_counter() - start)
+    dist.barrier()
+    return times_s
 
 
 def warm_up(workload: Workload, num_iters: int, meter: MemoryMeter | None = None) -> None:
