@@ -17,7 +17,7 @@ import torch
 from torch.profiler import profile
 
 NUM_OPS = 2000  # small ops per loop: ~5 ms bare here, long enough for the clock
-NUM_REPEATS = 5  # loops of each kind; the fastest counts (a preempted loop is only slower)
+NUM_REPEATS = 15  # loops of each kind; the fastest counts (a preempted loop is only slower)
 
 
 def _loop(num_ops: int) -> float:
