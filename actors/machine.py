@@ -41,10 +41,12 @@ def differences(captured: dict, replayed: dict) -> list[str]:
             if k in captured and k in replayed and captured[k] != replayed[k]]
 
 
-def replay_machine_warnings(trace_dir, rank_reports: list[dict]) -> list[str]:
+def replay_machine_warnings(trace_dir, rank_reports: list[dict],
+                            trace_ranks: list[int] | None = None) -> list[str]:
     """One warning per rank whose machine differs from the one its trace was captured on
-    (per rank ``machine`` in the ``meta.json`` beside the traces); a meta.json that records
-    no machine (captured before it did) gets one warning saying the two cannot be compared."""
+    (per rank ``machine`` in the ``meta.json`` beside the traces; replay rank r replays trace
+    rank ``trace_ranks[r]``, r itself without it); a meta.json that records no machine
+    (captured before it did) gets one warning saying the two cannot be compared."""
     meta_path = Path(str(trace_dir)) / "meta.json"
     try:
         meta = json.loads(meta_path.read_text())
@@ -57,7 +59,10 @@ def replay_machine_warnings(trace_dir, rank_reports: list[dict]) -> list[str]:
                 "cannot tell a slower replay from a slower machine"]
     warnings = []
     for report in rank_reports:
-        before, now = captured.get(report.get("rank")), report.get("machine")
+        rank = report.get("rank")
+        if trace_ranks is not None and isinstance(rank, int) and rank < len(trace_ranks):
+            rank = trace_ranks[rank]
+        before, now = captured.get(rank), report.get("machine")
         diff = differences(before, now) if before and now else []
         if diff:
             warnings.append(f"rank {report['rank']} replays on another machine than it was "

@@ -89,7 +89,7 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
         "mode": cfg.replay.mode, "allocation_mode": cfg.replay.allocation.mode,
         "device_memory_capacity_bytes": _capacity(rank_reports), "timings_s": timings,
         "trace_ranks": pre.ranks, "preflight_warnings": pre.warnings,
-        "machine_warnings": replay_machine_warnings(cfg.trace.dir, rank_reports),
+        "machine_warnings": replay_machine_warnings(cfg.trace.dir, rank_reports, pre.ranks),
         "zero3": zero3_metrics.summarize_ranks(rank_reports)})
     report.write_run_outputs(summary, rank_reports, out_dir, config_yaml, plots=not quiet)
     if not quiet:

@@ -41,6 +41,15 @@ def test_another_cpu_or_thread_count_is_named_per_rank(tmp_path):
     assert "warning: rank 1 replays on another machine" in console.export_text()
 
 
+def test_a_subset_of_ranks_is_compared_with_the_traces_it_replays(tmp_path):
+    other = {**HERE, "num_cpus": 64}
+    folder = _folder(tmp_path, [HERE, HERE, other])
+    # replay rank 0 replays trace rank 2 (trace.ranks=[2]): captured on the 64-CPU machine
+    assert replay_machine_warnings(folder, [{"rank": 0, "machine": other}], [2]) == []
+    (warning,) = replay_machine_warnings(folder, [{"rank": 0, "machine": HERE}], [2])
+    assert "num_cpus: 64 at capture, 2 here" in warning
+
+
 def test_older_capture_without_a_machine_says_it_cannot_compare(tmp_path):
     folder = _folder(tmp_path, [None])
     (warning,) = replay_machine_warnings(folder, [{"rank": 0, "machine": HERE}])
