@@ -170,3 +170,15 @@ def test_recorded_gaps_match_known_host_time(tmp_path):
     doc = read_kineto_doc(kineto)
     step_us = next(e["dur"] for e in doc["traceEvents"] if e.get("name") == "ProfilerStep#3")
     assert sum(gaps) * 1e6 < step_us  # host gaps are part of the step, never more
+
+
+def test_profiler_op_cost_is_per_recorded_event():
+    """Capture's micro-benchmark: one aten::add event per call, the cost the difference of
+    the fastest profiled and bare loops over the events (never negative)."""
+    from actors.capture.profiler_cost import profiler_op_cost
+    from actors.capture.recorder import profiler_activities
+
+    r = profiler_op_cost(profiler_activities(), num_ops=300, repeats=3)
+    assert r["events_per_op"] == 1.0 and r["num_ops"] == 300
+    assert r["bare_s"] > 0 and r["profiled_s"] > 0
+    assert r["profiler_op_cost_s"] == pytest.approx(max(0.0, r["profiled_s"] - r["bare_s"]) / 300)
