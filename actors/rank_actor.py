@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from actors.errors import TracefleetError
+from actors.machine import machine_info
 from actors.rank_base import RankWorkerBase
 from actors.replay.collectives import CollectiveReplayer
 from actors.replay.config import ReplayConfig
@@ -70,6 +71,7 @@ class RankActor(RankWorkerBase):
             finally:
                 engine.close()  # the CPU memory meter gives torch its allocator back
             out = report.to_dict()
+            out["machine"] = machine_info()  # the driver compares it with the capture's
             # The driver splits its replay window with these (launch.replay_phases).
             out["timings_s"] = {"trace_load_s": t1 - t0, "rendezvous_s": t2 - t1,
                                 "replay_s": time.perf_counter() - t2}

@@ -211,7 +211,14 @@ def build_meta(cfg: CaptureConfig, ranks: list[dict], out_dir: str, wall_s: floa
                    "peak_memory_bytes": r["peak_memory_bytes"],
                    "iteration_start_bytes": r["iteration_start_bytes"],
                    # [host ops of the profiler-only iteration linked to the ET's, of all]
-                   "kineto_aligned_ops": r.get("kineto_aligned_ops")} for r in ranks],
+                   "kineto_aligned_ops": r.get("kineto_aligned_ops"),
+                   # the machine (CPU model, logical CPUs, threads per rank): a replay on
+                   # another one is warned about (actors/machine.py)
+                   "machine": r.get("machine"),
+                   # the profiler's own cost per recorded op, for host-gap calibration
+                   # (actors/capture/profiler_cost.py); null where no profile was recorded
+                   "profiler_op_cost_s": (r.get("profiler_cost") or {}).get("profiler_op_cost_s"),
+                   "profiler_cost": r.get("profiler_cost")} for r in ranks],
     }
     for key in ("deepspeed_version", "shm_comm_op", "ds_config"):
         if key in first:

@@ -34,6 +34,9 @@ _RUN_FIGURES = (  # (summary key, label, formatter)
     ("status", "status", str), ("world_size", "ranks", str), ("mode", "replay mode", str),
     ("allocation_mode", "allocation mode", str),
     ("iteration_time_s", "iteration time, slowest rank", lambda v: f"{v * 1e3:.2f} ms"),
+    ("iteration_time_ci_low_s", "its 95% interval, low", lambda v: f"{v * 1e3:.2f} ms"),
+    ("iteration_time_ci_high_s", "its 95% interval, high", lambda v: f"{v * 1e3:.2f} ms"),
+    ("num_timed_iterations", "timed iterations", str),
     ("iteration_time_median_s", "iteration time, median rank", lambda v: f"{v * 1e3:.2f} ms"),
     ("measured_peak_bytes", "peak memory, measured", human_bytes),
     ("accounted_peak_bytes", "peak memory, accounted", human_bytes),
@@ -48,9 +51,10 @@ _RUN_FIGURES = (  # (summary key, label, formatter)
 _RANK_COLUMNS = ("rank", "node_ip", "status", "iteration_time_s", "measured_peak_bytes",
                  "accounted_peak_bytes", "peak_memory_bytes", "liveness_lower_bound_bytes",
                  "num_flushes", "coverage", "error")
-_TABLE_METRICS = ("iteration_time_s", "iteration_time_median_s", "measured_peak_bytes",
-                  "accounted_peak_bytes", "predicted_reserved_peak_bytes", "peak_memory_bytes",
-                  "liveness_lower_bound_bytes", "num_flushes", "coverage", "min_capacity_bytes", "max_failing_capacity_bytes",
+_TABLE_METRICS = ("iteration_time_s", "iteration_time_ci_low_s", "iteration_time_ci_high_s",
+                  "iteration_time_median_s", "measured_peak_bytes", "accounted_peak_bytes",
+                  "predicted_reserved_peak_bytes", "peak_memory_bytes", "liveness_lower_bound_bytes",
+                  "num_flushes", "coverage", "min_capacity_bytes", "max_failing_capacity_bytes",
                   "num_steps", "zero3_num_allgathers_per_iteration", "zero3_fetch_host_s",
                   "zero3_release_host_s")
 _CSS = """body{font-family:sans-serif;margin:24px;color:#222;max-width:1200px}

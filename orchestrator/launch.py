@@ -8,6 +8,7 @@ from pathlib import Path
 
 import orjson
 
+from actors.machine import replay_machine_warnings
 from actors.rank_actor import RankActor
 from actors.zero3 import metrics as zero3_metrics
 from orchestrator import metrics, report
@@ -89,6 +90,7 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
         "mode": cfg.replay.mode, "allocation_mode": cfg.replay.allocation.mode,
         "device_memory_capacity_bytes": _capacity(rank_reports), "timings_s": timings,
         "trace_ranks": pre.ranks, "preflight_warnings": pre.warnings,
+        "machine_warnings": replay_machine_warnings(cfg.trace.dir, rank_reports, pre.ranks),
         "zero3": zero3_metrics.summarize_ranks(rank_reports),
         "target": cfg.target.figures() if cfg.target.enabled else None})
     report.write_run_outputs(summary, rank_reports, out_dir, config_yaml, plots=not quiet)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from statistics import median
 
+from actors.replay.timed_iterations import interval_fields
+
 RANK_STATUSES = ("ok", "oom", "failed", "timeout")
 STATUS_PRECEDENCE = ("oom", "failed", "timeout")  # worst first; "ok" only if every rank is ok
 MAX_RANKS_IN_ERROR = 4  # name this many failing ranks in full, summarize the rest
@@ -105,14 +107,18 @@ def _merge_counts(reports: list[dict], key: str) -> dict[str, int]:
     return dict(sorted(total.items(), key=lambda kv: -kv[1]))
 
 
+def slowest_series_s(ranks: list[dict]) -> list[float]:
+    """Per iteration every reporting rank finished, the slowest rank's time."""
+    series = [r["iteration_times_s"] for r in ranks if r.get("iteration_times_s")]
+    if not series:
+        return []
+    return [max(s[k] for s in series) for k in range(min(len(s) for s in series))]
+
+
 def slowest_iteration_s(ranks: list[dict]) -> float | None:
     """The step time of a synchronous job: per iteration the slowest rank's time, then the
     median over iterations (iterations every reporting rank finished)."""
-    series = [r["iteration_times_s"] for r in ranks if r.get("iteration_times_s")]
-    if not series:
-        return None
-    n = min(len(s) for s in series)
-    return median(max(s[k] for s in series) for k in range(n))
+    return _median_or_none(slowest_series_s(ranks))
 
 
 def _memory(ranks: list[dict]) -> dict:
@@ -197,6 +203,9 @@ def aggregate(rank_reports: list[dict], *, world_size: int, run_status_override:
         "num_ranks_by_status": status_counts,
         # the headline: a synchronous step ends when its slowest rank does
         "iteration_time_s": slowest_iteration_s(ranks),
+        # its 95% interval, min and max over the same series (actors/replay/timed_iterations.py)
+        **interval_fields(slowest_series_s(ranks)),
+        "timing_stop_reason": next(iter(_values(ranks, "timing_stop_reason")), None),
         "iteration_time_median_s": _median_or_none(list(rank_medians.values())),
         "iteration_time_stats_s": {
             "min": fastest,

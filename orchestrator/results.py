@@ -37,7 +37,9 @@ INVALID = "invalid"
 # Summary keys copied into a row as they are (absent keys stay empty).
 SUMMARY_COLUMNS = (
     "world_size", "mode", "allocation_mode", "device_memory_capacity_bytes",
-    "device_memory_threshold", "iteration_time_s", "iteration_time_median_s",
+    "device_memory_threshold", "iteration_time_s", "iteration_time_ci_low_s",
+    "iteration_time_ci_high_s", "iteration_time_min_s", "iteration_time_max_s",
+    "num_timed_iterations", "iteration_time_median_s",
     "measured_peak_bytes", "accounted_peak_bytes", "peak_memory_bytes", "peak_memory_source",
     "liveness_lower_bound_bytes", "num_flushes", "flushed_bytes", "coverage",
     # the caching allocator model's prediction (a run with a target)

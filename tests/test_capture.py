@@ -117,6 +117,25 @@ def test_dp_capture_writes_rank_traces_and_meta(dp_capture):
     assert on_disk["iteration_time_s"] == statistics.median(on_disk["rank_iteration_time_s"])
     assert on_disk["num_params"] == sum(p.numel() for p in _params(WorkloadConfig(**TINY)))
     assert [r["kineto_file"] for r in on_disk["ranks"]] == [kineto_file_name(r) for r in range(2)]
+    # the machine, and the profiler's own cost per op (a fraction of a microsecond to a few)
+    assert all(r["machine"]["cpu_model"] and r["machine"]["num_threads"] >= 1
+               and r["machine"]["num_cpus"] >= 1 for r in on_disk["ranks"])
+    assert all(0 < r["profiler_op_cost_s"] < 1e-4 and r["profiler_cost"]["events_per_op"] == 1
+               for r in on_disk["ranks"])
+
+
+def test_the_original_is_timed_again_from_its_meta(dp_capture):
+    """bench_fidelity's reference: the capture workload rebuilt from meta.json alone, trained
+    on round after round, timed as capture times it (slowest rank per iteration)."""
+    from orchestrator.original import OriginalWorkload
+
+    out_dir, _ = dp_capture
+    meta = json.loads((out_dir / "meta.json").read_text())
+    with OriginalWorkload(meta, timeout_s=240) as original:
+        first, second = original.time(3), original.time(2)
+    assert len(first) == 3 and len(second) == 2 and min(first + second) > 0
+    with pytest.raises(ConfigError, match="names no capture workload"):
+        OriginalWorkload({"world_size": 2, "ranks": []})
 
 
 def test_dp_capture_measures_the_originals_memory(dp_capture):

@@ -3,6 +3,7 @@ toward a gap, and the profiler's inflation of the recorded host time is taken of
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
 from actors.replay.extension import ReplayExtension
-from actors.replay.host_gaps import HostGaps, eager_scale
+from actors.replay.host_gaps import Calibration, HostGaps, profiler_calibration
 from actors.trace import load_trace
 from actors.trace.kineto import HostTimes
 from tests.trace_factory import capture_step
@@ -71,7 +72,7 @@ def test_windows_hold_the_gaps_and_the_ops_between_waits(trace):
     n = len(trace.ops)
     gaps, durs = [0.0] * n, [1e-4] * n
     gaps[4], gaps[n - 1] = 0.002, 0.001
-    ext = HostGaps(gaps, "synthetic", op_s=durs, scale=0.5)
+    ext = HostGaps(gaps, "synthetic", op_s=durs, calibration=Calibration(scale=0.5))
     ext.attach(ReplayEngine(trace, _cfg()))
     windows = ext.windows_s()
     assert sorted(windows) == [4, n - 1]
@@ -80,40 +81,58 @@ def test_windows_hold_the_gaps_and_the_ops_between_waits(trace):
     assert sum(windows.values()) == pytest.approx(0.5 * (0.003 + 1e-4 * len(counted)))
 
 
-def _meta(tmp_path, times):
-    (tmp_path / "meta.json").write_text(json.dumps({"ranks": [
-        {"rank": 0, "iteration_times_s": times}]}))
+def _meta(tmp_path, cost_s, rank=0):
+    row = {"rank": rank, "iteration_times_s": [0.001]}  # an eager time that must not matter
+    if cost_s is not None:
+        row["profiler_op_cost_s"] = cost_s
+    (tmp_path / "meta.json").write_text(json.dumps({"ranks": [row]}))
     return tmp_path / "rank-0.et.json.gz"
 
 
-def test_calibration_takes_the_profilers_excess_off_the_host_time(tmp_path):
-    host = HostTimes(gaps_s=[0.010, 0.010], op_s=[0.005, 0.005], step_s=0.050)
-    # fastest eager 40 ms against the 50 ms profiled step: 10 of the 30 ms of host time go
-    scale, how = eager_scale(host, set(), _meta(tmp_path, [0.045, 0.040, 0.060]), 0)
-    assert scale == pytest.approx(1 - 0.010 / 0.030) and "eager 40.0 ms" in how
+def test_calibration_takes_the_profilers_measured_cost_off_the_host_time(tmp_path):
+    host = HostTimes(gaps_s=[0.010, 0.010], op_s=[0.005, 0.005], step_s=0.050, num_events=5000)
+    # 5000 events x 2 us = 10 ms of the 30 ms of host time were the profiler's
+    cal = profiler_calibration(host, set(), _meta(tmp_path, 2e-6), 0)
+    assert cal.calibrated and cal.scale == pytest.approx(1 - 0.010 / 0.030)
+    assert "5000 profiled events x 2.000 us = 10.00 ms" in cal.how
     # a collective's own duration is not host time
-    scale, _ = eager_scale(host, {1}, _meta(tmp_path, [0.040]), 0)
-    assert scale == pytest.approx(1 - 0.010 / 0.025)
-    assert eager_scale(host, set(), _meta(tmp_path, [0.070]), 0)[0] == 1.0  # not inflated
+    cal = profiler_calibration(host, {1}, _meta(tmp_path, 2e-6), 0)
+    assert cal.scale == pytest.approx(1 - 0.010 / 0.025)
+    # a cost larger than the host time leaves nothing, never a negative wait
+    assert profiler_calibration(host, set(), _meta(tmp_path, 1e-3), 0).scale == 0.0
 
 
-def test_no_eager_times_means_no_calibration(tmp_path):
-    host = HostTimes(gaps_s=[0.010], op_s=[0.005], step_s=0.050)
-    assert eager_scale(host, set(), tmp_path / "rank-0.et.json.gz", 0) == (
-        1.0, "none (no eager iteration times for this rank in a meta.json beside the trace)")
-    assert eager_scale(host, set(), _meta(tmp_path, [0.040]), 3)[0] == 1.0  # another rank's
+def test_without_the_measured_cost_gaps_are_paced_not_calibrated(tmp_path):
+    host = HostTimes(gaps_s=[0.010], op_s=[0.005], step_s=0.050, num_events=100)
+    for name, cost_s, rank in (("none", "no meta.json", 0),
+                               ("old", None, 0),  # an older meta.json (eager times only)
+                               ("other", 2e-6, 3)):  # another rank's figure
+        folder = tmp_path / name
+        folder.mkdir()
+        path = folder / "rank-0.et.json.gz" if name == "none" else _meta(folder, cost_s)
+        cal = profiler_calibration(host, set(), path, rank)
+        assert (cal.scale, cal.calibrated) == (1.0, False)
+        assert cal.how.startswith("not calibrated: no profiler_op_cost_s")
 
 
-def test_demo_zero3_gaps_are_paced_and_calibrated():
-    """The demo's capture: the profiled step is slower than eager, so less than the recorded
-    host time is targeted; every window is non-negative."""
-    demo = load_trace(DEMO / "gpt_zero3_2" / "rank-0.et.json.gz")
+def test_demo_zero3_gaps_are_paced_and_calibrated(tmp_path):
+    """The demo's capture, with a profiler cost in its meta.json: less than the recorded
+    host time is targeted, by the events times the cost; every window is non-negative."""
+    folder = tmp_path / "gpt_zero3_2"
+    shutil.copytree(DEMO / "gpt_zero3_2", folder)
+    meta = json.loads((folder / "meta.json").read_text())
+    for row in meta["ranks"]:
+        row["profiler_op_cost_s"] = 0.5e-6
+    (folder / "meta.json").write_text(json.dumps(meta))
+    demo = load_trace(folder / "rank-0.et.json.gz")
     ext = HostGaps.for_trace(demo)
-    assert ext.op_s is not None and 0 < ext.scale < 1
     ReplayEngine(demo, _cfg(), extensions=[ext])  # attaches it
-    windows = ext.windows_s()
-    assert windows and min(windows.values()) >= 0
     collectives = {op.index for op in demo.ops if op.collective is not None}
     recorded = sum(ext.gaps_s) + sum(d for i, d in enumerate(ext.op_s) if i not in collectives)
+    events = ext.calibration.num_profiled_events
+    assert events > len(demo.ops) / 2  # ops, nested ops and ranges of the profiled step
+    assert ext.calibration.calibrated and ext.scale == pytest.approx(1 - events * 0.5e-6 / recorded)
+    windows = ext.windows_s()
+    assert windows and min(windows.values()) >= 0
     # nothing is left out but the ops after the last wait
     assert sum(windows.values()) == pytest.approx(ext.scale * recorded, rel=0.02)

@@ -62,6 +62,18 @@ def test_host_times_carry_each_ops_duration_and_the_step(tmp_path):
     assert host.gaps_s == host_gaps_s(trace, other)
 
 
+def test_host_times_count_the_profiled_events_of_the_step(tmp_path):
+    """Each event the profiler recorded on the host thread inside the step carries its
+    bookkeeping: the three ops, a nested one, a range; not another thread's, not after."""
+    trace = load_trace(_et(tmp_path))
+    nested = {**_op(None, "aten::empty", 1012.0, 2.0), "args": {}}
+    extra = [nested, {"ph": "X", "cat": "user_annotation", "name": "## module:x ##", "ts": 1005.0,
+                      "dur": 100.0, "tid": HOST},
+             _op(99, "aten::neg", 1070.0, 1.0, GLOO), _op(98, "aten::neg", 1600.0, 1.0)]
+    host = host_times(trace, _kineto(tmp_path / "k.json.gz", OPS + extra))
+    assert host.num_events == 5
+
+
 def test_time_blocked_on_another_thread_is_not_host_time(tmp_path):
     """A gloo range ending inside a gap (the wait of a collective) starts the gap at its end."""
     trace = load_trace(_et(tmp_path))
@@ -158,3 +170,15 @@ def test_recorded_gaps_match_known_host_time(tmp_path):
     doc = read_kineto_doc(kineto)
     step_us = next(e["dur"] for e in doc["traceEvents"] if e.get("name") == "ProfilerStep#3")
     assert sum(gaps) * 1e6 < step_us  # host gaps are part of the step, never more
+
+
+def test_profiler_op_cost_is_per_recorded_event():
+    """Capture's micro-benchmark: one aten::add event per call, the cost the difference of
+    the fastest profiled and bare loops over the events (never negative)."""
+    from actors.capture.profiler_cost import profiler_op_cost
+    from actors.capture.recorder import profiler_activities
+
+    r = profiler_op_cost(profiler_activities(), num_ops=300, repeats=3)
+    assert r["events_per_op"] == 1.0 and r["num_ops"] == 300
+    assert r["bare_s"] > 0 and r["profiled_s"] > 0
+    assert r["profiler_op_cost_s"] == pytest.approx(max(0.0, r["profiled_s"] - r["bare_s"]) / 300)

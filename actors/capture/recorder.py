@@ -154,7 +154,7 @@ def record_iteration(step: Callable[[tuple], None], batch: tuple, model: nn.Modu
 def _profile_once(step, batch, step_name: str, kineto_path: str, index: int,
                   observer: ExecutionTraceObserver | None = None) -> tuple[str, float]:
     """Run the step once under the profiler; ``(exported Chrome trace path, seconds)``."""
-    with profile(activities=_activities(), execution_trace_observer=observer) as prof:
+    with profile(activities=profiler_activities(), execution_trace_observer=observer) as prof:
         start = time.perf_counter()
         with record_function(step_name):
             step(batch)
@@ -164,7 +164,7 @@ def _profile_once(step, batch, step_name: str, kineto_path: str, index: int,
     return path, elapsed
 
 
-def _activities() -> list:
+def profiler_activities() -> list:
     """CPU ops always; the device's kernels too when the rank has a GPU."""
     return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
 

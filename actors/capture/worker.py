@@ -7,7 +7,9 @@ LOCAL_RANK on cuda). Order on every rank:
 1. the memory meter starts (CPU: before the model exists, see actors/capture/memory.py);
 2. the workload is built and warmed up; the last warm-up iteration is the measured one;
 3. ``timing_iters`` iterations are timed with nothing attached;
-4. one iteration is recorded by the ET observer, on real devices with the profiler, then a
+4. on real devices, the profiler's own cost per op is measured (one rank at a time,
+   actors/capture/profiler_cost.py);
+5. one iteration is recorded by the ET observer, on real devices with the profiler, then a
    few bare ones by the profiler alone (``rank-<r>.kineto.json.gz``: the host time between
    ops, see actors/capture/host_profile.py).
 """
@@ -25,9 +27,11 @@ import torch.distributed as dist
 
 from actors.capture import kineto_file_name, trace_file_name
 from actors.capture.memory import MemoryMeter
-from actors.capture.recorder import record_iteration
+from actors.capture.profiler_cost import profiler_op_cost
+from actors.capture.recorder import profiler_activities, record_iteration
 from actors.capture.workloads import Workload, WorkloadConfig, build_workload
 from actors.errors import ConfigError
+from actors.machine import machine_info
 
 REQUIRED_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -43,7 +47,8 @@ def workload_config(cfg: Mapping) -> WorkloadConfig:
     return WorkloadConfig(**raw)
 
 
-def _rendezvous_env() -> tuple[int, int]:
+def rendezvous_env() -> tuple[int, int]:
+    """(RANK, WORLD_SIZE) from the worker group's env; ConfigError naming what is missing."""
     missing = [name for name in REQUIRED_ENV if not os.environ.get(name)]
     if missing:
         raise ConfigError(f"capture rank: environment variable(s) {', '.join(missing)} not set; "
@@ -51,7 +56,8 @@ def _rendezvous_env() -> tuple[int, int]:
     return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
 
-def _rank_device(wl_cfg: WorkloadConfig, rank: int) -> torch.device:
+def rank_device(wl_cfg: WorkloadConfig, rank: int) -> torch.device:
+    """The rank's device for ``wl_cfg.device`` (cuda: LOCAL_RANK's GPU, made current)."""
     if wl_cfg.device != "cuda":
         return torch.device(str(wl_cfg.device))
     if not torch.cuda.is_available():
@@ -71,7 +77,7 @@ def run_capture(cfg: Mapping, out_dir: str) -> dict:
     (collective timeout), ``module_backward_ranges`` (also mark module backward),
     ``record_kineto`` (also write the profiler trace).
     """
-    rank, world_size = _rendezvous_env()
+    rank, world_size = rendezvous_env()
     wl_cfg = workload_config(cfg)
     # Counts come from CaptureConfig.rank_cfg(), validated on the driver.
     warmup_iters = int(cfg.get("warmup_iters", 3))
@@ -79,7 +85,7 @@ def run_capture(cfg: Mapping, out_dir: str) -> dict:
     if int(cfg.get("num_threads", 0)) > 0:
         torch.set_num_threads(int(cfg["num_threads"]))
     os.makedirs(out_dir, exist_ok=True)
-    device = _rank_device(wl_cfg, rank)
+    device = rank_device(wl_cfg, rank)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank,
                             world_size=world_size,
                             timeout=timedelta(seconds=float(cfg.get("dist_timeout_s", 300))))
@@ -91,17 +97,9 @@ def run_capture(cfg: Mapping, out_dir: str) -> dict:
             warm_up(workload, warmup_iters, meter)
         finally:
             meter.stop()
-        dist.barrier()  # start timing together so no rank waits for a late peer
-        times_s = []
-        for _ in range(timing_iters):
-            batch = workload.next_batch()
-            start = time.perf_counter()
-            workload.step(batch)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times_s.append(time.perf_counter() - start)
-        dist.barrier()
+        times_s = time_iterations(workload, timing_iters, device)
         record_kineto = bool(cfg.get("record_kineto", True))
+        profiler_cost = _profiler_cost(rank, world_size) if record_kineto else None
         path = os.path.join(out_dir, trace_file_name(rank))
         kineto = os.path.join(out_dir, kineto_file_name(rank)) if record_kineto else None
         recorded = record_iteration(
@@ -114,7 +112,35 @@ def run_capture(cfg: Mapping, out_dir: str) -> dict:
     facts = rank_facts(rank, world_size, workload, path, kineto, times_s, meter.result())
     if kineto:
         facts["kineto_aligned_ops"] = [recorded["aligned_host_ops"], recorded["et_host_ops"]]
+        facts["profiler_cost"] = profiler_cost
     return facts
+
+
+def _profiler_cost(rank: int, world_size: int) -> dict:
+    """The profiler's cost per recorded op on this rank (actors/capture/profiler_cost.py),
+    one rank at a time so no rank's loop is preempted by another's."""
+    cost = None
+    for turn in range(world_size):
+        if turn == rank:
+            cost = profiler_op_cost(profiler_activities())
+        dist.barrier()
+    return cost
+
+
+def time_iterations(workload: Workload, num_iters: int, device: torch.device) -> list[float]:
+    """Seconds of each of ``num_iters`` training iterations with nothing attached; the ranks
+    start together (so no rank waits for a late peer) and leave together."""
+    dist.barrier()
+    times_s = []
+    for _ in range(num_iters):
+        batch = workload.next_batch()
+        start = time.perf_counter()
+        workload.step(batch)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times_s.append(time.perf_counter() - start)
+    dist.barrier()
+    return times_s
 
 
 def warm_up(workload: Workload, num_iters: int, meter: MemoryMeter | None = None) -> None:
@@ -145,6 +171,7 @@ def rank_facts(rank: int, world_size: int, workload: Workload, path: str, kineto
         "memory_method": memory["method"],
         "num_params": workload.num_params,
         "num_threads": torch.get_num_threads(),
+        "machine": machine_info(),
         "torch_version": torch.__version__,
         **workload.info,
     }

@@ -70,8 +70,20 @@ class ReplayConfig:
     device_memory_capacity: str | None = None
     # Untimed iterations before the measured ones.
     warmup_iters: int = 1
-    # Measured iterations.
-    iters: int = 3
+    # Measured iterations (the fewest, when replay.min_time_s > 0). At least 6 give the
+    # median iteration time a 95% confidence interval (actors/replay/timed_iterations.py);
+    # 20 keep it within about +-5% on the demos here (docs/timing.md).
+    iters: int = 20
+    # > 0: time iterations past replay.iters until their total reaches this and the 95%
+    # interval of the median is within replay.ci_target of it, or replay.max_iters (as
+    # timeit's autorange). Every rank stops after the same iteration: the decision is taken
+    # on the slowest rank's time per iteration, all-reduced over the world group.
+    min_time_s: float = 0.0
+    # With replay.min_time_s > 0: the interval's largest distance from the median, relative
+    # to it, at which timing stops (0.05: within +-5%).
+    ci_target: float = 0.05
+    # With replay.min_time_s > 0: the cap on measured iterations.
+    max_iters: int = 200
     # Measure the peak of real allocations, op temporaries included, in every timed
     # iteration. cpu: a counter of the CPU allocator's live bytes in every thread (docs/
     # memory.md; needs a C++ compiler once); cuda: the caching allocator's peak stats. meta
@@ -112,6 +124,12 @@ class ReplayConfig:
         if self.iters < 1 or self.warmup_iters < 0:
             raise ConfigError(f"replay.iters={self.iters}, replay.warmup_iters={self.warmup_iters}; "
                               "expected iters >= 1 and warmup_iters >= 0")
+        if self.min_time_s < 0 or not 0 < self.ci_target < 1:
+            raise ConfigError(f"replay.min_time_s={self.min_time_s}, replay.ci_target="
+                              f"{self.ci_target}; expected min_time_s >= 0 and ci_target in (0, 1)")
+        if self.min_time_s > 0 and self.max_iters < self.iters:
+            raise ConfigError(f"replay.max_iters={self.max_iters} < replay.iters={self.iters}: "
+                              "the cap must allow the fewest iterations")
         if self.device == Device.meta and self.mode != ReplayMode.compute:
             raise ConfigError(f"replay.device=meta runs operators only; set replay.mode=compute "
                               f"(got replay.mode={self.mode})")

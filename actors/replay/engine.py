@@ -25,6 +25,7 @@ from actors.replay.meters import make_meter
 from actors.replay.op_call import OpCaller
 from actors.replay.report import RankReport
 from actors.replay.tensor_store import TensorStore
+from actors.replay.timed_iterations import StopRule, world_max
 from actors.trace.categories import storage_categories
 from actors.trace.liveness import compute_liveness
 from actors.trace.model import Trace
@@ -135,6 +136,7 @@ class ReplayEngine:
         self.num_iterations_run = 0  # completed iterations, warm-up included
         self.stop_index: int | None = None  # op index the replay stopped at (OOM, failure)
         self.stopped_in_hook = False  # ... in an extension's hook next to that op
+        self.stop_rule: StopRule | None = None  # when timing stops (set by run())
 
     # --- the sequence ---------------------------------------------------------------------
     def sequence(self, sampled: bool, checked: bool) -> list[tuple]:
@@ -334,12 +336,16 @@ class ReplayEngine:
         """Warm-up and measured iterations; OOM and failures become the report's status, and
         what was measured before them is kept."""
         report = RankReport.start(self)
-        num_iters = self.cfg.warmup_iters + self.cfg.iters
+        cfg = self.cfg
+        stop = StopRule(cfg.iters, cfg.min_time_s, cfg.ci_target, cfg.max_iters,
+                        world_max(self.device) if self.comm is not None else None)
+        self.stop_rule = stop
+        num_iters = cfg.warmup_iters + stop.planned
         meter, window = self.meter, False
         try:
             self._prepare()
             for it in range(num_iters):
-                measured = it >= self.cfg.warmup_iters
+                measured = it >= cfg.warmup_iters
                 if measured:
                     meter.start()
                     window = True
@@ -359,6 +365,8 @@ class ReplayEngine:
                     self._reset_timings()
                 if self.progress is not None:
                     self.progress(it + 1, num_iters)
+                if measured and stop.done(elapsed):  # the same iteration on every rank
+                    break
         except OutOfMemory as e:
             report.set_oom(self.last_op, e.held_bytes, e.requested_bytes, e.message,
                            in_hook=self.stopped_in_hook)

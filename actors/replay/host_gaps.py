@@ -28,17 +28,19 @@ overhead already covers a gap spins nothing there. Pacing is cumulative over the
 not per window: per window, two lock-stepped ranks each spin the positive part of every window
 and their spins add up across ranks.
 
-**Calibrated** (a ``meta.json`` beside the trace holds the rank's eager iteration times): the
-profiler's per-op bookkeeping inflates the recorded host time (the bare profiled step of the
-demo ZeRO-3 workload takes 72 ms against 52 ms for its fastest eager iteration). That excess,
-the profiled step (the fastest of capture's bare profiled iterations) minus the fastest eager
-iteration, is taken off the original's host time by a uniform scale, so the waits reproduce
-the eager run, not the profiled one.
+**Calibrated** (a ``meta.json`` beside the trace holds the rank's ``profiler_op_cost_s``):
+the profiler's per-op bookkeeping inflates the recorded host time. Capture measures its cost
+per recorded event with a fixed micro-benchmark in the rank (actors/capture/profiler_cost.py);
+the profiled step's events (on the host thread, outside collectives) times that cost is taken
+off the original's host time by a uniform scale. The original's iteration time is no input:
+a replay's time can then be judged against it. Without the figure (older captures) the waits
+are paced to the recorded host time as it is, and the report says it is not calibrated.
 """
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -61,26 +63,38 @@ def _spin(gap_ns: int, total: list) -> None:
     total[0] += now - start
 
 
-def eager_scale(host: HostTimes, collectives: set[int], trace_path, rank: int) -> tuple[float, str]:
-    """``(scale, how)``: the share of the profiled host time the eager run spent, from the
-    rank's eager iteration times in the ``meta.json`` capture wrote beside the trace; 1.0 when
-    there is none or the profile was not slower than eager. The profiled step is the fastest
-    of capture's bare profiled iterations, so it is set against the fastest eager one."""
+@dataclass(frozen=True)
+class Calibration:
+    """How much of the recorded host time the waits reproduce (module doc)."""
+
+    scale: float = 1.0  # the share of the recorded host time that was the original's own
+    how: str = "none"
+    calibrated: bool = False  # from the profiler's cost measured at capture
+    num_profiled_events: int = 0
+    profiler_op_cost_s: float | None = None
+
+
+def profiler_calibration(host: HostTimes, collectives: set[int], trace_path,
+                         rank: int) -> Calibration:
+    """The profiled step's events times the profiler's cost per event, measured at capture
+    (``profiler_op_cost_s`` of the rank in the ``meta.json`` beside the trace), taken off the
+    recorded host time; not calibrated (scale 1.0) when meta.json has no such figure."""
     meta_path = Path(trace_path).parent / "meta.json"
     try:
         meta = json.loads(meta_path.read_text())
-        times = next(r["iteration_times_s"] for r in meta["ranks"] if r.get("rank") == rank)
-        eager_s = min(float(t) for t in times)
+        row = next(r for r in meta["ranks"] if r.get("rank") == rank)
+        cost_s = float(row["profiler_op_cost_s"])
     except (OSError, ValueError, KeyError, TypeError, StopIteration):
-        return 1.0, "none (no eager iteration times for this rank in a meta.json beside the trace)"
+        return Calibration(how="not calibrated: no profiler_op_cost_s for this rank in a "
+                               "meta.json beside the trace (captured before capture measured "
+                               "the profiler's cost); paced to the recorded host time, the "
+                               "profiler's bookkeeping included")
     recorded_s = sum(host.gaps_s) + sum(d for i, d in enumerate(host.op_s) if i not in collectives)
-    excess_s = host.step_s - eager_s
-    if recorded_s <= 0 or excess_s <= 0:
-        return 1.0, (f"none needed (profiled step {host.step_s * 1e3:.1f} ms <= eager "
-                     f"{eager_s * 1e3:.1f} ms)")
-    scale = max(0.0, 1.0 - excess_s / recorded_s)
-    return scale, (f"profiled step {host.step_s * 1e3:.1f} ms - eager {eager_s * 1e3:.1f} ms "
-                   f"taken off {recorded_s * 1e3:.1f} ms of host time")
+    excess_s = host.num_events * cost_s
+    scale = max(0.0, 1.0 - excess_s / recorded_s) if recorded_s > 0 else 1.0
+    how = (f"{host.num_events} profiled events x {cost_s * 1e6:.3f} us = {excess_s * 1e3:.2f} ms "
+           f"taken off {recorded_s * 1e3:.1f} ms of host time")
+    return Calibration(scale, how, True, host.num_events, cost_s)
 
 
 class HostGaps(ReplayExtension):
@@ -90,12 +104,12 @@ class HostGaps(ReplayExtension):
     name = "host_gaps"
 
     def __init__(self, gaps_s: list[float], source: str, op_s: list[float] | None = None,
-                 scale: float = 1.0, calibration: str = "none"):
+                 calibration: Calibration | None = None):
         self.gaps_s = gaps_s
         self.source = source
         self.op_s = op_s
-        self.scale = scale
-        self.calibration = calibration
+        self.calibration = calibration or Calibration()
+        self.scale = self.calibration.scale
         self._collectives: set[int] = set()
         self._comm = None
         self._spent_ns = [0]
@@ -116,8 +130,8 @@ class HostGaps(ReplayExtension):
         except TraceError as e:
             raise ReplayError(f"replay.host_gaps=true: {e}") from None
         collectives = {op.index for op in trace.ops if op.collective is not None}
-        scale, how = eager_scale(host, collectives, trace.path, trace.rank)
-        return cls(host.gaps_s, str(path), host.op_s, scale, how)
+        return cls(host.gaps_s, str(path), host.op_s,
+                   profiler_calibration(host, collectives, trace.path, trace.rank))
 
     def attach(self, engine) -> None:
         self._collectives = {op.index for op in engine.trace.ops if op.collective is not None}
@@ -181,5 +195,8 @@ class HostGaps(ReplayExtension):
                 "num_waits": len(self.waits_s()), "paced": paced,
                 "recorded_s_per_iteration": sum(self.gaps_s),
                 "target_host_s_per_iteration": sum(self.windows_s().values()) if paced else None,
-                "eager_scale": self.scale, "calibration": self.calibration,
+                "calibrated": self.calibration.calibrated, "scale": self.scale,
+                "calibration": self.calibration.how,
+                "num_profiled_events": self.calibration.num_profiled_events,
+                "profiler_op_cost_s": self.calibration.profiler_op_cost_s,
                 "added_s_per_iteration": sum(added) / len(added) if added else None}

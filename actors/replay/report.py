@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from actors.trace.categories import breakdown
+from actors.replay.timed_iterations import interval_fields
 
 MAX_ERROR_CHARS = 300
 
@@ -80,6 +81,8 @@ class RankReport:
             "num_shape_mismatches": engine.calls.num_shape_mismatches,
             "num_iterations_completed": engine.num_iterations_run,
             "iteration_time_s": med(self.iteration_times_s) if self.iteration_times_s else None,
+            **interval_fields(self.iteration_times_s),
+            "timing_stop_reason": engine.stop_rule.reason if engine.stop_rule else None,
             "compute_time_s": med(self.compute_times_s) if self.compute_times_s else None,
             "comm_time_s": med(self.comm_times_s) if self.comm_times_s else None,
             "measured_peak_bytes": measured,
@@ -98,7 +101,7 @@ class RankReport:
             "flush_ticks": list(memory.flush_ticks),
             "num_materialized": engine.store.num_materialized,
             "memory_timeline": [list(p) for p in memory.timeline],
-            "top_ops": top_ops(engine.steps, engine.cfg.iters),
+            "top_ops": top_ops(engine.steps, len(self.iteration_times_s)),
             "collectives": engine.comm.stats_dict() if engine.comm is not None else {},
         }
         for ext in engine.extensions:

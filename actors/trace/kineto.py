@@ -26,6 +26,7 @@ _KINETO_SUFFIXES = (".kineto.json.gz", ".kineto.json")
 _RF_ID = "Record function id"
 _US_PER_S = 1e6
 _DEVICE_RUNTIME = ("cuda_runtime", "cuda_driver")
+_PROFILED_CATS = ("cpu_op", "user_annotation")  # events with per-op profiler bookkeeping
 
 
 def kineto_path_for(trace_path) -> Path | None:
@@ -77,6 +78,9 @@ class HostTimes:
     op_s: list[float]
     #: the profiled step ranges' total duration (0.0 without ``ProfilerStep#`` ranges)
     step_s: float
+    #: events the profiler recorded on the host thread inside the step ranges, less those
+    #: inside collectives: each one's bookkeeping is in the host time (gaps and op_s)
+    num_events: int = 0
 
 
 def host_gaps_s(trace: Trace, kineto_path) -> list[float]:
@@ -113,9 +117,30 @@ def host_times(trace: Trace, kineto_path) -> HostTimes:
         raise TraceError(kineto_path, f"none of the {len(trace.ops)} ops of {trace.path} links to "
                                       "this profiler trace (record-function id and name); "
                                       "expected the profile of the same recorded iteration")
-    step_us = sum(float(step_events[name].get("dur", 0.0)) for name, _, _ in windows
-                  if name in step_events)
-    return HostTimes(gaps, op_s, step_us / _US_PER_S)
+    steps = [step_events[name] for name, _, _ in windows if name in step_events]
+    step_us = sum(float(e.get("dur", 0.0)) for e in steps)
+    collectives = [spans[op.rf_id] for op in trace.ops
+                   if op.collective is not None and op.rf_id in spans]
+    return HostTimes(gaps, op_s, step_us / _US_PER_S, _count_host_events(events, steps, collectives))
+
+
+def _count_host_events(events: list[dict], steps: list[dict], collectives: list[tuple]) -> int:
+    """Op and range events on each step's thread inside the step, not inside a collective."""
+    count = 0
+    for step in steps:
+        tid, begin = step.get("tid"), float(step["ts"])
+        end = begin + float(step.get("dur", 0.0))
+        inside = [(s[1], s[2]) for s in collectives if s[3] == tid and begin <= s[1] <= end]
+        for ev in events:
+            if ev is step or ev.get("tid") != tid or ev.get("cat") not in _PROFILED_CATS:
+                continue
+            try:
+                ts = float(ev["ts"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if begin <= ts <= end and not any(a <= ts <= b for a, b in inside):
+                count += 1
+    return count
 
 
 def _step_gaps(trace: Trace, first: int, end: int, step_ev: dict | None, events: list[dict],
