@@ -29,6 +29,7 @@ class WorkloadKind(Choice):
     llama_dp = "llama_dp"
     llama_zero3 = "llama_zero3"
     llama_local = "llama_local"  # plain traces, e.g. for the ZeRO-3 emulation's world size
+    custom = "custom"  # the user's own step, workload.entrypoint (actors/capture/custom.py)
 
 
 class WorkloadDevice(Choice):
@@ -37,6 +38,7 @@ class WorkloadDevice(Choice):
     cpu = "cpu"
     cuda = "cuda"  # one GPU per rank (LOCAL_RANK), NCCL
     meta = "meta"  # shapes only: no data, no memory, fake process group (any world size)
+    fake = "fake"  # like meta, but tensors report cpu (FakeTensorMode): FSDP2 runs too
 
 
 class DType(Choice):
@@ -52,8 +54,13 @@ class WorkloadConfig:
     """What to train while capturing."""
 
     kind: WorkloadKind = WorkloadKind.gpt_dp
-    # cpu, cuda (one GPU per rank) or meta (shapes only; 70B-class models in seconds).
+    # cpu, cuda (one GPU per rank), meta (shapes only; 70B-class models in seconds) or fake
+    # (shapes only on fake cpu tensors, any world size; see actors/capture/fake_mode.py).
     device: WorkloadDevice = WorkloadDevice.cpu
+    # kind=custom: the user's step, PATH.py:FUNCTION or package.module:FUNCTION, whose
+    # build(ctx) returns (model, make_batch, step) (see actors/capture/custom.py). The
+    # model knobs below do not apply to it.
+    entrypoint: str = ""
     # Parameter and activation dtype (ZeRO-3 kinds: float32 only).
     dtype: DType = DType.float32
     # Vocabulary size (token embedding rows, LM head outputs).
@@ -110,17 +117,29 @@ class WorkloadConfig:
 
     @property
     def model(self) -> str:
-        """``gpt`` or ``llama``."""
+        """``gpt``, ``llama`` or ``custom``."""
         return self.kind.value.split("_")[0]
 
     @property
     def parallel(self) -> str:
-        """``dp``, ``zero3`` or ``local``."""
-        return self.kind.value.split("_")[1]
+        """``dp``, ``zero3``, ``local`` or ``custom`` (whatever the user's step does)."""
+        return self.kind.value.split("_")[-1]
 
 
 def validate(cfg: WorkloadConfig) -> None:
     """Raise ConfigError when the workload knobs are inconsistent."""
+    if cfg.kind == WorkloadKind.custom:
+        if not cfg.entrypoint:
+            raise ConfigError("workload.kind=custom needs workload.entrypoint=PATH.py:FUNCTION "
+                              "(or package.module:FUNCTION)")
+        if cfg.device == WorkloadDevice.meta:
+            raise ConfigError("workload.kind=custom on workload.device=meta: FSDP2 and DDP "
+                              "refuse meta tensors; use workload.device=fake (shapes only too)")
+        return
+    if cfg.entrypoint:
+        raise ConfigError(f"workload.entrypoint={cfg.entrypoint!r} is only read with "
+                          f"workload.kind=custom (got workload.kind={cfg.kind}); use "
+                          "workload=custom")
     for name in ("vocab", "d_model", "n_layers", "n_heads", "seq_len", "batch_size"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"workload.{name}={getattr(cfg, name)}: must be >= 1")
@@ -141,10 +160,10 @@ def validate(cfg: WorkloadConfig) -> None:
             raise ConfigError(f"workload.d_model / workload.n_heads = {cfg.d_model // cfg.n_heads}"
                               ": rotary embeddings need an even head size")
     if cfg.parallel == "zero3":
-        if cfg.device == WorkloadDevice.meta:
+        if cfg.device in (WorkloadDevice.meta, WorkloadDevice.fake):
             raise ConfigError(f"workload.kind={cfg.kind} runs DeepSpeed, which needs real "
-                              "tensors; on workload.device=meta use a *_local kind (plain "
-                              "traces for the ZeRO-3 emulation) or *_dp")
+                              f"tensors; on workload.device={cfg.device} use a *_local kind "
+                              "(plain traces for the ZeRO-3 emulation) or *_dp")
         if cfg.dtype != DType.float32:
             raise ConfigError(f"workload.kind={cfg.kind} captures in float32 only "
                               f"(got workload.dtype={cfg.dtype})")
@@ -181,11 +200,18 @@ class Workload:
 
 
 def build_workload(cfg: WorkloadConfig, rank: int, world_size: int,
-                   device: torch.device | None = None) -> Workload:
-    """Build the model, optimizer and data source on ``device`` (default: cfg.device);
-    torch.distributed must be initialized unless the kind is ``*_local``."""
+                   device: torch.device | None = None, mesh=None) -> Workload:
+    """Build the model, optimizer and data source on ``device`` (default: cfg.device; fake:
+    cpu, called inside the fake tensor mode); torch.distributed must be initialized unless
+    the kind is ``*_local``. ``mesh``: the 1-D DeviceMesh over all ranks (kind=custom)."""
     validate(cfg)
-    device = device or torch.device(str(cfg.device))
+    device = device or torch.device("cpu" if cfg.device == "fake" else str(cfg.device))
+    if cfg.kind == WorkloadKind.custom:
+        from actors.capture.context import CaptureContext
+        from actors.capture.custom import build_custom
+
+        assert mesh is not None, "the caller creates the mesh (fake: before the fake mode)"
+        return build_custom(cfg.entrypoint, CaptureContext(device, rank, world_size, mesh))
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     with torch.device(device):
         model, block_class = build_model(cfg)
