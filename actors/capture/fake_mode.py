@@ -8,7 +8,8 @@ accepts fake ones. Two things keep the ET observer's trace shaped like a real on
 
 * Every op under a Python dispatch mode runs inside a ``PythonDispatchMode`` RecordFunction
   (torch's ``pythonFallback``), with the mode's own meta kernels below it:
-  :func:`strip_dispatch_mode_nodes` removes them from the written trace. And
+  :func:`strip_dispatch_mode_nodes` removes them from the written trace (or renames the
+  frame where a tensor subclass such as DTensor ran its local ops under it). And
   ``record_function`` ranges are themselves ops: their start would open inside that wrapper
   and close outside it, so the observer would nest nothing under them (no
   ``ProfilerStep#``, no module ranges). :func:`ranges_outside_fake_mode` starts and ends them
@@ -36,7 +37,8 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConverter, FakeT
 
 from actors.errors import ConfigError
 
-DISPATCH_MODE_NODE = "PythonDispatchMode"  # torch's pythonFallback RecordFunction
+DISPATCH_MODE_NODE = "PythonDispatchMode"  # torch's pythonFallback frame under a mode
+SUBCLASS_NODE = "PythonSubclass"  # its frame for a tensor subclass without a mode
 _PYTHON_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Python) | torch._C.DispatchKeySet(
     torch._C.DispatchKey.PythonTLSSnapshot)
 
@@ -103,29 +105,50 @@ def refuse_ddp():
         ddp_module._verify_param_shape_across_processes = original
 
 
-def _meta_only(node: dict) -> bool:
-    """Whether every tensor the node reads or writes is on ``meta`` (and it has one)."""
-    devices = [v[5] for side in (node["inputs"], node["outputs"])
-               for v, t in zip(side["values"], side["types"])
-               if t.startswith("Tensor") and isinstance(v, list) and len(v) == 6]
-    return bool(devices) and all(d == "meta" for d in devices)
+def _devices(node: dict) -> list[str]:
+    """The device of every tensor (also in tensor lists) the node reads or writes."""
+    devices = []
+    for side in (node["inputs"], node["outputs"]):
+        for value, type_ in zip(side["values"], side["types"]):
+            if type_.startswith("Tensor(") and isinstance(value, list) and len(value) == 6:
+                devices.append(value[5])
+            elif type_.startswith("GenericList") and isinstance(value, list):
+                devices += [v[5] for v in value if isinstance(v, list) and len(v) == 6]
+    return devices
 
 
 def strip_dispatch_mode_nodes(path: str) -> int:
-    """Drop the fake mode's own work from the gzipped trace at ``path``; returns how many
-    nodes went.
+    """Make the gzipped fake trace at ``path`` read like a real device's; returns how many
+    nodes were dropped.
 
-    That is every ``PythonDispatchMode`` node with the meta kernels under it (one below each
-    op, see the module docstring), and the meta ops the mode runs outside any op (re-wrapping
-    a tensor saved for backward when autograd unpacks it): every tensor of the workload
-    reports the real device, so an op on ``meta`` tensors only is the mode's. A real
-    device's trace has none of them, and the inner ``c10d::*`` kernels would read as extra
-    collectives (the loader treats a collective nested under another as an op of its own).
+    * Ops on ``meta`` tensors only go, with everything under them: every tensor of the
+      workload reports the real device, so they are the fake mode's own kernels (below each
+      op) or its re-wrapping of a tensor saved for backward when autograd unpacks it.
+    * A ``PythonDispatchMode`` frame (one below each op, see the module docstring) goes too,
+      unless ops on real-device tensors run under it: then a tensor subclass (DTensor, FSDP2's
+      sharded parameters and their optimizer state) dispatched its local ops there, which a
+      real device records under a ``PythonSubclass`` frame, and it is renamed so.
+
+    A real trace has none of the dropped nodes, and their inner ``c10d::*`` kernels would read
+    as extra collectives (the loader treats a collective nested under another as an op).
     """
     with gzip.open(path, "rb") as f:
         doc = orjson.loads(f.read())
-    parent = {n["id"]: n["ctrl_deps"] for n in doc["nodes"]}
-    wrapper = {n["id"] for n in doc["nodes"] if n["name"] == DISPATCH_MODE_NODE or _meta_only(n)}
+    nodes = doc["nodes"]
+    parent = {n["id"]: n["ctrl_deps"] for n in nodes}
+    devices = {n["id"]: _devices(n) for n in nodes}
+    real_device_parents = {parent[nid] for nid, devs in devices.items()
+                           if any(d not in ("meta", "") for d in devs)}
+    wrapper = set()
+    for n in nodes:
+        devs = devices[n["id"]]
+        if devs and all(d == "meta" for d in devs):
+            wrapper.add(n["id"])
+        elif n["name"] == DISPATCH_MODE_NODE:
+            if n["id"] in real_device_parents:
+                n["name"] = SUBCLASS_NODE
+            else:
+                wrapper.add(n["id"])
     dropped: dict[int, bool] = {}
 
     def under_wrapper(nid: int) -> bool:
@@ -139,8 +162,8 @@ def strip_dispatch_mode_nodes(path: str) -> int:
             dropped[seen] = verdict
         return verdict
 
-    kept = [n for n in doc["nodes"] if not under_wrapper(n["id"])]
-    removed = len(doc["nodes"]) - len(kept)
+    kept = [n for n in nodes if not under_wrapper(n["id"])]
+    removed = len(nodes) - len(kept)
     doc["nodes"] = kept
     with gzip.open(path, "wb", compresslevel=6) as f:
         f.write(orjson.dumps(doc))
