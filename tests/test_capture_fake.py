@@ -3,17 +3,20 @@ any world size, in one process: mixed-precision dtypes, shard sizes, storage ids
 workloads, and what cannot run there (DDP) said clearly."""
 from __future__ import annotations
 
+import gzip
 import math
 import resource
 from collections import Counter
 from pathlib import Path
 
+import orjson
 import pytest
 import torch
 
 from actors.capture import trace_file_name
 from actors.capture.custom import load_build
-from actors.capture.fake_mode import CaptureFakeMode
+from actors.capture.fake_mode import (DISPATCH_MODE_NODE, SUBCLASS_NODE, CaptureFakeMode,
+                                      _devices)
 from actors.capture.meta_storage import unique_meta_storages
 from actors.capture.workloads import WorkloadConfig
 from actors.errors import ConfigError
@@ -155,3 +158,23 @@ def test_ddp_on_fake_is_refused_clearly(tmp_path):
         fake_capture(tmp_path, 2, DDP_EXAMPLE)
     with pytest.raises(ConfigError, match="runs DeepSpeed, which needs real tensors"):
         CaptureConfig(workload=WorkloadConfig(kind="gpt_zero3", device="fake")).validate()
+
+
+def test_fake_trace_keeps_subclass_work_and_drops_the_modes(fsdp2_fake_4):
+    """No node of the fake mode's own is left (its frames, meta kernels); the frames where
+    DTensor ran its local ops are named ``PythonSubclass``, as on a real device, and hold the
+    optimizer's update of each fp32 shard."""
+    out, _ = fsdp2_fake_4
+    with gzip.open(out / trace_file_name(0)) as f:
+        nodes = orjson.loads(f.read())["nodes"]
+    by_id = {n["id"]: n for n in nodes}
+    assert not [n for n in nodes if n["name"] == DISPATCH_MODE_NODE]
+    devices = {d for n in nodes for d in _devices(n)}
+    assert devices == {"cpu", ""}  # "": an optional tensor argument left out (None)
+    frames = [n for n in nodes if n["name"] == SUBCLASS_NODE]
+    assert frames and all(by_id[f["ctrl_deps"]]["name"].startswith("aten::") for f in frames)
+    local_updates = [n for n in nodes if n["name"] == "aten::addcdiv_"
+                     and by_id[n["ctrl_deps"]]["name"] == SUBCLASS_NODE]
+    shard_numels = sorted(rank0_shard_numel(s, 4) for s in example_shapes({}))
+    assert sorted(n["inputs"]["values"][0][3] for n in local_updates) == shard_numels
+    assert len({n["inputs"]["values"][0][1] for n in local_updates}) == len(shard_numels)

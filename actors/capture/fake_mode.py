@@ -121,13 +121,15 @@ def strip_dispatch_mode_nodes(path: str) -> int:
     """Make the gzipped fake trace at ``path`` read like a real device's; returns how many
     nodes were dropped.
 
-    * Ops on ``meta`` tensors only go, with everything under them: every tensor of the
-      workload reports the real device, so they are the fake mode's own kernels (below each
-      op) or its re-wrapping of a tensor saved for backward when autograd unpacks it.
+    * Ops on ``meta`` tensors go, with everything under them: every tensor of the workload
+      reports the real device, so they are the fake mode's own kernels (below each op; a
+      Python number's 0-dim tensor stays a real cpu one there) or its re-wrapping of a tensor
+      saved for backward when autograd unpacks it.
     * A ``PythonDispatchMode`` frame (one below each op, see the module docstring) goes too,
-      unless ops on real-device tensors run under it: then a tensor subclass (DTensor, FSDP2's
-      sharded parameters and their optimizer state) dispatched its local ops there, which a
-      real device records under a ``PythonSubclass`` frame, and it is renamed so.
+      unless the op runs again under it on real-device tensors: then a tensor subclass
+      (DTensor: FSDP2's sharded parameters and their optimizer state) dispatched its local
+      call there, which a real device records under a ``PythonSubclass`` frame, and it is
+      renamed so. (Under other frames, the mode's decompositions run other ops: dropped.)
 
     A real trace has none of the dropped nodes, and their inner ``c10d::*`` kernels would read
     as extra collectives (the loader treats a collective nested under another as an op).
@@ -137,15 +139,18 @@ def strip_dispatch_mode_nodes(path: str) -> int:
     nodes = doc["nodes"]
     parent = {n["id"]: n["ctrl_deps"] for n in nodes}
     devices = {n["id"]: _devices(n) for n in nodes}
-    real_device_parents = {parent[nid] for nid, devs in devices.items()
-                           if any(d not in ("meta", "") for d in devs)}
+    name = {n["id"]: n["name"] for n in nodes}
+    # Frames holding the op itself again on real-device tensors: a subclass's local call
+    # (the mode's decompositions run other ops, e.g. view for _unsafe_view).
+    subclass_frames = {parent[nid] for nid, devs in devices.items()
+                       if "meta" not in devs and any(devs)
+                       and name.get(parent.get(parent[nid])) == name[nid]}
     wrapper = set()
     for n in nodes:
-        devs = devices[n["id"]]
-        if devs and all(d == "meta" for d in devs):
+        if "meta" in devices[n["id"]]:
             wrapper.add(n["id"])
         elif n["name"] == DISPATCH_MODE_NODE:
-            if n["id"] in real_device_parents:
+            if n["id"] in subclass_frames:
                 n["name"] = SUBCLASS_NODE
             else:
                 wrapper.add(n["id"])
