@@ -59,10 +59,13 @@ class Transformer(nn.Module):
         self.output = nn.Linear(dim, vocab, bias=False)
 
     def forward(self, idx):
+        """Logits of every position, (batch * seq, vocab)."""
         x = self.tok_embeddings(idx)
         for layer in self.layers:
             x = layer(x)
-        return self.output(self.norm(x))
+        # 2-D into the head: its output is then a fresh tensor, not a view (FSDP2 warns about
+        # a root module returning a view, whose in-place use would skip its backward hook).
+        return self.output(self.norm(x).flatten(0, 1))
 
 
 def build(ctx):
@@ -85,7 +88,7 @@ def build(ctx):
     def step(batch):
         idx, targets = batch
         logits = model(idx)
-        loss = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1))
+        loss = F.cross_entropy(logits.float(), targets.reshape(-1))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
