@@ -59,13 +59,10 @@ class Transformer(nn.Module):
         self.output = nn.Linear(dim, vocab, bias=False)
 
     def forward(self, idx):
-        """Logits of every position, (batch * seq, vocab)."""
         x = self.tok_embeddings(idx)
         for layer in self.layers:
             x = layer(x)
-        # 2-D into the head: its output is then a fresh tensor, not a view (FSDP2 warns about
-        # a root module returning a view, whose in-place use would skip its backward hook).
-        return self.output(self.norm(x).flatten(0, 1))
+        return self.output(self.norm(x))
 
 
 def build(ctx):
@@ -88,7 +85,7 @@ def build(ctx):
     def step(batch):
         idx, targets = batch
         logits = model(idx)
-        loss = F.cross_entropy(logits.float(), targets.reshape(-1))
+        loss = F.cross_entropy(logits.float().reshape(-1, vocab), targets.reshape(-1))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
