@@ -13,6 +13,9 @@ Every rank of a data-parallel or local workload runs the same program on the sam
 and on meta no value differs either, so rank 0 is recorded once and its trace is written for
 every rank (the observer costs ~7 s per rank on a 70B-class model). tests/test_capture.py
 checks on a small world that a separately recorded rank gives the same trace.
+On fake the same holds for FSDP2 where every sharded dimension divides by the world size;
+otherwise the last ranks' real shards are smaller than rank 0's (FSDP2 pads them to rank
+0's size for its collectives, which are therefore the same).
 """
 from __future__ import annotations
 
