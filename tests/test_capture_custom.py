@@ -173,3 +173,22 @@ def test_config_errors_before_any_work(tmp_path):
         "tracefleet-capture: error: workload.kind=custom needs "
         "workload.entrypoint=PATH.py:FUNCTION (or package.module:FUNCTION)")
     assert not (tmp_path / "out").exists()
+
+
+def test_fake_trace_replays_like_the_real_one(real_captures, tmp_path):
+    """Replayed on cpu (compute), the fake FSDP2 trace runs every op the real one runs but
+    gloo's own, and skips the same ones for the same reasons."""
+    from actors.replay.config import AllocationConfig, ReplayConfig
+    from actors.replay.engine import ReplayEngine
+
+    fake_capture(tmp_path, 2)
+    real, fake = (load_trace(d / trace_file_name(0)) for d in (real_captures["fsdp2"], tmp_path))
+    runs = [ReplayEngine(t, ReplayConfig(mode="compute", device="cpu", iters=1, warmup_iters=0,
+                                         allocation=AllocationConfig(mode="lazy"))).run().to_dict()
+            for t in (real, fake)]
+    assert [r["status"] for r in runs] == ["ok", "ok"], [r["error"] for r in runs]
+    assert runs[0]["skipped_reasons"] == runs[1]["skipped_reasons"]
+    main = _main_thread_ops(real)
+    gloo_own = len(real.ops) - len(main) + 2 * sum(
+        op.name == "c10d::_reduce_scatter_base_" for op in main)
+    assert runs[1]["num_replayed"] == runs[0]["num_replayed"] - gloo_own
