@@ -192,3 +192,16 @@ def test_fake_trace_replays_like_the_real_one(real_captures, tmp_path):
     gloo_own = len(real.ops) - len(main) + 2 * sum(
         op.name == "c10d::_reduce_scatter_base_" for op in main)
     assert runs[1]["num_replayed"] == runs[0]["num_replayed"] - gloo_own
+
+
+def test_cli_captures_a_custom_step_on_fake(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator.capture_main", "workload=custom",
+         "workload.entrypoint=examples/fsdp2_llama_step.py:build", "workload.device=fake",
+         "world_size=3", f"out_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path / 'hydra'}"],
+        capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("tracefleet-capture: wrote 3 rank traces")
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["entrypoint"] == FSDP2_EXAMPLE and meta["recorded_rank"] == 0
+    assert meta["workload"]["kind"] == "custom" and meta["workload"]["device"] == "fake"
