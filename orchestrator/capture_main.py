@@ -3,14 +3,16 @@
 Writes ``rank-<r>.et.json.gz`` and the profiler trace of the same iteration,
 ``rank-<r>.kineto.json.gz``, for every rank, and ``meta.json`` (world size, workload knobs,
 versions, eager iteration times measured without the observer, the original's measured
-memory) into ``out_dir``. ``workload.device=meta`` captures in this process over a fake
-process group instead (no Ray, any world size, no timings or memory). Examples::
+memory) into ``out_dir``. ``workload.device=meta`` or ``fake`` captures in this process over a
+fake process group instead (no Ray, any world size, no timings or memory). Examples::
 
     tracefleet-capture world_size=4 out_dir=demo/traces/gpt_dp_4
     tracefleet-capture workload.parallel=zero3 workload.leaf_modules=true world_size=2
     tracefleet-capture workload.model=llama workload.parallel=fsdp2 \
         workload.precision=bf16_mixed workload.activation_checkpointing=selective_op world_size=2
     tracefleet-capture workload=llama_70b world_size=8     # meta, seconds
+    tracefleet-capture workload=custom workload.entrypoint=examples/fsdp2_llama_step.py:build \
+        workload.device=fake world_size=64                # your own step, shapes only
 """
 from __future__ import annotations
 
@@ -47,12 +49,12 @@ class CaptureConfig:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     # Where the rank actors run (shared with `tracefleet`).
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    # Number of ranks: one Ray actor each; on workload.device=meta captured in this process
-    # over a fake process group, so any number (the machine's size does not matter).
+    # Number of ranks: one Ray actor each; on workload.device=meta or fake captured in this
+    # process over a fake process group, so any number (the machine's size does not matter).
     world_size: int = 4
     # Iterations run before timing (not recorded): allocator, DeepSpeed and gloo warm-up.
     # The last one is the memory-measured iteration (cpu: under the profiler's allocator
-    # events, so none of them is timed). meta runs exactly one (the optimizer state).
+    # events, so none of them is timed). meta and fake run exactly one (the optimizer state).
     warmup_iters: int = 3
     # Iterations timed without the observer; each rank reports their median.
     timing_iters: int = 5
@@ -62,7 +64,7 @@ class CaptureConfig:
     # Also mark each module's backward with begin/end marker nodes (adds autograd hook ops).
     module_backward_ranges: bool = True
     # Also write rank-<r>.kineto.json.gz: the host time between ops (replay.host_gaps), from
-    # the fastest of 3 bare iterations under torch.profiler after the ET's. Not on meta.
+    # the fastest of 3 bare iterations under torch.profiler after the ET's. Not on meta/fake.
     record_kineto: bool = True
     # Timeout of one gloo collective on the ranks, seconds.
     dist_timeout_s: float = 300.0
@@ -77,8 +79,14 @@ class CaptureConfig:
     transfer: Transfer = Transfer.path
 
     def validate(self) -> None:
-        """Raise ConfigError on inconsistent values (before any cluster work)."""
+        """Raise ConfigError on inconsistent values (before any cluster work); a custom
+        entrypoint is resolved (a file made absolute) and its function looked up here."""
         validate_workload(self.workload)
+        if self.workload.model == "custom":
+            from actors.capture.custom import load_build, resolve_entrypoint
+
+            self.workload.entrypoint = resolve_entrypoint(self.workload.entrypoint)
+            load_build(self.workload.entrypoint)
         if self.world_size < 1:
             raise ConfigError(f"world_size={self.world_size}: expected >= 1")
         if self.warmup_iters < 1 or self.timing_iters < 1:
@@ -124,7 +132,7 @@ def run_capture_job(cfg: CaptureConfig) -> dict:
     out_dir = os.path.abspath(cfg.out_dir)
     prepare_out_dir(out_dir, cfg.overwrite)
     start = time.perf_counter()
-    if cfg.workload.device == "meta":
+    if cfg.workload.device in ("meta", "fake"):
         from actors.capture.meta_world import run_meta_capture
 
         ranks = run_meta_capture(cfg.rank_cfg(), out_dir, cfg.world_size)
@@ -179,8 +187,9 @@ def _capture_on_ray(cfg: CaptureConfig, out_dir: str) -> list[dict]:
 
 def build_meta(cfg: CaptureConfig, ranks: list[dict], out_dir: str, wall_s: float) -> dict:
     """meta.json: the capture's settings, versions, eager timings and the original's measured
-    memory (rank order; times and memory null on meta, where nothing is measured)."""
+    memory (rank order; times and memory null on meta and fake, where nothing is measured)."""
     first = ranks[0]
+    shapes_only = cfg.workload.device in ("meta", "fake")
     rank_times_s = [r["iteration_time_s"] for r in ranks]
     measured = [r for r in ranks if r["peak_memory_bytes"] is not None]
     meta = {
@@ -197,8 +206,8 @@ def build_meta(cfg: CaptureConfig, ranks: list[dict], out_dir: str, wall_s: floa
             "iteration_start_bytes": max((r["iteration_start_bytes"] for r in measured),
                                          default=None),
         },
-        "warmup_iters": 1 if cfg.workload.device == "meta" else cfg.warmup_iters,
-        "timing_iters": 0 if cfg.workload.device == "meta" else cfg.timing_iters,
+        "warmup_iters": 1 if shapes_only else cfg.warmup_iters,
+        "timing_iters": 0 if shapes_only else cfg.timing_iters,
         "module_backward_ranges": cfg.module_backward_ranges,
         "captured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "capture_wall_s": wall_s,
@@ -220,10 +229,10 @@ def build_meta(cfg: CaptureConfig, ranks: list[dict], out_dir: str, wall_s: floa
                    "profiler_op_cost_s": (r.get("profiler_cost") or {}).get("profiler_op_cost_s"),
                    "profiler_cost": r.get("profiler_cost")} for r in ranks],
     }
-    for key in ("deepspeed_version", "shm_comm_op", "ds_config"):
+    for key in ("deepspeed_version", "shm_comm_op", "ds_config", "entrypoint"):
         if key in first:
             meta[key] = first[key]
-    if "recorded_as_rank" in first:  # meta: one rank recorded, its trace written for all
+    if "recorded_as_rank" in first:  # meta/fake: one rank recorded, its trace written for all
         meta["recorded_rank"] = first["recorded_as_rank"]
     return meta
 

@@ -1,27 +1,36 @@
-"""Capture a ``workload.device=meta`` world in this process: no Ray, no data, any world size.
+"""Capture a ``workload.device=meta`` or ``fake`` world in this process: no Ray, no data, any
+world size.
 
-On meta nothing is computed and nothing communicated. A rank joins torch's fake process
-group (backend ``fake``: collectives complete at once and touch no data, but dispatch as
-``c10d::*`` ops the ET observer records with their real sizes), builds the model on meta,
-warms up once (the optimizer state must exist before the recorded iteration, as in a real
-run) and records one iteration. Meta tensors carry no values, so neither tensor ranges nor
-timings nor memory are recorded.
+On meta and fake nothing is computed and nothing communicated. A rank joins torch's fake
+process group (backend ``fake``: collectives complete at once and touch no data, but dispatch
+as ``c10d::*`` ops the ET observer records with their real sizes), builds the model (on meta;
+on fake on ``cpu`` inside :class:`actors.capture.fake_mode.CaptureFakeMode`, with the 1-D
+mesh made before the mode), warms up once (the optimizer state must exist before the recorded
+iteration, as in a real run) and records one iteration. Neither meta nor fake tensors carry
+values, so neither tensor ranges nor timings nor memory are recorded.
 
 Every rank of a data-parallel or local workload runs the same program on the same shapes,
 and on meta no value differs either, so rank 0 is recorded once and its trace is written for
 every rank (the observer costs ~7 s per rank on a 70B-class model). tests/test_capture.py
 checks on a small world that a separately recorded rank gives the same trace.
+On fake the same holds for FSDP2 where every sharded dimension divides by the world size;
+otherwise the last ranks' real shards are smaller than rank 0's (FSDP2 pads them to rank
+0's size for its collectives, which are therefore the same).
 """
 from __future__ import annotations
 
 import os
 import shutil
 import time
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 
 from actors.capture import trace_file_name
+from actors.capture.context import world_mesh
+from actors.capture.fake_mode import (CaptureFakeMode, ranges_outside_fake_mode, refuse_ddp,
+                                      strip_dispatch_mode_nodes)
 from actors.capture.memory import MemoryMeter
 from actors.capture.meta_storage import unique_meta_storages
 from actors.capture.recorder import record_iteration
@@ -29,38 +38,56 @@ from actors.capture.worker import rank_facts, warm_up, workload_config
 from actors.capture.workloads import Workload, build_workload
 
 META = torch.device("meta")
-WARMUP_ITERS = 1  # only creates the optimizer state: nothing else warms up on meta
+WARMUP_ITERS = 1  # only creates the optimizer state: nothing else warms up on meta or fake
+FAKE_MEMORY_METHOD = "not measured: fake tensors allocate nothing"
+
+
+@contextmanager
+def _shapes_only(device: str, world_size: int):
+    """Yield ``(torch device, mesh)`` with the fake tensor mode entered on fake."""
+    if device != "fake":
+        yield META, None
+        return
+    mesh = world_mesh("cpu", world_size)  # before the mode: see world_mesh
+    with ranges_outside_fake_mode(), refuse_ddp(), CaptureFakeMode():
+        yield torch.device("cpu"), mesh
 
 
 def record_meta_rank(cfg: dict, out_dir: str, rank: int, world_size: int) -> tuple[Workload, str]:
-    """Record rank ``rank`` of a meta world into out_dir; ``(workload, trace path)``."""
+    """Record rank ``rank`` of a meta or fake world into out_dir; ``(workload, trace path)``."""
     # Imported here: importing it registers the "fake" backend with torch.distributed.
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     wl_cfg = workload_config(cfg)
     path = os.path.join(out_dir, trace_file_name(rank))
+    # Fake tensors are backed by meta ones: their storages need distinct addresses too.
     with unique_meta_storages():
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
         try:
-            workload = build_workload(wl_cfg, rank, world_size, META)
-            warm_up(workload, WARMUP_ITERS)
-            record_iteration(workload.step, workload.next_batch(), workload.model,
-                             step_index=WARMUP_ITERS, out_path=path,
-                             module_backward=bool(cfg.get("module_backward_ranges", True)),
-                             tensor_ranges=False)
+            with _shapes_only(str(wl_cfg.device), world_size) as (device, mesh):
+                workload = build_workload(wl_cfg, rank, world_size, device, mesh)
+                warm_up(workload, WARMUP_ITERS)
+                record_iteration(workload.step, workload.next_batch(), workload.model,
+                                 step_index=WARMUP_ITERS, out_path=path,
+                                 module_backward=bool(cfg.get("module_backward_ranges", True)),
+                                 tensor_ranges=False)
+            if wl_cfg.device == "fake":
+                strip_dispatch_mode_nodes(path)
         finally:
             dist.destroy_process_group()
     return workload, path
 
 
 def run_meta_capture(cfg: dict, out_dir: str, world_size: int) -> list[dict]:
-    """Capture ranks 0..world_size-1 of a meta workload into out_dir; their facts in rank
-    order (``cfg`` as :func:`actors.capture.worker.run_capture` reads it)."""
+    """Capture ranks 0..world_size-1 of a meta or fake workload into out_dir; their facts in
+    rank order (``cfg`` as :func:`actors.capture.worker.run_capture` reads it)."""
     os.makedirs(out_dir, exist_ok=True)
     start = time.perf_counter()
     workload, first = record_meta_rank(cfg, out_dir, 0, world_size)
     record_s = time.perf_counter() - start
     no_memory = MemoryMeter(META).result()
+    if workload_config(cfg).device == "fake":
+        no_memory["method"] = FAKE_MEMORY_METHOD
     facts = []
     for rank in range(world_size):
         path = first if rank == 0 else os.path.join(out_dir, trace_file_name(rank))

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from actors.capture import kineto_file_name, trace_file_name
+from actors.capture.context import world_mesh
 from actors.capture.memory import MemoryMeter
 from actors.capture.profiler_cost import profiler_op_cost
 from actors.capture.recorder import profiler_activities, record_iteration
@@ -90,10 +91,11 @@ def run_capture(cfg: Mapping, out_dir: str) -> dict:
                             world_size=world_size,
                             timeout=timedelta(seconds=float(cfg.get("dist_timeout_s", 300))))
     try:
+        mesh = world_mesh(device.type, world_size)  # reuses the default group: no new one
         meter = MemoryMeter(device)
         meter.start()
         try:
-            workload = build_workload(wl_cfg, rank, world_size, device)
+            workload = build_workload(wl_cfg, rank, world_size, device, mesh)
             warm_up(workload, warmup_iters, meter)
         finally:
             meter.stop()

@@ -19,6 +19,7 @@ class ModelName(Choice):
 
     gpt = "gpt"  # learned positions, LayerNorm, GELU MLP, biases
     llama = "llama"  # RMSNorm, rotary embeddings, grouped-query attention, SwiGLU
+    custom = "custom"  # the user's own step, workload.entrypoint (actors/capture/custom.py)
 
 
 class Parallel(Choice):
@@ -50,6 +51,8 @@ class WorkloadKind(Choice):
     llama_dp = "llama_dp"
     llama_zero3 = "llama_zero3"
     llama_local = "llama_local"
+    custom = "custom"  # = workload.model=custom
+
 
 
 class WorkloadDevice(Choice):
@@ -58,6 +61,7 @@ class WorkloadDevice(Choice):
     cpu = "cpu"
     cuda = "cuda"  # one GPU per rank (LOCAL_RANK), NCCL
     meta = "meta"  # shapes only: no data, no memory, fake process group (any world size)
+    fake = "fake"  # like meta, but tensors report cpu (FakeTensorMode): FSDP2 runs too
 
 
 class DType(Choice):
@@ -79,8 +83,12 @@ PARAM_DTYPES = {Precision.fp32: torch.float32, Precision.bf16: torch.bfloat16,
 class WorkloadConfig:
     """What to train while capturing."""
 
-    # The decoder: gpt or llama.
+    # The decoder: gpt or llama; custom: the user's own step (workload.entrypoint).
     model: ModelName = ModelName.gpt
+    # model=custom: the user's step, PATH.py:FUNCTION or package.module:FUNCTION, whose
+    # build(ctx) returns (model, make_batch, step) (see actors/capture/custom.py). The
+    # model and recipe knobs below do not apply to it.
+    entrypoint: str = ""
     # ddp, fsdp2, zero3 or local (no gradient communication).
     parallel: Parallel = Parallel.ddp
     # fp32, bf16 (pure), fp16 (pure) or bf16_mixed (bf16 compute, fp32 masters and reduction).
@@ -98,7 +106,8 @@ class WorkloadConfig:
     # Deprecated: float32, bfloat16 or float16; when set it replaces precision (fp32, bf16,
     # fp16) and is then cleared.
     dtype: Optional[DType] = None
-    # cpu, cuda (one GPU per rank) or meta (shapes only; 70B-class models in seconds).
+    # cpu, cuda (one GPU per rank), meta (shapes only; 70B-class models in seconds) or fake
+    # (shapes only on fake cpu tensors, any world size; see actors/capture/fake_mode.py).
     device: WorkloadDevice = WorkloadDevice.cpu
     # Vocabulary size (token embedding rows, LM head outputs).
     vocab: int = 512
@@ -159,6 +168,9 @@ class WorkloadConfig:
         # is a contradiction, refused rather than silently overridden.
         if self.kind is not None:
             kind = WorkloadKind.coerce(self.kind, "workload.kind")
+            if kind == WorkloadKind.custom:
+                self.model, self.kind = ModelName.custom, None
+                return
             model, parallel = kind.value.split("_")
             _refuse_clashes(f"workload.kind={kind}", (
                 ("model", self.model, ModelName(model), ModelName.gpt),
@@ -183,6 +195,18 @@ def _refuse_clashes(alias: str, fields: tuple) -> None:
 
 def validate(cfg: WorkloadConfig) -> None:
     """Raise ConfigError when the workload knobs are inconsistent."""
+    if cfg.model == ModelName.custom:
+        if not cfg.entrypoint:
+            raise ConfigError("workload.model=custom needs workload.entrypoint=PATH.py:FUNCTION "
+                              "(or package.module:FUNCTION)")
+        if cfg.device == WorkloadDevice.meta:
+            raise ConfigError("workload.model=custom on workload.device=meta: FSDP2 and DDP "
+                              "refuse meta tensors; use workload.device=fake (shapes only too)")
+        return
+    if cfg.entrypoint:
+        raise ConfigError(f"workload.entrypoint={cfg.entrypoint!r} is only read with "
+                          f"workload.model=custom (got workload.model={cfg.model}); use "
+                          "workload=custom")
     for name in ("vocab", "d_model", "n_layers", "n_heads", "seq_len", "batch_size",
                  "ac_every", "grad_accum_steps"):
         if getattr(cfg, name) < 1:
@@ -209,6 +233,10 @@ def validate(cfg: WorkloadConfig) -> None:
 def _validate_recipe(cfg: WorkloadConfig) -> None:
     """The parallel x precision x device combinations that cannot run."""
     where = f"workload.parallel={cfg.parallel}"
+    if cfg.device == WorkloadDevice.fake and cfg.parallel == Parallel.zero3:
+        raise ConfigError(f"{where} runs DeepSpeed, which needs real tensors; on "
+                          "workload.device=fake use workload.parallel=local (plain traces for "
+                          "the ZeRO-3 emulation), ddp or fsdp2")
     if cfg.device == WorkloadDevice.meta:
         if cfg.parallel == Parallel.zero3:
             raise ConfigError(f"{where} runs DeepSpeed, which needs real tensors; on "

@@ -61,7 +61,13 @@ def build_workload(cfg: WorkloadConfig, rank: int, world_size: int,
     outside a FakeTensorMode, where making it fails).
     """
     validate(cfg)
-    device = device or torch.device(str(cfg.device))
+    device = device or torch.device("cpu" if cfg.device == WorkloadDevice.fake else str(cfg.device))
+    if cfg.model == ModelName.custom:
+        from actors.capture.context import CaptureContext
+        from actors.capture.custom import build_custom
+
+        assert mesh is not None, "the caller creates the mesh (fake: before the fake mode)"
+        return build_custom(cfg.entrypoint, CaptureContext(device, rank, world_size, mesh))
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     with torch.device(device):
         model, block_class = build_model(cfg)
