@@ -20,6 +20,7 @@ from actors.capture.checkpointing import apply_activation_checkpointing
 from actors.capture.gpt import GPT, Block
 from actors.capture.llama import Llama, TransformerBlock
 from actors.capture.workload_config import (PARAM_DTYPES, ModelName, Parallel, WorkloadConfig,
+                                            WorkloadDevice,
                                             ffn_dim_of, validate)
 
 
