@@ -111,14 +111,28 @@ def test_dead_actor_is_died_and_its_blocked_peer_aborted(cluster_cfg):
         group.shutdown(graceful_timeout_s=1)
 
 
-def test_unsatisfiable_placement_raises_cluster_error(cluster_cfg):
-    cfg = dataclasses.replace(cluster_cfg, cpus_per_rank=float(NUM_CPUS), timeout_s=3.0)
+def test_unsatisfiable_placement_raises_cluster_error_at_once(cluster_cfg):
+    """Bundles larger than the alive nodes fail as soon as that is seen, not at the timeout."""
+    cfg = dataclasses.replace(cluster_cfg, cpus_per_rank=float(NUM_CPUS), timeout_s=30.0)
     start = time.monotonic()
-    with pytest.raises(ClusterError, match=r"2 bundles of \{'CPU': 4.0\}.*within 3.0 s"):
+    with pytest.raises(ClusterError, match=r"2 bundles of \{'CPU': 4.0\}.*cannot fit on the "
+                                           r"alive node\(s\) \(\S+ \{'CPU': 4.0\}\).*of "
+                                           r"cluster.timeout_s=30.0 s"):
         WorkerGroup(GlooProbe, 2, cfg).start()
     assert time.monotonic() - start < 10
     states = {pg["state"] for pg in ray.util.placement_group_table().values()}
     assert states <= {"REMOVED"}
+
+
+def test_placement_that_fits_but_is_busy_waits_out_the_timeout(cluster_cfg):
+    """Bundles that fit the cluster but not its free resources wait (the holder may finish)."""
+    with WorkerGroup(GlooProbe, NUM_CPUS, cluster_cfg):
+        cfg = dataclasses.replace(cluster_cfg, timeout_s=3.0)
+        start = time.monotonic()
+        with pytest.raises(ClusterError, match=r"1 bundles of \{'CPU': 1.0\}.*within 3.0 s: "
+                                               r"the cluster has \{'CPU': 4.0\} in total"):
+            WorkerGroup(GlooProbe, 1, cfg).start()
+        assert 3.0 <= time.monotonic() - start < 15
 
 
 def test_rank_order_puts_driver_node_first_then_ip_then_gpu():
