@@ -28,8 +28,10 @@ def reserve_bundles(bundle: dict, num_bundles: int, strategy: str, timeout_s: fl
     start = time.monotonic()
     deadline = start + timeout_s
     fits, totals = True, ""
+    ready_ref = pg.ready()  # one check task in the group, polled (each call schedules another)
     while fits and time.monotonic() < deadline:
-        ready, _ = ray.wait([pg.ready()], timeout=max(0.0, min(_POLL_S, deadline - time.monotonic())))
+        wait_s = max(0.0, min(_POLL_S, deadline - time.monotonic()))
+        ready, _ = ray.wait([ready_ref], timeout=wait_s)
         if ready:
             return pg
         fits, totals = bundles_fit(bundle, num_bundles, strategy)

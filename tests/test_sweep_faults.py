@@ -128,13 +128,19 @@ def test_driver_killed_mid_point_resumes_losing_only_that_point(tmp_path, ray_te
     left = [e for e in record["processes"] if _running(e)]
     assert left, "expected processes of the killed driver's cluster to still run"
 
-    resumed = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                             timeout=120)
+    try:
+        resumed = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                                 timeout=120)
+        survivors = [e for e in left if _running(e)]
+    finally:  # whatever the resume did, nothing the killed driver started outlives the test
+        for entry in record["processes"]:
+            if _running(entry):
+                psutil.Process(entry["pid"]).kill()
     out = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, out[-3000:]
     assert out.count("already recorded") == 1  # the first point is not run again
     assert "left running by the Ray cluster of a killed sweep" in out
-    assert not [e for e in left if _running(e)]
+    assert not survivors
     table = _table(root).set_index("replay.iters")
     assert list(table["status"]) == ["ok", "ok"] and table.loc[1, "finished_at"] == first_finished
     assert len(list((root / ROWS_DIR).glob("*.json"))) == 2
