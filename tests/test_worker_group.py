@@ -16,7 +16,9 @@ from actors.errors import ConfigError
 from actors.rank_base import RankWorkerBase
 from orchestrator.cluster import ClusterConfig, connect
 from orchestrator.errors import ClusterError
-from orchestrator.worker_group import WorkerGroup, rank_envs, rank_order, shared_visible_devices
+from orchestrator.session import ReplaySession
+from orchestrator.worker_group import (Result, WorkerGroup, rank_envs, rank_order,
+                                       shared_visible_devices)
 
 NUM_CPUS = 4
 
@@ -174,3 +176,22 @@ def test_gpu_ranks_share_their_nodes_visible_devices():
     shared = shared_visible_devices(infos)
     assert [d["cuda_visible_devices"] for d in shared] == ["1,3,10", "1,3,10", "0", "1,3,10"]
     assert [d["device_index"] for d in shared] == [1, 0, 0, 2]
+
+
+def test_session_replaces_kept_actors_when_one_died_between_replays(cluster_cfg):
+    """A kept actor set with a dead member (its node lost while idle between sweep points) is
+    found unusable when re-wired for the next replay, and a new set is started."""
+    session = ReplaySession()
+    try:
+        group = session.worker_group(GlooProbe, 2, cluster_cfg, use_gpu=False)
+        clean = [Result(rank, "ok", {"status": "ok"}) for rank in range(2)]
+        session.release(group, clean, timeout_s=10)
+        assert session.worker_group(GlooProbe, 2, cluster_cfg, use_gpu=False) is group
+        session.release(group, clean, timeout_s=10)
+        ray.kill(group.workers[1], no_restart=True)
+        again = session.worker_group(GlooProbe, 2, cluster_cfg, use_gpu=False)
+        assert again is not group and not group.workers  # the old set was shut down
+        sums = again.run("all_reduce", timeout_s=60)
+        assert [r.value for r in sums] == [3.0, 3.0], [r.error for r in sums]
+    finally:
+        session.close()
