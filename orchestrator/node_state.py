@@ -58,4 +58,3 @@ def _dead_nodes() -> list[dict]:
         return [n for n in ray.nodes() if not n["Alive"]]
     except RayError:
         return []
-

@@ -9,7 +9,7 @@ by file version), so a later point skips the load as well.
 Reuse is only safe from a known state: the actors are reused only when every rank returned a
 report of a clean end (ok or oom) and then released their process groups; otherwise the
 group is killed and the next replay starts a new one on the same cluster (on the nodes still
-alive when a node was lost: the new placement waits at most ``cluster.timeout_s``).
+alive when a node was lost: orchestrator/placement.py bounds that wait).
 
 With ``processes_record`` the processes of an embedded cluster started here are written to
 that file while it runs, so a later run can stop them if this driver is killed
