@@ -31,9 +31,9 @@ def lost_nodes(results: list[Result]) -> str | None:
             by_node.setdefault((r.node_ip, r.node_id), []).append(r.rank)
     parts = []
     for (ip, node_id), ranks in by_node.items():
-        state = "is dead" if node_id in dead else "lost its rank actors"
-        parts.append(f"Ray node {ip} (node id {node_id}) {state}: rank(s) "
-                     f"{', '.join(map(str, sorted(ranks)))} ran there")
+        node, ranks = f"Ray node {ip} (node id {node_id})", ", ".join(map(str, sorted(ranks)))
+        parts.append(f"{node} is dead: rank(s) {ranks} ran there" if node_id in dead
+                     else f"the actors of rank(s) {ranks} died on {node}")
     return "; ".join(parts) or None
 
 

@@ -12,6 +12,7 @@ Every wait is on an observable event (a rank actor replaying, a row on disk), ea
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -79,9 +80,11 @@ def test_worker_node_killed_mid_point(tmp_path, cpus_per_rank, after):
     table = _table(root).set_index("replay.iters")
     killed, nxt = table.loc[LONG_ITERS], table.loc[1]
     assert killed["status"] == "failed"
-    # the reason starts with the lost node (the head's ranks' broken collectives come after)
-    assert killed["reason"].startswith(f"Ray node {WORKER_IP} (node id "), killed["reason"]
-    assert "rank(s) 1 ran there" in killed["reason"]
+    # the reason starts with the lost node (the head's ranks' broken collectives come after):
+    # its actors died at once; Ray may or may not have marked the node dead by then
+    node = rf"Ray node {re.escape(WORKER_IP)} \(node id [0-9a-f]{{56}}\)"
+    assert re.fullmatch(rf"the actors of rank\(s\) 1 died on {node}|{node} is dead: rank\(s\) 1 "
+                        rf"ran there", killed["reason"].split(";")[0]), killed["reason"]
     ranks = orjson.loads((root / str(killed["run_dir"]) / "summary.json").read_bytes())["ranks"]
     assert [r["node_ip"] for r in ranks] == [cluster.head_ip, WORKER_IP]  # the dead rank's too
     assert nxt["status"] == after, nxt["reason"]

@@ -16,6 +16,7 @@ from actors.errors import ConfigError
 from actors.rank_base import RankWorkerBase
 from orchestrator.cluster import ClusterConfig, connect
 from orchestrator.errors import ClusterError
+from orchestrator.node_state import lost_nodes
 from orchestrator.session import ReplaySession
 from orchestrator.worker_group import (Result, WorkerGroup, rank_envs, rank_order,
                                        shared_visible_devices)
@@ -195,3 +196,15 @@ def test_session_replaces_kept_actors_when_one_died_between_replays(cluster_cfg)
         assert [r.value for r in sums] == [3.0, 3.0], [r.error for r in sums]
     finally:
         session.close()
+
+
+def test_lost_nodes_names_the_node_of_dead_actors_only(cluster_cfg):
+    """The run-level reason: nodes where an actor died, with their ranks; none when the ranks
+    only failed (their node is alive and no actor died)."""
+    ip, node = "10.0.0.7", "ab" * 28
+    died = [Result(0, "ok", {"status": "ok"}, node_ip="10.0.0.1", node_id="cd" * 28),
+            Result(1, "died", error="rank 1 actor died", node_ip=ip, node_id=node),
+            Result(2, "aborted", node_ip=ip, node_id=node),
+            Result(3, "died", error="rank 3 actor died", node_ip=ip, node_id=node)]
+    assert lost_nodes(died) == f"the actors of rank(s) 1, 3 died on Ray node {ip} (node id {node})"
+    assert lost_nodes([Result(0, "error", node_ip=ip, node_id=node), Result(1, "timeout")]) is None
