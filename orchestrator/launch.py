@@ -13,6 +13,7 @@ from actors.rank_actor import RankActor
 from actors.zero3 import metrics as zero3_metrics
 from orchestrator import metrics, report
 from orchestrator.config import RunConfig
+from orchestrator.node_state import lost_nodes
 from orchestrator.session import ReplaySession
 
 log = logging.getLogger("tracefleet")
@@ -21,7 +22,8 @@ log = logging.getLogger("tracefleet")
 def _failed_report(result) -> dict:
     """A rank that returned no report: its actor died, raised, hung or was aborted."""
     status = "timeout" if result.kind in ("timeout", "aborted") else "failed"
-    return {"rank": result.rank, "status": status, "error": result.error, "last_op": None}
+    return {"rank": result.rank, "status": status, "error": result.error, "last_op": None,
+            "node_ip": result.node_ip, "node_id": result.node_id}
 
 
 def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, console=None,
@@ -85,7 +87,8 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
     t4 = time.perf_counter()
     rank_reports = [r.value if r.ok else _failed_report(r) for r in results]
     timings.update(replay_phases(replay_window_s, ship_s, rank_reports), teardown_s=teardown_s)
-    summary = metrics.aggregate(rank_reports, world_size=world_size, extra={
+    summary = metrics.aggregate(rank_reports, world_size=world_size, error=lost_nodes(results),
+                                extra={
         "experiment": cfg.experiment.name, "trace_dir": str(cfg.trace.dir),
         "mode": cfg.replay.mode, "allocation_mode": cfg.replay.allocation.mode,
         "device_memory_capacity_bytes": _capacity(rank_reports), "timings_s": timings,

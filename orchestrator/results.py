@@ -10,7 +10,9 @@ A point is identified by its overrides (sorted, so their order on the command li
 matter); a re-run finds the row of a point it already ran (resume). Concurrent writers (the
 Ray launcher runs points in parallel) are serialized on an ``flock`` while the tables are
 rebuilt; the row files need no lock. A process killed mid-way loses at most the point it was
-running: every finished point's row file is already on disk.
+running: every finished point's row file is already on disk, the tables are replaced whole or
+not at all, the lock dies with its holder (``flock``), and the temp file a killed writer left
+is removed by the next rebuild.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import orjson
 import pandas as pd
+import psutil
 
 ROWS_DIR = "rows"
 CSV_NAME = "results.csv"
@@ -125,10 +128,9 @@ class ResultsStore:
     def put(self, row: dict) -> None:
         """Record ``row`` (replacing the point's previous one) and rebuild the tables."""
         self.rows_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self._row_path(row["point"]),
-                      orjson.dumps(row, default=str, option=orjson.OPT_SERIALIZE_NUMPY))
-        with self._lock():
-            self.write_tables()
+        atomic_write(self._row_path(row["point"]),
+                     orjson.dumps(row, default=str, option=orjson.OPT_SERIALIZE_NUMPY))
+        self.write_tables()
 
     def rows(self) -> list[dict]:
         """Every recorded row, in the order the points finished."""
@@ -142,13 +144,16 @@ class ResultsStore:
         return tidy_frame(pd.DataFrame(self.rows()))
 
     def write_tables(self) -> None:
-        """Rewrite results.csv and results.parquet from the row files (tmp + rename)."""
-        frame = self.frame()
-        for name, write in ((CSV_NAME, lambda p: frame.to_csv(p, index=False)),
-                            (PARQUET_NAME, lambda p: frame.to_parquet(p, index=False))):
-            tmp = self.root / f".{name}.{os.getpid()}.tmp"
-            write(tmp)
-            os.replace(tmp, self.root / name)
+        """Rewrite results.csv and results.parquet from the row files (tmp + rename), under
+        the lock; temp files a killed writer left are removed first."""
+        with self._lock():
+            _remove_stale_temps(self.root, self.rows_dir)
+            frame = self.frame()
+            for name, write in ((CSV_NAME, lambda p: frame.to_csv(p, index=False)),
+                                (PARQUET_NAME, lambda p: frame.to_parquet(p, index=False))):
+                tmp = self.root / f".{name}.{os.getpid()}.tmp"
+                write(tmp)
+                os.replace(tmp, self.root / name)
 
     @contextmanager
     def _lock(self):
@@ -172,7 +177,21 @@ def tidy_frame(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``path`` whole or not at all: ``.<name>.<pid>.tmp`` beside it, then a rename."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+def _remove_stale_temps(root: Path, rows_dir: Path) -> None:
+    """Delete the temp files of writers that died before their rename. Called under the
+    lock: a table's temp file then belongs to no live writer; a row's (written without the
+    lock) only when its pid is gone."""
+    for name in (CSV_NAME, PARQUET_NAME):
+        for tmp in root.glob(f".{name}.*.tmp"):
+            tmp.unlink(missing_ok=True)
+    for tmp in rows_dir.glob(".*.json.*.tmp") if rows_dir.is_dir() else ():
+        pid = tmp.name.rsplit(".", 2)[-2]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            tmp.unlink(missing_ok=True)

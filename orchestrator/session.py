@@ -8,18 +8,25 @@ by file version), so a later point skips the load as well.
 
 Reuse is only safe from a known state: the actors are reused only when every rank returned a
 report of a clean end (ok or oom) and then released their process groups; otherwise the
-group is killed and the next replay starts a new one on the same cluster.
+group is killed and the next replay starts a new one on the same cluster (on the nodes still
+alive when a node was lost: orchestrator/placement.py bounds that wait).
+
+With ``processes_record`` the processes of an embedded cluster started here are written to
+that file while it runs, so a later run can stop them if this driver is killed
+(orchestrator/stale_cluster.py).
 """
 from __future__ import annotations
 
 import logging
 import os
 from dataclasses import asdict, fields, replace
+from pathlib import Path
 
 import orjson
 import ray
 
 from actors.trace.source import as_source
+from orchestrator import stale_cluster
 from orchestrator.cluster import ClusterConfig, ClusterHandle, connect, cuda_available_in_cluster
 from orchestrator.validate import PreflightResult, preflight
 from orchestrator.worker_group import WorkerGroup, rank_envs
@@ -42,7 +49,8 @@ def _files_key(paths) -> tuple:
 class ReplaySession:
     """Ray, rank actors and pre-flight results kept across replays; ``close()`` releases all."""
 
-    def __init__(self):
+    def __init__(self, processes_record: Path | None = None):
+        self._processes_record = processes_record
         self._cluster: ClusterHandle | None = None
         self._cluster_key: str | None = None
         self._group: WorkerGroup | None = None
@@ -97,6 +105,7 @@ class ReplaySession:
         if self._cluster is None:
             self._cluster = connect(cfg, world_size)
             self._cluster_key = key
+            self._record_processes()
         return self._cluster
 
     def use_gpu(self, device: str) -> bool:
@@ -118,6 +127,7 @@ class ReplaySession:
         self._drop_group()
         group = WorkerGroup(ray.remote(actor_cls), world_size, cfg, use_gpu=use_gpu).start()
         self._group, self._group_key = group, key
+        self._record_processes()  # the raylet's agents surely run once actors could start
         return group
 
     def release(self, group: WorkerGroup, results: list | None, timeout_s: float) -> None:
@@ -148,8 +158,16 @@ class ReplaySession:
         if self._cluster is not None:
             self._cluster.shutdown()
             self._cluster = None
+        if self._processes_record is not None:
+            stale_cluster.forget(self._processes_record)
         self._blobs.clear()
         self._preflight.clear()
+
+    def _record_processes(self) -> None:
+        """Write the embedded cluster's processes to the record (see the module docstring)."""
+        if self._processes_record is not None and self._cluster is not None \
+                and self._cluster.started_ray:
+            stale_cluster.record(self._processes_record, stale_cluster.cluster_processes())
 
     def _drop_group(self) -> None:
         if self._group is not None:

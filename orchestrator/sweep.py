@@ -9,6 +9,12 @@ the exit code summarises the sweep.
   and skips those points (``experiment.resume=false`` runs them again).
 - With Hydra's basic launcher the points run one after another in this process on one
   ``ReplaySession``: Ray, the rank actors and the loaded traces are kept across points.
+- Faults: a point whose Ray node dies ends ``failed`` with a reason naming the node, its
+  actors are replaced for the next point; a point the cluster cannot place or start (a
+  ``ClusterError``, after at most ``cluster.timeout_s``) is ``failed`` too, not ``invalid``:
+  the point's config was not refused. A sweep whose driver was killed loses only the running
+  point; the same command resumes, and first stops what the killed driver's embedded Ray left
+  running (orchestrator/stale_cluster.py).
 - Exit code, from every row at the sweep root: 2 if a point was invalid, else 1 if a point
   is not ``ok``, else 0. At the end the HTML report is written (``experiment.report``).
 """
@@ -28,7 +34,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from actors.errors import TracefleetError
-from orchestrator import cli
+from orchestrator import cli, stale_cluster
+from orchestrator.errors import ClusterError
 from orchestrator.results import INVALID, REPLAY_STATUSES, ResultsStore, make_row, point_key, \
     summary_columns
 
@@ -68,15 +75,19 @@ def exit_code(statuses) -> int:
     return 0 if all(s == "ok" for s in statuses) else 1
 
 
-def shared_session():
+def shared_session(root: Path):
     """The session kept across points, when they run in this process one after another;
-    None under another launcher (points in other processes each start their own)."""
+    None under another launcher (points in other processes each start their own). Its
+    embedded cluster is recorded under the sweep ``root``; a record a killed sweep left there
+    is dealt with first."""
     global _session
     if HydraConfig.get().runtime.choices.get("hydra/launcher") != "basic":
         return None
     if _session is None:
         from orchestrator.session import ReplaySession  # Ray: only once a point runs
-        _session = ReplaySession()
+        record = root / stale_cluster.RECORD_NAME
+        stale_cluster.reap(record)
+        _session = ReplaySession(processes_record=record)
     return _session
 
 
@@ -104,9 +115,15 @@ def run_point(cfg: DictConfig, run: Callable) -> dict:
     run_dir = str(out_dir.relative_to(root)) if out_dir.is_relative_to(root) else str(out_dir)
     t0 = time.perf_counter()
     try:
-        summary = run(OmegaConf.to_object(cfg), out_dir, OmegaConf.to_yaml(cfg), shared_session())
+        summary = run(OmegaConf.to_object(cfg), out_dir, OmegaConf.to_yaml(cfg),
+                      shared_session(root))
         row = make_row("point", key, overrides, summary["status"], summary.get("error"), run_dir,
                        _with_config(summary_columns(summary), cfg))
+    except ClusterError as exc:  # the cluster could not run it (e.g. a node was lost)
+        if cli.debugging():
+            raise
+        log.error("point #%s: %s", hc.job.num, exc)
+        row = make_row("point", key, overrides, "failed", str(exc), run_dir)
     except TracefleetError as exc:
         if cli.debugging():
             raise

@@ -14,11 +14,12 @@ from typing import Any, Callable
 
 import ray
 from ray.exceptions import OutOfMemoryError, RayActorError, RayError, RayTaskError
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.cluster import ClusterConfig
 from orchestrator.errors import ClusterError
+from orchestrator.placement import reserve_bundles
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,8 @@ class Result:
     kind: str
     value: Any = None
     error: str = ""
+    node_ip: str | None = None  # where the rank's actor ran (None before placement)
+    node_id: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -61,6 +64,7 @@ class WorkerGroup:
         self.master_addr: str | None = None
         self.master_port: int | None = None
         self._actors: list = []  # every actor created, in bundle order (for shutdown)
+        self._dead: list = []  # actors seen dead by wait(): not asked to shut down
         self._pg = None
 
     @property
@@ -82,7 +86,8 @@ class WorkerGroup:
         ClusterError is raised.
         """
         try:
-            self._reserve()
+            self._pg = reserve_bundles(self.bundle, self.world_size,
+                                       str(self.cfg.placement_strategy), self.cfg.timeout_s)
             options = {"num_cpus": self.cfg.cpus_per_rank, "num_gpus": 1 if self.use_gpu else 0}
             for index in range(self.world_size):
                 strategy = PlacementGroupSchedulingStrategy(
@@ -174,42 +179,30 @@ class WorkerGroup:
             else:
                 results[rank] = Result(rank, "timeout", error=(
                     f"rank {rank} did not finish within {timeout_s:.1f} s"))
+        for result in results:  # name the node of each rank (a lost node is the usual cause)
+            info = self.node_infos[result.rank] if result.rank < len(self.node_infos) else {}
+            result.node_ip, result.node_id = info.get("node_ip"), info.get("node_id")
+            if result.kind == "died" and result.rank < len(self.workers):
+                self._dead.append(self.workers[result.rank])
         return results
 
     def shutdown(self, graceful_timeout_s: float = 5.0) -> None:
         """Ask every actor to ``shutdown()`` (bounded), kill them all, free the bundles."""
-        if self._actors and graceful_timeout_s > 0:
-            refs = [a.shutdown.remote() for a in self._actors]
+        alive = [a for a in self._actors if a not in self._dead]  # a dead one never answers
+        if alive and graceful_timeout_s > 0:
+            refs = [a.shutdown.remote() for a in alive]
             ray.wait(refs, num_returns=len(refs), timeout=graceful_timeout_s)
         for actor in self._actors:
             ray.kill(actor, no_restart=True)
         if self._pg is not None:
             remove_placement_group(self._pg)
-        self._actors, self.workers, self._pg = [], [], None
+        self._actors, self.workers, self._dead, self._pg = [], [], [], None
 
     def __enter__(self) -> "WorkerGroup":
         return self if self.workers else self.start()
 
     def __exit__(self, *exc_info) -> None:
         self.shutdown()
-
-    def _reserve(self) -> None:
-        bundles = [dict(self.bundle) for _ in range(self.world_size)]
-        self._pg = placement_group(bundles, strategy=str(self.cfg.placement_strategy))
-        ready, _ = ray.wait([self._pg.ready()], timeout=self.cfg.timeout_s)
-        if ready:
-            return
-        remove_placement_group(self._pg)
-        self._pg = None
-        keys = sorted(self.bundle)
-        total = {k: ray.cluster_resources().get(k, 0) for k in keys}
-        free = {k: ray.available_resources().get(k, 0) for k in keys}
-        num_nodes = sum(1 for n in ray.nodes() if n["Alive"])
-        raise ClusterError(
-            f"could not reserve {self.world_size} bundles of {self.bundle} "
-            f"(placement_strategy={self.cfg.placement_strategy}) within "
-            f"{self.cfg.timeout_s:.1f} s: the cluster has {total} in total and {free} "
-            f"available on {num_nodes} alive node(s)")
 
     def _gather(self, refs: list, what: str) -> list:
         """ray.get bounded by cfg.timeout_s, turning actor failures into ClusterError."""

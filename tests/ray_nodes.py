@@ -231,3 +231,37 @@ def _reload_ray_auth() -> None:
     """Make this process's Ray re-read RAY_AUTH_* (it caches the token on first use)."""
     from ray._private.authentication_test_utils import reset_auth_token_state
     reset_auth_token_state()
+
+
+def kill_node(cluster: TwoNodeCluster, index: int) -> list[int]:
+    """SIGKILL node ``index`` of ``cluster`` (0 head, 1 worker) as a machine loss would: its
+    `ray start` process group (raylet, agents) and every process it started (the actor
+    workers run in process groups of their own). Returns the pids killed."""
+    root = cluster.pids[index]
+    try:
+        family = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        family = []
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(root, signal.SIGKILL)
+    for member in family:
+        with contextlib.suppress(psutil.Error):
+            member.kill()
+    return [p.pid for p in family]
+
+
+def wait_for_title(root_pid: int, title: str, timeout_s: float, alive=None) -> psutil.Process:
+    """The first descendant of ``root_pid`` whose process title contains ``title`` (Ray sets
+    ``ray::<Actor>.<method>`` while an actor runs a method), polled until ``timeout_s``.
+    ``alive()`` returning False (e.g. the driver exited) ends the wait early."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(psutil.Error):
+            for proc in psutil.Process(root_pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if title in proc.name() or title in " ".join(proc.cmdline()):
+                        return proc
+        if alive is not None and not alive():
+            raise RuntimeError(f"gave up waiting for a {title!r} process: the watched run ended")
+        time.sleep(0.2)
+    raise RuntimeError(f"no {title!r} process under pid {root_pid} within {timeout_s} s")

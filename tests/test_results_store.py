@@ -1,6 +1,9 @@
 """The results table store and the sweep's bookkeeping helpers (no Ray, no Hydra run)."""
 from __future__ import annotations
 
+import os
+import subprocess
+
 import pandas as pd
 
 from orchestrator.results import (CSV_NAME, PARQUET_NAME, ResultsStore, make_row,
@@ -77,3 +80,29 @@ def test_sweep_dir_depends_on_the_overrides_only():
     assert with_sweep_dir(["a=1"]) == ["a=1"]  # not a multirun
     given = ["-m", "a=1,2", "hydra.sweep.dir=/x"]
     assert with_sweep_dir(given) == given
+
+
+def test_temp_files_of_a_killed_writer_are_removed_and_rows_kept(tmp_path):
+    """A writer killed between writing a temp file and its rename leaves the temp behind; the
+    next rebuild removes it (tables: always; rows: when its writer's pid is gone)."""
+    store = ResultsStore(tmp_path)
+    a = ["replay.iters=1"]
+    store.put(make_row("point", point_key(a), a, "ok", None, "0"))
+    dead_pid = _a_dead_pid()
+    stale = [tmp_path / f".{CSV_NAME}.{dead_pid}.tmp", tmp_path / f".{PARQUET_NAME}.{dead_pid}.tmp",
+             store.rows_dir / f".0123456789abcdef.json.{dead_pid}.tmp"]
+    live_row_tmp = store.rows_dir / f".fedcba9876543210.json.{os.getpid()}.tmp"
+    for path in [*stale, live_row_tmp]:
+        path.write_bytes(b'{"half": ')  # what a kill mid-write leaves
+    b = ["replay.iters=2"]
+    store.put(make_row("point", point_key(b), b, "ok", None, "1"))
+    assert not any(p.exists() for p in stale)
+    assert live_row_tmp.exists()  # a live writer's row is not touched
+    assert list(pd.read_csv(tmp_path / CSV_NAME)["replay.iters"]) == [1, 2]
+    assert len(store.rows()) == 2
+
+
+def _a_dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid

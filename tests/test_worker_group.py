@@ -16,7 +16,10 @@ from actors.errors import ConfigError
 from actors.rank_base import RankWorkerBase
 from orchestrator.cluster import ClusterConfig, connect
 from orchestrator.errors import ClusterError
-from orchestrator.worker_group import WorkerGroup, rank_envs, rank_order, shared_visible_devices
+from orchestrator.node_state import lost_nodes
+from orchestrator.session import ReplaySession
+from orchestrator.worker_group import (Result, WorkerGroup, rank_envs, rank_order,
+                                       shared_visible_devices)
 
 NUM_CPUS = 4
 
@@ -111,14 +114,28 @@ def test_dead_actor_is_died_and_its_blocked_peer_aborted(cluster_cfg):
         group.shutdown(graceful_timeout_s=1)
 
 
-def test_unsatisfiable_placement_raises_cluster_error(cluster_cfg):
-    cfg = dataclasses.replace(cluster_cfg, cpus_per_rank=float(NUM_CPUS), timeout_s=3.0)
+def test_unsatisfiable_placement_raises_cluster_error_at_once(cluster_cfg):
+    """Bundles larger than the alive nodes fail as soon as that is seen, not at the timeout."""
+    cfg = dataclasses.replace(cluster_cfg, cpus_per_rank=float(NUM_CPUS), timeout_s=30.0)
     start = time.monotonic()
-    with pytest.raises(ClusterError, match=r"2 bundles of \{'CPU': 4.0\}.*within 3.0 s"):
+    with pytest.raises(ClusterError, match=r"2 bundles of \{'CPU': 4.0\}.*cannot fit on the "
+                                           r"alive node\(s\) \(\S+ \{'CPU': 4.0\}\).*of "
+                                           r"cluster.timeout_s=30.0 s"):
         WorkerGroup(GlooProbe, 2, cfg).start()
     assert time.monotonic() - start < 10
     states = {pg["state"] for pg in ray.util.placement_group_table().values()}
     assert states <= {"REMOVED"}
+
+
+def test_placement_that_fits_but_is_busy_waits_out_the_timeout(cluster_cfg):
+    """Bundles that fit the cluster but not its free resources wait (the holder may finish)."""
+    with WorkerGroup(GlooProbe, NUM_CPUS, cluster_cfg):
+        cfg = dataclasses.replace(cluster_cfg, timeout_s=3.0)
+        start = time.monotonic()
+        with pytest.raises(ClusterError, match=r"1 bundles of \{'CPU': 1.0\}.*within 3.0 s: "
+                                               r"the cluster has \{'CPU': 4.0\} in total"):
+            WorkerGroup(GlooProbe, 1, cfg).start()
+        assert 3.0 <= time.monotonic() - start < 15
 
 
 def test_rank_order_puts_driver_node_first_then_ip_then_gpu():
@@ -160,3 +177,34 @@ def test_gpu_ranks_share_their_nodes_visible_devices():
     shared = shared_visible_devices(infos)
     assert [d["cuda_visible_devices"] for d in shared] == ["1,3,10", "1,3,10", "0", "1,3,10"]
     assert [d["device_index"] for d in shared] == [1, 0, 0, 2]
+
+
+def test_session_replaces_kept_actors_when_one_died_between_replays(cluster_cfg):
+    """A kept actor set with a dead member (its node lost while idle between sweep points) is
+    found unusable when re-wired for the next replay, and a new set is started."""
+    session = ReplaySession()
+    try:
+        group = session.worker_group(GlooProbe, 2, cluster_cfg, use_gpu=False)
+        clean = [Result(rank, "ok", {"status": "ok"}) for rank in range(2)]
+        session.release(group, clean, timeout_s=10)
+        assert session.worker_group(GlooProbe, 2, cluster_cfg, use_gpu=False) is group
+        session.release(group, clean, timeout_s=10)
+        ray.kill(group.workers[1], no_restart=True)
+        again = session.worker_group(GlooProbe, 2, cluster_cfg, use_gpu=False)
+        assert again is not group and not group.workers  # the old set was shut down
+        sums = again.run("all_reduce", timeout_s=60)
+        assert [r.value for r in sums] == [3.0, 3.0], [r.error for r in sums]
+    finally:
+        session.close()
+
+
+def test_lost_nodes_names_the_node_of_dead_actors_only(cluster_cfg):
+    """The run-level reason: nodes where an actor died, with their ranks; none when the ranks
+    only failed (their node is alive and no actor died)."""
+    ip, node = "10.0.0.7", "ab" * 28
+    died = [Result(0, "ok", {"status": "ok"}, node_ip="10.0.0.1", node_id="cd" * 28),
+            Result(1, "died", error="rank 1 actor died", node_ip=ip, node_id=node),
+            Result(2, "aborted", node_ip=ip, node_id=node),
+            Result(3, "died", error="rank 3 actor died", node_ip=ip, node_id=node)]
+    assert lost_nodes(died) == f"the actors of rank(s) 1, 3 died on Ray node {ip} (node id {node})"
+    assert lost_nodes([Result(0, "error", node_ip=ip, node_id=node), Result(1, "timeout")]) is None
