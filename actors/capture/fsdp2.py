@@ -42,4 +42,5 @@ def fsdp2_step(model: nn.Module, cfg, blocks: nn.ModuleList, device: torch.devic
             micro_batch_loss(model, micro_batch, len(batch)).backward()
         opt.step()
 
+    step.optimizer = opt  # for PyTorch's FSDPMemTracker (scripts/bench_predict.py)
     return step

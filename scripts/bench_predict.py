@@ -1,0 +1,200 @@
+"""Prediction benchmark: the predicted peak of a training job against its measured peak; one
+JSON line.
+
+For every configuration (small enough to run for real here, 2 ranks each):
+
+* ``measured``: the real CPU run's measured peak, max over ranks (``tracefleet-capture`` on
+  cpu: ``meta.json`` memory, the CPU allocation counter over the last warm-up iteration);
+* ``predicted``: the same recipe captured on the fake device at the same world size, then a
+  dry run on meta in ``faithful`` mode (memory held as the original held it), accounted
+  peak, max over the distinct rank traces. DeepSpeed cannot run on fake: its rows predict
+  from a plain (``parallel=local``) capture replayed with the ZeRO-3 emulation
+  (``zero3.layout=deepspeed``) at the job's world size;
+* ``ratio`` = predicted / measured (target 0.97-1.03);
+* FSDP2 rows also run PyTorch's own estimator, ``FSDPMemTracker`` under FakeTensorMode over
+  the fake process group, as the anchor (``fsdp_mem_tracker_ratio``).
+
+    python scripts/bench_predict.py [--configs NAME ...] [--quick] [--keep DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from actors.capture import trace_file_name  # noqa: E402
+from actors.replay.config import AllocationConfig, ReplayConfig  # noqa: E402
+from actors.replay.engine import ReplayEngine  # noqa: E402
+from actors.trace import load_trace  # noqa: E402
+from actors.zero3.config import Zero3Config  # noqa: E402
+from actors.zero3.extension import zero3_extensions  # noqa: E402
+
+WORLD = 2
+TARGET = (0.97, 1.03)
+MODEL = dict(model="llama", vocab=512, d_model=256, n_layers=4, n_heads=4, seq_len=256,
+             batch_size=4)
+TINY = dict(model="llama", vocab=64, d_model=64, n_layers=2, n_heads=4, seq_len=32,
+            batch_size=2)
+# The custom entrypoint's model, sized like MODEL (examples/fsdp2_llama_step.py reads these).
+EXAMPLE_ENV = {"EXAMPLE_DIM": "256", "EXAMPLE_LAYERS": "4", "EXAMPLE_HEADS": "4",
+               "EXAMPLE_VOCAB": "512", "EXAMPLE_SEQ": "256", "EXAMPLE_BATCH": "4"}
+CUSTOM = dict(model="custom", entrypoint=str(ROOT / "examples" / "fsdp2_llama_step.py") + ":build")
+
+
+def _recipe(parallel, precision, ac="none"):
+    return dict(parallel=parallel, precision=precision, activation_checkpointing=ac)
+
+
+CONFIGS = {
+    "ddp_fp32": _recipe("ddp", "fp32"),
+    "ddp_bf16_mixed_full_ac": _recipe("ddp", "bf16_mixed", "full"),
+    "fsdp2_fp32": _recipe("fsdp2", "fp32"),
+    "fsdp2_bf16_mixed": _recipe("fsdp2", "bf16_mixed"),
+    "fsdp2_bf16_mixed_selective_op": _recipe("fsdp2", "bf16_mixed", "selective_op"),
+    "fsdp2_bf16_mixed_full_ac": _recipe("fsdp2", "bf16_mixed", "full"),
+    "deepspeed_zero3_fp32": _recipe("zero3", "fp32"),
+    "deepspeed_zero3_bf16_mixed": _recipe("zero3", "bf16_mixed"),
+    "custom_fsdp2_bf16_mixed": {},
+}
+# DeepSpeed's rows: the plain capture the emulation partitions (DeepSpeed's bf16 mode runs the
+# model in bf16: a pure-bf16 plain trace; its fp32 masters and moments are the layout's).
+_PLAIN = {"deepspeed_zero3_fp32": _recipe("local", "fp32"),
+          "deepspeed_zero3_bf16_mixed": _recipe("local", "bf16")}
+
+
+def _overrides(workload: dict) -> list[str]:
+    return [f"workload.{k}={v}" for k, v in workload.items()]
+
+
+def _capture(workload: dict, device: str, out: Path, env: dict) -> dict:
+    """``tracefleet-capture`` into ``out``; its meta.json."""
+    cmd = [sys.executable, "-m", "orchestrator.capture_main", *_overrides(workload),
+           f"workload.device={device}", f"world_size={WORLD}", f"out_dir={out}",
+           "warmup_iters=2", "timing_iters=1", f"hydra.run.dir={out}.hydra",
+           "hydra.output_subdir=null"]
+    proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise SystemExit(f"capture failed ({' '.join(cmd[3:])}):\n{proc.stderr[-3000:]}")
+    return json.loads((out / "meta.json").read_text())
+
+
+def _predict(folder: Path, zero3: Zero3Config | None) -> tuple[int, dict]:
+    """Max accounted peak over the folder's distinct rank traces (faithful dry run on meta)
+    and that rank's breakdown."""
+    best = (0, {})
+    seen = set()
+    for rank in range(WORLD):
+        path = folder / trace_file_name(rank)
+        data = path.read_bytes()
+        if data in seen:  # fake and meta record rank 0 once for every rank
+            continue
+        seen.add(data)
+        trace = load_trace(path)
+        engine = ReplayEngine(trace, ReplayConfig(
+            mode="compute", device="meta", iters=1, warmup_iters=1, measure_memory=False,
+            allocation=AllocationConfig(mode="faithful")),
+            extensions=zero3_extensions(zero3, trace) if zero3 else [])
+        report = engine.run().to_dict()
+        engine.close()
+        if report["status"] != "ok":
+            raise SystemExit(f"dry run of {path} ended {report['status']}: {report['error']}")
+        if report["accounted_peak_bytes"] > best[0]:
+            best = (report["accounted_peak_bytes"], report["peak_breakdown"])
+    return best
+
+
+def _tracker_rank(workload: dict, env: dict, out: str) -> None:
+    """PyTorch's FSDPMemTracker over one step of ``workload`` on fake (rank 0), after a warm-up."""
+    os.environ.update(env)
+    import torch.distributed as dist
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from actors.capture.meta_world import _shapes_only
+    from actors.capture.workloads import WorkloadConfig, build_workload
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD)
+    cfg = WorkloadConfig(**workload, device="fake")
+    with _shapes_only("fake", WORLD) as (device, mesh):
+        wl = build_workload(cfg, 0, WORLD, device, mesh)
+        wl.step(wl.next_batch())
+        tracker = FSDPMemTracker(wl.model, getattr(wl.step, "optimizer", None))
+        batch = wl.next_batch()
+        tracker.track_inputs(batch)
+        with tracker:
+            wl.step(batch)
+        peak = max(v["Total"] for v in tracker.get_tracker_snapshot("peak").values())
+    Path(out).write_text(str(peak))
+    dist.destroy_process_group()
+
+
+def _fsdp_mem_tracker(workload: dict, env: dict, tmp: Path) -> int | None:
+    out = tmp / "tracker.txt"
+    proc = mp.get_context("spawn").Process(target=_tracker_rank, args=(workload, env, str(out)))
+    proc.start()
+    proc.join(900)
+    if proc.is_alive():
+        proc.kill()
+    return int(out.read_text()) if out.is_file() else None
+
+
+def run_config(name: str, model: dict, tmp: Path) -> dict:
+    """One configuration's measured and predicted peaks."""
+    custom = name.startswith("custom")
+    workload = dict(CUSTOM) if custom else {**model, **CONFIGS[name]}
+    env = EXAMPLE_ENV if custom and model is MODEL else {}
+    t0 = time.perf_counter()
+    meta = _capture(workload, "cpu", tmp / f"{name}-real", env)
+    measured = max(r["peak_memory_bytes"] for r in meta["ranks"])
+    plain = _PLAIN.get(name)
+    zero3 = None
+    if plain is not None:  # DeepSpeed cannot run on fake: its emulation, with DeepSpeed's knobs
+        workload = {**model, **plain}
+        ds = meta["ds_config"]["zero_optimization"]
+        zero3 = Zero3Config(strategy="per_module", world_size=WORLD, layout="deepspeed",
+                            param_persistence_threshold=ds["stage3_param_persistence_threshold"],
+                            reduce_bucket_size=ds["reduce_bucket_size"])
+    _capture(workload, "fake", tmp / f"{name}-fake", env)
+    predicted, breakdown = _predict(tmp / f"{name}-fake", zero3)
+    row = {"predicted": predicted, "measured": measured,
+           "ratio": round(predicted / measured, 4), "breakdown": breakdown,
+           "seconds": round(time.perf_counter() - t0, 1)}
+    if workload.get("parallel") == "fsdp2" or custom:
+        tracked = _fsdp_mem_tracker(workload, env, tmp)
+        row["fsdp_mem_tracker_ratio"] = round(tracked / measured, 4) if tracked else None
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--quick", action="store_true",
+                        help="one tiny configuration (ddp_fp32): seconds, for the smoke test")
+    parser.add_argument("--keep", help="keep the captures in this folder")
+    args = parser.parse_args()
+    names, model = (["ddp_fp32"], TINY) if args.quick else (args.configs, MODEL)
+    tmp = Path(args.keep or tempfile.mkdtemp(prefix="bench_predict_"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    configs = {}
+    for name in names:
+        configs[name] = run_config(name, model, tmp)
+        print(f"{name}: {json.dumps(configs[name])}", file=sys.stderr, flush=True)
+    errors = [abs(c["ratio"] - 1) for c in configs.values()]
+    print(json.dumps({"configs": configs, "world_size": WORLD, "model": model,
+                      "max_abs_error": round(max(errors), 4), "target": TARGET,
+                      "all_within_target": all(TARGET[0] <= c["ratio"] <= TARGET[1]
+                                               for c in configs.values())}))
+
+
+if __name__ == "__main__":
+    main()
