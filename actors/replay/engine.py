@@ -7,6 +7,7 @@ they are planned into the sequence once.
 """
 from __future__ import annotations
 
+import gc
 import time
 from itertools import islice
 
@@ -119,6 +120,7 @@ class ReplayEngine:
         self.num_iterations_run = 0  # completed iterations, the memory iteration included
         self.stop_index: int | None = None  # op index the replay stopped at (OOM, failure)
         self.stopped_in_hook = False  # ... in an extension's hook next to that op
+        self._extensions_allocated = False  # ReplayExtension.allocate ran (in _prepare)
 
     # --- the sequence ---------------------------------------------------------------------
     def sequence(self, sampled: bool, checked: bool) -> list[tuple]:
@@ -293,7 +295,13 @@ class ReplayEngine:
         self.num_iterations_run += 1
 
     def _prepare(self) -> None:
-        """Materialize the policy's persistent storages before the first iteration."""
+        """Allocate what extensions hold for the whole replay, then materialize the policy's
+        persistent storages, before the first iteration (inside the memory meter's window:
+        the measured peak must include everything the accounted one counts)."""
+        if not self._extensions_allocated:  # once: a second run() reuses them
+            self._extensions_allocated = True
+            for ext in self.extensions:
+                ext.allocate()
         persistent = self.policy.persistent
         if not persistent:
             return
@@ -307,7 +315,11 @@ class ReplayEngine:
     def _memory_iteration(self) -> None:
         """cpu: two untimed iterations under the profiler's allocator events, from before the
         first allocation; the peak is the second's (meters.py; the timed iterations run
-        without the profiler)."""
+        without the profiler).
+
+        Garbage from before (a previous replay in the same actor: a sweep's earlier point) is
+        collected first: freed inside the window, it would count as negative bytes."""
+        gc.collect()
         self.meter.start()
         try:
             self._prepare()

@@ -32,6 +32,11 @@ class ReplayExtension:
     def attach(self, engine) -> None:
         """Plan against the compiled engine (called once, before the first iteration)."""
 
+    def allocate(self) -> None:
+        """Allocate what the extension holds for the whole replay (ZeRO-3's shards). Called
+        once by the engine before the first iteration, inside the memory meter's window, so
+        the measured peak includes it."""
+
     def owned_storages(self) -> set[int]:
         """Storage generations (suids) this extension manages instead of the allocation policy."""
         return set()

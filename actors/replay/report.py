@@ -44,14 +44,16 @@ class RankReport:
 
     def set_oom(self, op, held_bytes: int, requested_bytes: int, message: str | None = None,
                 in_hook: bool = False):
-        where = f"node {op.node_id} {op.name}" if op is not None else "before the first op"
+        node = f"node {op.node_id} {op.name}" if op is not None else None
         if in_hook:  # e.g. a ZeRO-3 all-gather at a module boundary
-            where = f"an extension's hook (a ZeRO-3 fetch, ...) next to {where}"
+            where = f"at an extension's hook (a ZeRO-3 fetch, ...) next to {node}"
+        else:  # no op yet: what an extension holds for the whole replay (ZeRO-3 shards)
+            where = f"at {node}" if node else "before the first op"
         self.status = "oom"
         self.oom = {"node_id": op.node_id if op else None, "op": op.name if op else None,
                     "held_bytes": held_bytes, "requested_bytes": requested_bytes}
         detail = message or f"{held_bytes} B held, {requested_bytes} B requested"
-        self.error = f"rank {self.rank}: out of memory at {where}: {detail}"
+        self.error = f"rank {self.rank}: out of memory {where}: {detail}"
 
     def set_failed(self, op, error: BaseException) -> None:
         """A failure inside the replay (a collective's peer gone or timed out, a strict

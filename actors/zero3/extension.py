@@ -58,7 +58,6 @@ class Zero3Extension(ReplayExtension):
         self.runtime = Zero3Runtime(self.z.plan.homes, world, engine.rank % world, engine.device,
                                     engine.store, engine.memory, group, hpz=hpz,
                                     hpz_group=hpz_group)
-        self.runtime.allocate()
         self.engine = engine
         partitioned = [p for p in self.z.params if not self.z.home_of[p.suid].persistent]
         found = find_model_states(engine.trace, engine.liveness, partitioned,
@@ -67,6 +66,11 @@ class Zero3Extension(ReplayExtension):
         self.states_runtime = ModelStatesRuntime(
             self.states, world, engine.rank % world, engine.device, engine.store, engine.memory,
             self.runtime.metrics, views_of(engine.trace, {m.suid for m in found}), group)
+
+    def allocate(self) -> None:
+        """Parameter shards (persistent parameters whole) and optimizer-state shards: held
+        for the whole replay, allocated where the memory meter sees them (engine._prepare)."""
+        self.runtime.allocate()
         self.states_runtime.allocate()
 
     def owned_storages(self) -> set[int]:
