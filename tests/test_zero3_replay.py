@@ -11,6 +11,7 @@ from actors.capture import trace_file_name
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
 from actors.trace import load_trace
+from actors.trace.liveness import compute_liveness
 from actors.zero3 import finegrained as fg
 from actors.zero3.config import Zero3Config
 from actors.zero3.extension import Zero3Extension
@@ -114,3 +115,22 @@ def test_measured_peak_includes_the_shards():
         assert ext.report()["shard_bytes"] > 0
         assert report["measured_peak_bytes"] >= report["accounted_peak_bytes"], \
             (strategy, mode)
+
+
+@pytest.mark.parametrize("strategy,world", [("none", None), ("per_param", None),
+                                            ("per_param", 64), ("leaf_coalesced", 4),
+                                            ("per_module", 2), ("bucketed", 64)])
+def test_lower_bound_never_exceeds_the_lazy_peak(strategy, world):
+    """The liveness lower bound is on what the replay holds: under ZeRO-3 the parameters and
+    model states count as the shards the emulation keeps, not the trace's full tensors."""
+    trace = load_trace(DEMO / "rank-0.et.json.gz")
+    cfg = Zero3Config(strategy=strategy, param_persistence_threshold=0, world_size=world)
+    exts = [Zero3Extension(cfg, read_backward_marks(trace))] if cfg.enabled else []
+    replay_cfg = ReplayConfig(mode="compute", device="meta", iters=1, warmup_iters=0,
+                              allocation=AllocationConfig(mode="lazy"))
+    report = ReplayEngine(trace, replay_cfg, extensions=exts).run().to_dict()
+    assert report["status"] == "ok", report["error"]
+    bound, peak = report["liveness_lower_bound_bytes"], report["accounted_peak_bytes"]
+    assert 0 < bound <= peak
+    if world == 64:  # 1/64 of the parameters and optimizer state: far below the trace's bound
+        assert bound < compute_liveness(trace.ops, trace.num_storages).lower_bound_bytes

@@ -37,6 +37,11 @@ class ReplayExtension:
         once by the engine before the first iteration, inside the memory meter's window, so
         the measured peak includes it."""
 
+    def resident_bytes(self) -> int:
+        """Bytes the extension holds from ``allocate`` to the end of the replay, whatever the
+        op (ZeRO-3's shards): they count in the replay's liveness lower bound."""
+        return 0
+
     def owned_storages(self) -> set[int]:
         """Storage generations (suids) this extension manages instead of the allocation policy."""
         return set()

@@ -12,6 +12,8 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
+from actors.trace.liveness import peak_without
+
 MAX_ERROR_CHARS = 300
 
 
@@ -89,7 +91,7 @@ class RankReport:
             "memory_measure_method": meter.method,
             "memory_measure": meter.details(),
             "persistent_bytes": engine.policy.persistent_bytes(engine.liveness.storage_bytes),
-            "liveness_lower_bound_bytes": engine.liveness.lower_bound_bytes,
+            "liveness_lower_bound_bytes": lower_bound_bytes(engine),
             "device_memory_capacity_bytes": memory.capacity_bytes,
             "device_memory_threshold": engine.cfg.allocation.device_memory_threshold,
             "num_flushes": engine.num_flushes, "flushed_bytes": engine.flushed_bytes,
@@ -109,6 +111,15 @@ class RankReport:
              "last_op": self.last_op, "oom": self.oom, "iteration_times_s": self.iteration_times_s}
         d.update(self.data)
         return d
+
+
+def lower_bound_bytes(engine) -> int:
+    """The liveness lower bound on what this replay holds (computed, not measured): the
+    trace's storages each live from first to last use, except those extensions manage
+    (ZeRO-3's parameters and model states), for which what the extension holds for the whole
+    replay (their shards) counts instead."""
+    return peak_without(engine.liveness, engine.store.owned) + \
+        sum(ext.resident_bytes() for ext in engine.extensions)
 
 
 def coverage(engine) -> tuple[int, int, Counter]:

@@ -73,6 +73,12 @@ class Zero3Extension(ReplayExtension):
         self.runtime.allocate()
         self.states_runtime.allocate()
 
+    def resident_bytes(self) -> int:
+        """Parameter shards, parameters kept whole and optimizer-state shards (the figures
+        ``allocate`` charged; 0 before it ran)."""
+        m = self.runtime.metrics
+        return m.shard_bytes + m.persistent_bytes + m.optimizer_state_bytes
+
     def owned_storages(self) -> set[int]:
         return {p.suid for p in self.z.params} | {m.suid for m in self.states.states}
 
