@@ -291,7 +291,7 @@ class ReplayEngine:
         for ext in self.extensions:
             ext.on_iteration_end(measured)
         self.store.free_all()
-        self.memory.recording = False
+        self.memory.stop_recording()
         self.num_iterations_run += 1
 
     def _prepare(self) -> None:
@@ -375,4 +375,5 @@ class ReplayEngine:
                            in_hook=self.stopped_in_hook)
         except Exception as e:  # a collective that failed or timed out, a strict mismatch
             report.set_failed(self.last_op, e)
+        self.memory.stop_recording()  # stopped inside the first iteration: the peak so far
         return report.finish(self)

@@ -60,13 +60,20 @@ class MemoryTracker:
         self.capacity_bytes = capacity_bytes
         self.held: list[int] = [0] * num_storages  # suid -> accounted bytes held (0: not held)
         self.held_bytes = 0
+        # The most bytes held. While the timeline records, the op loop (which raises it
+        # inline) keeps it per timeline bucket: each sample folds it into _earlier_peak_bytes
+        # and restarts it; stop_recording folds the last bucket in.
         self.peak_bytes = 0
+        self._earlier_peak_bytes = 0
+        self.low_bytes = 0  # the fewest bytes held in the current timeline bucket
         self.max_points = max(16, max_points)
         # The timeline and the flush ticks describe the first iteration (every iteration
         # replays the same ops under the same policy); later ones run without sampling.
         self.recording = True
         self.flush_ticks: list[int] = []  # op index of each flush
-        self.timeline: list[tuple[int, int]] = []  # (op index, bytes held after it)
+        # (op index, bytes held after it, most and fewest held since the previous sample):
+        # a downsampled timeline keeps its extremes, the peak among them.
+        self.timeline: list[tuple[int, int, int, int]] = []
 
     def check(self, requested_bytes: int) -> None:
         """Raise OutOfMemory when ``requested_bytes`` more would cross the capacity."""
@@ -93,17 +100,33 @@ class MemoryTracker:
     def discharge(self, nbytes: int) -> None:
         """Stop accounting bytes an extension released."""
         self.held_bytes -= nbytes
+        if self.held_bytes < self.low_bytes:
+            self.low_bytes = self.held_bytes
 
     def note_flush(self, op_index: int) -> None:
         if self.recording:
             self.flush_ticks.append(op_index)
 
     def sample(self, op_index: int) -> None:
-        """Record the bytes held after op ``op_index``."""
-        self.timeline.append((op_index, self.held_bytes))
+        """Record the bytes held after op ``op_index`` and the extremes since the previous
+        sample; the next bucket starts from what is held now."""
+        held = self.held_bytes
+        self.timeline.append((op_index, held, max(self.peak_bytes, held),
+                              min(self.low_bytes, held)))
+        self._earlier_peak_bytes = max(self._earlier_peak_bytes, self.peak_bytes)
+        self.peak_bytes = self.low_bytes = held
+
+    def stop_recording(self) -> None:
+        """End the timeline: ``peak_bytes`` is the overall peak from now on."""
+        self.recording = False
+        self.peak_bytes = max(self.peak_bytes, self._earlier_peak_bytes)
 
 
-def sample_points(num_ops: int, max_points: int) -> range:
-    """Op indices after which the first iteration's timeline samples (about ``max_points``)."""
+def sample_points(num_ops: int, max_points: int) -> list[int]:
+    """Op indices after which the first iteration's timeline samples (about ``max_points``),
+    the last op always among them: every op falls in some point's bucket."""
     stride = max(1, -(-num_ops // max_points))
-    return range(stride - 1, num_ops, stride)
+    points = list(range(stride - 1, num_ops, stride))
+    if num_ops and points[-1:] != [num_ops - 1]:
+        points.append(num_ops - 1)
+    return points

@@ -138,6 +138,8 @@ class TensorStore:
         nbytes = memory.held[suid]
         memory.held[suid] = 0
         memory.held_bytes -= nbytes
+        if memory.held_bytes < memory.low_bytes:  # the timeline bucket's low
+            memory.low_bytes = memory.held_bytes
         return nbytes
 
     def free_all(self) -> int:
