@@ -71,9 +71,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folders", nargs="*", help="trace folders with a meta.json (default: the demos)")
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: the first folder only, one iteration per mode")
     args = ap.parse_args()
     logging.disable(logging.INFO)
     folders = [Path(f) for f in args.folders] or [ROOT / "demo" / "traces" / d for d in DEMOS]
+    if args.quick:
+        folders, args.iters = folders[:1], 1
     results, met = {}, True
     session = ReplaySession()
     try:
