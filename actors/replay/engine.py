@@ -252,6 +252,8 @@ class ReplayEngine:
                         if out_bytes:  # a fresh storage (MemoryTracker.add, inlined)
                             held[out_suid] = out_bytes
                             memory.held_bytes += out_bytes
+                            if memory.held_bytes > memory.high_bytes:
+                                memory.high_bytes = memory.held_bytes
                             if memory.held_bytes > memory.peak_bytes:
                                 memory.peak_bytes = memory.held_bytes
                         if check:
@@ -291,7 +293,7 @@ class ReplayEngine:
         for ext in self.extensions:
             ext.on_iteration_end(measured)
         self.store.free_all()
-        self.memory.stop_recording()
+        self.memory.recording = False
         self.num_iterations_run += 1
 
     def _prepare(self) -> None:
@@ -375,5 +377,4 @@ class ReplayEngine:
                            in_hook=self.stopped_in_hook)
         except Exception as e:  # a collective that failed or timed out, a strict mismatch
             report.set_failed(self.last_op, e)
-        self.memory.stop_recording()  # stopped inside the first iteration: the peak so far
         return report.finish(self)

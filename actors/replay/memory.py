@@ -60,12 +60,11 @@ class MemoryTracker:
         self.capacity_bytes = capacity_bytes
         self.held: list[int] = [0] * num_storages  # suid -> accounted bytes held (0: not held)
         self.held_bytes = 0
-        # The most bytes held. While the timeline records, the op loop (which raises it
-        # inline) keeps it per timeline bucket: each sample folds it into _earlier_peak_bytes
-        # and restarts it; stop_recording folds the last bucket in.
         self.peak_bytes = 0
-        self._earlier_peak_bytes = 0
-        self.low_bytes = 0  # the fewest bytes held in the current timeline bucket
+        # The most and fewest bytes held since the last timeline sample (the op loop and the
+        # store's frees keep them inline), so a downsampled timeline keeps its extremes.
+        self.high_bytes = 0
+        self.low_bytes = 0
         self.max_points = max(16, max_points)
         # The timeline and the flush ticks describe the first iteration (every iteration
         # replays the same ops under the same policy); later ones run without sampling.
@@ -87,6 +86,8 @@ class MemoryTracker:
             return
         self.held[suid] = nbytes
         self.held_bytes += nbytes
+        if self.held_bytes > self.high_bytes:
+            self.high_bytes = self.held_bytes
         if self.held_bytes > self.peak_bytes:
             self.peak_bytes = self.held_bytes
 
@@ -94,6 +95,8 @@ class MemoryTracker:
         """Account bytes an extension allocated itself (checked against the capacity)."""
         self.check(nbytes)
         self.held_bytes += nbytes
+        if self.held_bytes > self.high_bytes:
+            self.high_bytes = self.held_bytes
         if self.held_bytes > self.peak_bytes:
             self.peak_bytes = self.held_bytes
 
@@ -111,15 +114,9 @@ class MemoryTracker:
         """Record the bytes held after op ``op_index`` and the extremes since the previous
         sample; the next bucket starts from what is held now."""
         held = self.held_bytes
-        self.timeline.append((op_index, held, max(self.peak_bytes, held),
+        self.timeline.append((op_index, held, max(self.high_bytes, held),
                               min(self.low_bytes, held)))
-        self._earlier_peak_bytes = max(self._earlier_peak_bytes, self.peak_bytes)
-        self.peak_bytes = self.low_bytes = held
-
-    def stop_recording(self) -> None:
-        """End the timeline: ``peak_bytes`` is the overall peak from now on."""
-        self.recording = False
-        self.peak_bytes = max(self.peak_bytes, self._earlier_peak_bytes)
+        self.high_bytes = self.low_bytes = held
 
 
 def sample_points(num_ops: int, max_points: int) -> list[int]:
