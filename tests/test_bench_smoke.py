@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PUBLIC_TRACE_DIR
-
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 600
 
@@ -35,15 +33,8 @@ def _positive(*values) -> bool:
     return all(isinstance(v, (int, float)) and v > 0 for v in values)
 
 
-def _public(name: str) -> Path:
-    path = PUBLIC_TRACE_DIR / name
-    if not path.exists():
-        pytest.skip(f"{path} is absent (shared/ beside the checkout)")
-    return path
-
-
-def test_bench_load():
-    out = run_bench("load", "--source", str(_public("hf_GPT2_et.json.tar.gz")))
+def test_bench_load(public_trace_dir):
+    out = run_bench("load", "--source", str(public_trace_dir / "hf_GPT2_et.json.tar.gz"))
     assert out["nodes"] == 20_000 and out["reps"] == 1
     assert _positive(out["json_load_s"], out["load_trace_s"], out["ratio"], out["file_mb"])
     assert all(_positive(out[f"peak_rss_mb_{r}"]) for r in ("json_load", "load_trace"))
@@ -62,8 +53,8 @@ def test_bench_sweep():
     assert _positive(out["preflight_driver_rss_gib"]["8"])
 
 
-def test_bench_foreign():
-    out = run_bench("foreign", "--traces", str(_public("")))
+def test_bench_foreign(public_trace_dir):
+    out = run_bench("foreign", "--traces", str(public_trace_dir))
     assert out["num_runs"] == 2 and {r["device"] for r in out["runs"]} == {"cpu", "meta"}
     assert all(r["status"] == "ok" and 0 < r["coverage"] <= 1 for r in out["runs"])
     assert set(out["min_coverage"]) == {"cpu", "meta"} and isinstance(out["target_met"], bool)
