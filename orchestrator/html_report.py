@@ -102,8 +102,9 @@ def load_run(run_dir: Path) -> tuple[dict, list[dict]]:
         csv = run_dir / "memory" / f"rank-{rank.get('rank')}.csv"
         if not rank.get("memory_timeline") and csv.is_file():
             timeline = pd.read_csv(csv)
-            rank["memory_timeline"] = list(zip(timeline["op_index"].tolist(),
-                                               timeline["bytes"].tolist()))
+            columns = [c for c in ("op_index", "bytes", "max_bytes", "min_bytes")
+                       if c in timeline]  # runs before the extremes have two columns
+            rank["memory_timeline"] = list(zip(*(timeline[c].tolist() for c in columns)))
         ranks.append(rank)
     return summary, ranks
 

@@ -33,6 +33,14 @@ def timeline_scale(peak: int, bound: int | None, capacity: int | None) -> tuple[
     return scale, unit, far_capacity
 
 
+def timeline_points(timeline) -> list[tuple[int, int, int, int]]:
+    """(op index, bytes held after it, most and fewest held since the previous point) of a
+    rank's downsampled memory timeline; a point of two values (an older run) is its own
+    extremes."""
+    return [(int(p[0]), int(p[1]), int(p[2]), int(p[3])) if len(p) >= 4
+            else (int(p[0]), int(p[1]), int(p[1]), int(p[1])) for p in timeline]
+
+
 def _held_at(timeline, tick: int) -> int:
     """Bytes held at op ``tick`` read off a (downsampled) step timeline."""
     i = bisect_right([op for op, _ in timeline], tick) - 1
@@ -40,28 +48,38 @@ def _held_at(timeline, tick: int) -> int:
 
 
 def plot_memory_timeline(summary: dict, rank_reports: list[dict], path: Path) -> bool:
-    """Bytes held over op index, one line per rank, flushes marked on each rank's line, with
-    the liveness bound, the capacity and the flush threshold (threshold x capacity)."""
+    """Bytes held over op index, one line per rank: the most held in each downsampled bucket,
+    shaded down to the fewest, so no extreme is lost; the peak marked; flushes marked on each
+    rank's line; the liveness bound, the capacity and the flush threshold (threshold x
+    capacity)."""
     ranks = sorted((r for r in rank_reports if r.get("memory_timeline")), key=lambda r: r["rank"])
     if not ranks:
         return False
     bound = summary.get("liveness_lower_bound_bytes")
     capacity = summary.get("device_memory_capacity_bytes")
     threshold = summary.get("device_memory_threshold")
-    peak = max(b for r in ranks for _, b in r["memory_timeline"])
+    points = {r["rank"]: timeline_points(r["memory_timeline"]) for r in ranks}
+    peak_rank, (peak_op, _, peak, _) = max(
+        ((rank, p) for rank, pts in points.items() for p in pts), key=lambda rp: rp[1][2])
     scale, unit, far_capacity = timeline_scale(peak, bound, capacity)
     fig = Figure(figsize=(10, 5), dpi=100)
     ax = fig.add_subplot()
     num_flushes = 0
     marker_size = 5 if sum(len(r.get("flush_ticks") or []) for r in ranks) < 200 else 2
     for r in ranks:
-        ops, held = zip(*r["memory_timeline"])
-        line, = ax.plot(ops, [b / scale for b in held], drawstyle="steps-post", linewidth=0.8,
+        ops, held, most, fewest = zip(*points[r["rank"]])
+        # a point's extremes cover the ops since the previous point: drawn "pre"
+        line, = ax.plot(ops, [b / scale for b in most], drawstyle="steps-pre", linewidth=0.8,
                         label=f"rank {r['rank']}")
+        if most != fewest:  # a band only where buckets vary (filling costs time)
+            ax.fill_between(ops, [b / scale for b in fewest], [b / scale for b in most],
+                            step="pre", color=line.get_color(), alpha=0.2, linewidth=0)
         ticks = r.get("flush_ticks") or []
         num_flushes += len(ticks)
         ax.plot(ticks, [_held_at(r["memory_timeline"], t) / scale for t in ticks], "v",
                 color=line.get_color(), markersize=marker_size)
+    ax.plot([peak_op], [peak / scale], "*", color="black", markersize=11, zorder=5,
+            label=f"peak {human_bytes(peak)} (rank {peak_rank}, op {peak_op})")
     if bound:
         ax.axhline(bound / scale, color="black", linestyle="--", linewidth=1,
                    label=f"liveness lower bound ({human_bytes(bound)})")
@@ -80,8 +98,8 @@ def plot_memory_timeline(summary: dict, rank_reports: list[dict], path: Path) ->
         title += f"; capacity {human_bytes(capacity)} off the scale"
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    if len(ranks) <= MAX_LEGEND_RANKS:
-        ax.legend(fontsize="small", loc="upper left")
+    if len(ranks) <= MAX_LEGEND_RANKS:  # outside: inside, it would hide the peak
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return _save(fig, path)
 
 

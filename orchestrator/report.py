@@ -2,7 +2,8 @@
 
 Files written by ``write_run_outputs`` (paths relative to the run directory):
 ``summary.json``, ``ranks.csv``, ``ranks.parquet``, ``config.yaml`` (when given),
-``memory/rank-<r>.csv`` (``op_index,bytes``), ``memory_timeline.png``, ``iteration_times.png``.
+``memory/rank-<r>.csv`` (``op_index,bytes,max_bytes,min_bytes``: bytes held after the op, the
+most and fewest held since the previous row), ``memory_timeline.png``, ``iteration_times.png``.
 
 The rank table has one row of flat scalar columns per rank: scalars are kept as they are,
 ``collectives`` becomes ``coll_<kind>_<field>`` columns, ``oom`` becomes ``oom_<field>``,
@@ -23,7 +24,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from orchestrator.plots import plot_iteration_times, plot_memory_timeline
+from orchestrator.plots import plot_iteration_times, plot_memory_timeline, timeline_points
 from orchestrator.plots import timeline_scale  # noqa: F401 (re-exported)
 from orchestrator.units import human_bytes
 
@@ -100,8 +101,9 @@ def _write_memory_timelines(rank_reports: list[dict], memory_dir: Path) -> list[
             continue
         memory_dir.mkdir(parents=True, exist_ok=True)
         path = memory_dir / f"rank-{report['rank']}.csv"
-        lines = "".join(f"{int(op)},{int(num_bytes)}\n" for op, num_bytes in timeline)
-        path.write_text("op_index,bytes\n" + lines)
+        lines = "".join(f"{op},{held},{most},{fewest}\n"
+                        for op, held, most, fewest in timeline_points(timeline))
+        path.write_text("op_index,bytes,max_bytes,min_bytes\n" + lines)
         paths.append(path)
     return paths
 

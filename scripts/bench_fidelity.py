@@ -142,11 +142,15 @@ def main() -> None:
     ap.add_argument("folders", nargs="*", help="trace folders with a meta.json (default: the demos)")
     ap.add_argument("--rounds", type=int, default=3, help="alternations original/replay (>= 3)")
     ap.add_argument("--iters", type=int, default=10, help="timed iterations per side (>= 10)")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: the first folder, one round of 2 iterations per side")
     args = ap.parse_args()
-    if args.rounds < 3 or args.iters < 10:
+    if not args.quick and (args.rounds < 3 or args.iters < 10):
         raise SystemExit("--rounds must be >= 3 and --iters >= 10 (a median of fewer says little)")
     logging.disable(logging.INFO)
     folders = [Path(f) for f in args.folders] or [ROOT / "demo" / "traces" / d for d in DEMOS]
+    if args.quick:
+        folders, args.rounds, args.iters = folders[:1], 1, 2
     worlds = [json.loads((f / "meta.json").read_text())["world_size"] for f in folders]
     # both groups (the original's, the replay's) at once: one logical CPU per rank each
     ray.init(num_cpus=2 * max(worlds), include_dashboard=False, log_to_driver=False)

@@ -68,9 +68,12 @@ def replay(trace, device: str) -> dict:
             "wall_s": round(time.perf_counter() - t0, 2)}
 
 
-def engine_runs(folder: Path) -> list[dict]:
+def engine_runs(folder: Path, quick: bool = False) -> list[dict]:
+    files = sorted(p for p in folder.iterdir() if p.is_file())
+    if quick:
+        files = [min(files, key=lambda p: p.stat().st_size)]
     runs = []
-    for path in sorted(p for p in folder.iterdir() if p.is_file()):
+    for path in files:
         for rank, source in sorted(discover(path).items()):
             t0 = time.perf_counter()
             trace = load_trace(source)
@@ -108,9 +111,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", type=Path, default=_default_traces())
     ap.add_argument("--no-cli", action="store_true", help="skip the 8-rank CLI run")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: the smallest trace file only, no CLI run")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    runs = engine_runs(args.traces)
+    if not args.traces.is_dir():
+        raise SystemExit(f"bench_foreign: no trace folder {args.traces} (shared/traces/public)")
+    runs = engine_runs(args.traces, args.quick)
     min_coverage = {d: min(r["coverage"] for r in runs if r["device"] == d)
                     for d in ("cpu", "meta")}
     skipped = Counter()
@@ -124,7 +131,7 @@ def main():
               "equivalents": {name: TRANSLATIONS[name].target for name in translated},
               "runs": runs}
     archive = args.traces / DLRM_ARCHIVE
-    if not args.no_cli and archive.is_file():
+    if not (args.no_cli or args.quick) and archive.is_file():
         result["cli"] = cli_run(archive)
         result["target_met"] = result["target_met"] and result["cli"].get("status") == "ok" \
             and result["cli"]["coverage"] >= TARGET_COVERAGE

@@ -126,7 +126,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=7, help="timed eager iterations per side")
     ap.add_argument("--records", type=int, default=3, help="recorded iterations per workload")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: one iteration per side, one record, gpt_dp only")
     args = ap.parse_args()
+    if args.quick:
+        args.iters, args.records = 1, 1
+    kinds = ("gpt_dp",) if args.quick else ("gpt_dp", "gpt_zero3")
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
                       LOCAL_RANK="0", WORLD_SIZE="1")  # DeepSpeed reads them
@@ -137,7 +142,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="bench-host-gaps-") as tmp:
             work = Path(tmp)
             out = {kind: measure_workload(kind, args.iters, args.records, work)
-                   for kind in ("gpt_dp", "gpt_zero3")}
+                   for kind in kinds}
             out["per_gap_us"] = calibrate(work)
     finally:
         dist.destroy_process_group()

@@ -113,7 +113,10 @@ def main(argv=None) -> None:
     parser.add_argument("--profile", action="store_true", help="cProfile load_trace to stderr")
     parser.add_argument("--gc-ab", action="store_true", help="also time load_trace with the GC on")
     parser.add_argument("--child", nargs=2, metavar=("READER", "PATH"), help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="smoke run: smallest inputs, seconds (the test suite runs it)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.nodes, args.reps = 20_000, 1
     if args.child:
         return child(*args.child)
     if not args.source.is_file():

@@ -130,7 +130,10 @@ def main() -> None:
     parser.add_argument("--ray", action="store_true", help="a local Ray is up in each driver")
     parser.add_argument("--drive", help=argparse.SUPPRESS)
     parser.add_argument("--hold", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="smoke run: smallest inputs, seconds (the test suite runs it)")
     args = parser.parse_args()
+    if args.quick:
+        args.counts, args.layers = [8], 20
     if args.drive:
         print(json.dumps(drive(args.drive, args.hold, args.ray)))
         return

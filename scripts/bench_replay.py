@@ -117,10 +117,12 @@ def replay_vs_eager(rank_file, workload: dict, repeats: int) -> tuple[float, flo
                        replay, repeats)
 
 
-def _capture_large(out_path: Path, workload: dict) -> None:
-    """Record one step of a wider decoder: compute-bound, where a meta dry run pays off."""
-    w = build_workload(WorkloadConfig(**{**workload, "d_model": 512, "n_layers": 4,
-                                         "seq_len": 256, "batch_size": 8}), 0, 1)
+def _capture_large(out_path: Path, workload: dict, quick: bool = False) -> None:
+    """Record one step of a wider decoder: compute-bound, where a meta dry run pays off
+    (``quick``: a quarter of the width and length)."""
+    size = {"d_model": 128, "n_layers": 2, "seq_len": 64, "batch_size": 4} if quick else \
+        {"d_model": 512, "n_layers": 4, "seq_len": 256, "batch_size": 8}
+    w = build_workload(WorkloadConfig(**{**workload, **size}), 0, 1)
     w.step(w.next_batch())
     record_iteration(w.step, w.next_batch(), w.model, step_index=1, out_path=str(out_path))
 
@@ -183,26 +185,31 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", default=str(ROOT / "demo" / "traces" / "gpt_dp_4"))
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: one rank, 1 repeat, a short tiny-op trace, a small 'large'")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.quick:
+        args.iters = 1
     folder = Path(args.traces)
     rank_files = sorted(folder.glob("rank-*.et.json*"))
     meta = json.loads((folder / "meta.json").read_text())
-    memory = memory_ratios(rank_files)
+    memory = memory_ratios(rank_files[:1] if args.quick else rank_files)
     with _World1():
         eager_s, replay_s = replay_vs_eager(rank_files[0], meta["workload"], args.iters)
         meta_s, cpu_s = meta_vs_cpu(rank_files[0], args.iters)
         with tempfile.TemporaryDirectory() as tmp:
             large = Path(tmp) / "large.et.json.gz"
-            _capture_large(large, meta["workload"])
-            large_meta_s, large_cpu_s = meta_vs_cpu(large, max(3, args.iters // 3))
+            _capture_large(large, meta["workload"], args.quick)
+            large_meta_s, large_cpu_s = meta_vs_cpu(large, 1 if args.quick
+                                                    else max(3, args.iters // 3))
     print(json.dumps({
-        "traces": str(folder), "num_ranks": len(rank_files),
+        "traces": str(folder), "num_ranks": len(rank_files), "quick": args.quick,
         **memory,
         "eager_compute_s": round(eager_s, 5), "replay_compute_s": round(replay_s, 5),
         "replay_over_eager": round(replay_s / eager_s, 3),
         "eager_iteration_s_from_meta": meta.get("iteration_time_s"),
-        **tiny_op_overhead(),
+        **(tiny_op_overhead(300, 3) if args.quick else tiny_op_overhead()),
         "demo_meta_iteration_s": round(meta_s, 5), "demo_cpu_iteration_s": round(cpu_s, 5),
         "demo_meta_over_cpu": round(meta_s / cpu_s, 3),
         "large_meta_iteration_s": round(large_meta_s, 5),

@@ -46,6 +46,7 @@ POINT = ["replay.allocation.mode=faithful", "replay.device_memory_capacity=12MiB
 THRESHOLDS = ("1.0", "0.5", "0.25")
 TIMEOUT_S = 900
 GIB = 2**30
+QUICK = False  # --quick: the smallest inputs (set by main)
 RSS_POLL_S = 0.2
 
 
@@ -171,7 +172,8 @@ def bench_dry_run_70b(work: Path) -> dict:
 def bench_preflight(work: Path) -> dict:
     """``preflight_driver_rss_gib`` and ``preflight_s`` at 8, 64 and 512 rank files, from
     scripts/bench_preflight.py (each rank count in a fresh driver process)."""
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_preflight.py")], cwd=work,
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "bench_preflight.py"),
+                           *(["--quick"] if QUICK else [])], cwd=work,
                           capture_output=True, text=True, timeout=TIMEOUT_S)
     if proc.returncode != 0:
         raise SystemExit(f"bench_preflight.py failed:\n{proc.stderr[-3000:]}")
@@ -185,10 +187,16 @@ BENCHES = {"sweep": bench_sweep, "min_memory": bench_min_memory, "dry_run_70b": 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default=",".join(BENCHES),
-                        help=f"comma-separated subset of {', '.join(BENCHES)}")
+    parser.add_argument("--only", default=None,
+                        help=f"comma-separated subset of {', '.join(BENCHES)} (default: all)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: the pre-flight bench at 8 small rank files only (the "
+                             "others start Ray and replay through the CLI: minutes)")
     args = parser.parse_args()
-    names = [n for n in args.only.split(",") if n]
+    global QUICK
+    QUICK = args.quick
+    only = args.only if args.only is not None else "preflight" if args.quick else ",".join(BENCHES)
+    names = [n for n in only.split(",") if n]
     unknown = sorted(set(names) - set(BENCHES))
     if unknown:
         parser.error(f"unknown benchmark(s) {unknown}; expected among {sorted(BENCHES)}")

@@ -12,8 +12,12 @@ is captured once with data parallel on 2 gloo ranks. Then, on 2 gloo ranks:
 
 Both sides: every parameter partitioned (persistence threshold 0), no prefetch (DeepSpeed's
 prefetch bucket 0), and no reuse (DeepSpeed's max_reuse_distance 0: released after every
-use, as our replay does). Engines of one side alternate step by step in one process, so
-load changes hit them alike; figures are medians over the timed steps. Prints one JSON line:
+use, as our replay does). The trace is captured without the data-parallel gradient
+all-reduces: the emulation reduce-scatters gradients itself, as DeepSpeed does, so both
+steps communicate alike. Engines of one side alternate step by step in one process, so
+load changes hit them alike; ``step_s`` is the slowest rank's time per step (a synchronous
+step ends when its slowest rank does), median over the timed steps; host times are medians
+per rank, averaged over the ranks. Prints one JSON line:
 
     {"allgathers_per_step": {...}, "fetch_release_host_s_per_step": {...}, "step_s": {...},
      "leaf_over_per_module_host": x}
@@ -21,6 +25,7 @@ load changes hit them alike; figures are medians over the timed steps. Prints on
 each object keyed per_param, per_module, bucketed, leaf_coalesced, deepspeed, deepspeed_leaf.
 
     python scripts/bench_zero3.py [--steps 12] [--warmup 3]
+    python scripts/bench_zero3.py --quick   # 1 warm-up and 2 timed steps
 """
 from __future__ import annotations
 
@@ -101,7 +106,7 @@ def _ours_rank(rank: int, port: int, trace_dir: str, steps: int, warmup: int, ou
         its = engine.extensions[0].runtime.metrics.iterations[warmup:]
         result[s] = {"allgathers": its[-1]["num_allgathers"],
                      "host_s": statistics.median(i["fetch_host_s"] + i["release_host_s"] for i in its),
-                     "step_s": statistics.median(step_s[s])}
+                     "steps_s": step_s[s]}
     Path(out).write_text(json.dumps(result))
     dist.destroy_process_group()
 
@@ -205,7 +210,7 @@ def _ds_rank(rank: int, port: int, steps: int, warmup: int, out: str) -> None:
                 samples[name].append((current.allgathers, current.fetch_release_s - current.wait_s,
                                       step_s))
     result = {name: {"allgathers": s[-1][0], "host_s": statistics.median(x[1] for x in s),
-                     "step_s": statistics.median(x[2] for x in s)} for name, s in samples.items()}
+                     "steps_s": [x[2] for x in s]} for name, s in samples.items()}
     Path(out).write_text(json.dumps(result))
     dist.destroy_process_group()
 
@@ -226,19 +231,26 @@ def _run_ranks(fn, *args) -> dict:
         if any(p.exitcode != 0 for p in procs):
             raise SystemExit(f"{fn.__name__} failed: exit codes {[p.exitcode for p in procs]}")
         ranks = [json.loads(Path(o).read_text()) for o in outs]
-    # per key: all-gathers from rank 0 (ranks agree), times the mean of the two ranks
+    # per key: all-gathers from rank 0 (ranks agree), host time the mean of the ranks' medians,
+    # step time the slowest rank's per step, median over the steps
     return {k: {"allgathers": ranks[0][k]["allgathers"],
                 "host_s": statistics.mean(r[k]["host_s"] for r in ranks),
-                "step_s": max(r[k]["step_s"] for r in ranks)} for k in ranks[0]}
+                "step_s": statistics.median(max(per_rank) for per_rank in
+                                            zip(*(r[k]["steps_s"] for r in ranks)))}
+            for k in ranks[0]}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=12, help="timed steps per engine")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps per engine first")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 1 warm-up, 2 timed steps")
     args = ap.parse_args()
+    if args.quick:
+        args.steps, args.warmup = 2, 1
     with tempfile.TemporaryDirectory() as tmp:
-        trace_dir = fg.capture_data_parallel(Path(tmp) / "trace", WORLD, fg.FineGrainedConfig())
+        trace_dir = fg.capture_data_parallel(Path(tmp) / "trace", WORLD, fg.FineGrainedConfig(),
+                                             grad_all_reduce=False)
         figures = _run_ranks(_ours_rank, str(trace_dir), args.steps, args.warmup)
     figures.update(_run_ranks(_ds_rank, args.steps, args.warmup))
     keys = OURS + ["deepspeed", "deepspeed_leaf"]

@@ -187,12 +187,39 @@ def test_write_run_outputs_round_trip(tmp_path):
     assert (tmp_path / "config.yaml").read_text() == "replay:\n  iterations: 3\n"
 
     mem = pd.read_csv(tmp_path / "memory" / "rank-1.csv")
-    assert list(mem.columns) == ["op_index", "bytes"] and len(mem) == 50
+    assert list(mem.columns) == ["op_index", "bytes", "max_bytes", "min_bytes"]
+    assert len(mem) == 50 and (mem["bytes"] == mem["max_bytes"]).all()  # points of two values
     assert not (tmp_path / "memory" / "rank-3.csv").exists()
     for name in ("memory_timeline.png", "iteration_times.png"):
         data = (tmp_path / name).read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 5000, name
     assert written["memory_timeline_plot"] == tmp_path / "memory_timeline.png"
+
+
+def test_timeline_extremes_reach_the_csv_and_the_plot(tmp_path, monkeypatch):
+    """A downsampled point's extremes (most, fewest held since the previous point) go to
+    memory/rank-<r>.csv and back; the plot's line reaches the peak, which it marks."""
+    from orchestrator import plots
+    from orchestrator.html_report import load_run
+    report = ok_report(0, 0.1)
+    # after-op values stay at 2 MiB; the peak (5 MiB) lived between two points
+    report["memory_timeline"] = [[i, 2 * MiB, (5 if i == 29 else 3) * MiB, MiB]
+                                 for i in range(9, 100, 10)]
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig) or True)
+    summary = aggregate([report], world_size=1)
+    write_run_outputs(summary, [report], tmp_path, None)
+    mem = pd.read_csv(tmp_path / "memory" / "rank-0.csv")
+    assert mem["max_bytes"].max() == 5 * MiB and mem["min_bytes"].min() == MiB
+    _, ranks = load_run(tmp_path)
+    assert [list(p) for p in ranks[0]["memory_timeline"]] == report["memory_timeline"]
+    ax = figures[0].axes[0]
+    scale = 1.0 * MiB  # 5 MiB is drawn in MiB
+    rank_line = next(ln for ln in ax.get_lines() if ln.get_label() == "rank 0")
+    assert max(rank_line.get_ydata()) == pytest.approx(5 * MiB / scale)
+    peak = next(ln for ln in ax.get_lines() if ln.get_label().startswith("peak"))
+    assert list(peak.get_xdata()) == [29] and list(peak.get_ydata()) == [5 * MiB / scale]
+    assert "5.0 MiB" in peak.get_label() or "5 MiB" in peak.get_label(), peak.get_label()
 
 
 def test_numpy_scalars_and_all_zero_timeline(tmp_path):

@@ -228,3 +228,29 @@ def test_demo_traces_replay_fully(folder):
         # the tensors accounted for are real CPU blocks the counter sees, op temporaries come
         # on top (gpt_dp_4: equal to the byte; ZeRO-3 demos within 0.5% either way)
         assert r["measured_peak_bytes"] >= 0.95 * r["accounted_peak_bytes"] > 0
+
+
+
+DEMO = Path(__file__).resolve().parents[1] / "demo" / "traces" / "gpt_dp_4"
+
+
+@pytest.mark.parametrize("alloc", ["lazy", "faithful", "pre_allocate"])
+def test_downsampled_timeline_keeps_its_extremes(alloc):
+    """16 points over ~2000 ops: each point carries the most and fewest bytes held since the
+    previous one, so the timeline reaches the accounted peak and never hides a low."""
+    trace = load_trace(DEMO / "rank-0.et.json.gz")
+    coarse = ReplayEngine(trace, _cfg(alloc=alloc, device="meta", iters=1, warmup_iters=0,
+                                      timeline_max_points=16)).run().to_dict()
+    fine = ReplayEngine(trace, _cfg(alloc=alloc, device="meta", iters=1, warmup_iters=0,
+                                    timeline_max_points=len(trace.ops))).run().to_dict()
+    points = coarse["memory_timeline"]
+    assert 10 <= len(points) <= 20 and points[-1][0] == len(trace.ops) - 1
+    assert max(most for _, _, most, _ in points) == coarse["accounted_peak_bytes"]
+    assert coarse["accounted_peak_bytes"] == fine["accounted_peak_bytes"]
+    assert all(fewest <= held <= most for _, held, most, fewest in points)
+    # a bucket's low is the lowest held after any of its ops (every op sampled: `fine`)
+    after = {op: held for op, held, _, _ in fine["memory_timeline"]}
+    previous = -1
+    for op, _, _, fewest in points:
+        assert fewest <= min(after[i] for i in range(previous + 1, op + 1) if i in after)
+        previous = op

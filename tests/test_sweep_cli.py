@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 ENTRY = [sys.executable, "-c", "from orchestrator.main import main; main()"]
 REPO = Path(__file__).resolve().parents[1]
-# pre_allocate holds the demo's 8 MiB of parameters before the first op: 1MiB is an OOM
+# faithful (the default) holds the demo's 8 MiB of parameters before the first op: 1MiB is an OOM
 # before any collective, 1GiB fits.
 SWEEP = ["--multirun", "replay.device_memory_capacity=1MiB,1GiB", "replay.warmup_iters=0",
          "cluster.timeout_s=60", "experiment.replay_timeout_s=120"]

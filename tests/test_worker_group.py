@@ -2,9 +2,11 @@
 import dataclasses
 import os
 import shutil
-import socket
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -37,19 +39,36 @@ def cluster_cfg():
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
+# Run in a fresh interpreter: connect() reuses a Ray session this process may already have
+# (another module's fixture), which would hide the unreachable address.
+_UNREACHABLE = """
+import socket, sys, time
+import ray
+from orchestrator.cluster import ClusterConfig, connect
+from orchestrator.errors import ClusterError
+with socket.socket() as sock:
+    sock.bind(("127.0.0.1", 0))
+    address = f"127.0.0.1:{sock.getsockname()[1]}"  # bound, not listening: refused
+    start = time.monotonic()
+    try:
+        connect(ClusterConfig(address=address), world_size=1)
+    except ClusterError as e:
+        print(f"{time.monotonic() - start:.3f} {ray.is_initialized()} {e}")
+    else:
+        sys.exit("connect() did not raise")
+"""
+
+
 def test_connect_rejects_bad_config_and_unreachable_address_fast():
     with pytest.raises(ConfigError, match="placement_strategy='BOGUS'"):
         connect(ClusterConfig(placement_strategy="BOGUS"), world_size=1)
-    if ray.is_initialized():
-        pytest.skip("connect() reuses the Ray session another module left open")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{sock.getsockname()[1]}"  # bound, not listening: refused
-        start = time.monotonic()
-        with pytest.raises(ClusterError, match="no Ray cluster answers"):
-            connect(ClusterConfig(address=address), world_size=1)
-    assert time.monotonic() - start < 5
-    assert not ray.is_initialized()
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", _UNREACHABLE], cwd=root, capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(root)))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    elapsed_s, initialized, message = proc.stdout.strip().splitlines()[-1].split(" ", 2)
+    assert "no Ray cluster answers" in message
+    assert float(elapsed_s) < 5 and initialized == "False"
 
 
 @pytest.mark.parametrize("world_size", [2, 4])

@@ -43,8 +43,9 @@ class AllocationConfig:
     # allocated at first use and freed right after its last use, parameters included (they
     # are re-created every iteration). faithful: what the original run did: storages alive
     # before the iteration (first seen as inputs) are allocated up front and kept across
-    # iterations; every other storage is freed right after its last use.
-    mode: AllocationMode = AllocationMode.pre_allocate
+    # iterations; every other storage is freed right after its last use. faithful is the
+    # default (what the original held); pre_allocate and lazy are the reference modes.
+    mode: AllocationMode = AllocationMode.faithful
     # Fraction of device capacity in (0, 1]. Before an op, if the bytes held plus the bytes
     # the op needs would cross threshold x capacity, outstanding collectives are completed
     # and held storages are flushed (lazy: all of them; faithful: all but the persistent

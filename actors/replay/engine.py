@@ -137,6 +137,7 @@ class ReplayEngine:
         self.stop_index: int | None = None  # op index the replay stopped at (OOM, failure)
         self.stopped_in_hook = False  # ... in an extension's hook next to that op
         self.stop_rule: StopRule | None = None  # when timing stops (set by run())
+        self._extensions_allocated = False  # ReplayExtension.allocate ran (in _prepare)
 
     # --- the sequence ---------------------------------------------------------------------
     def sequence(self, sampled: bool, checked: bool) -> list[tuple]:
@@ -271,6 +272,8 @@ class ReplayEngine:
                             held[out_suid] = out_bytes
                             memory.held_bytes += out_bytes
                             category_bytes[categories[out_suid]] += out_bytes
+                            if memory.held_bytes > memory.high_bytes:
+                                memory.high_bytes = memory.held_bytes
                             if memory.held_bytes > memory.peak_bytes:
                                 memory.new_peak(step)
                         if check:
@@ -314,7 +317,13 @@ class ReplayEngine:
         self.num_iterations_run += 1
 
     def _prepare(self) -> None:
-        """Materialize the policy's persistent storages before the first iteration."""
+        """Allocate what extensions hold for the whole replay, then materialize the policy's
+        persistent storages, before the first iteration (inside the memory meter's window:
+        the measured peak must include everything the accounted one counts)."""
+        if not self._extensions_allocated:  # once: a second run() reuses them
+            self._extensions_allocated = True
+            for ext in self.extensions:
+                ext.allocate()
         persistent = self.policy.persistent
         if not persistent:
             return

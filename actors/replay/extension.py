@@ -33,6 +33,16 @@ class ReplayExtension:
     def attach(self, engine) -> None:
         """Plan against the compiled engine (called once, before the first iteration)."""
 
+    def allocate(self) -> None:
+        """Allocate what the extension holds for the whole replay (ZeRO-3's shards). Called
+        once by the engine before the first iteration, inside the memory meter's window, so
+        the measured peak includes it."""
+
+    def resident_bytes(self) -> int:
+        """Bytes the extension holds from ``allocate`` to the end of the replay, whatever the
+        op (ZeRO-3's shards): they count in the replay's liveness lower bound."""
+        return 0
+
     def owned_storages(self) -> set[int]:
         """Storage generations (suids) this extension manages instead of the allocation policy."""
         return set()

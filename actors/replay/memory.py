@@ -64,12 +64,18 @@ class MemoryTracker:
         self.held: list[int] = [0] * num_storages  # suid -> accounted bytes held (0: not held)
         self.held_bytes = 0
         self.peak_bytes = 0
+        # The most and fewest bytes held since the last timeline sample (the op loop and the
+        # store's frees keep them inline), so a downsampled timeline keeps its extremes.
+        self.high_bytes = 0
+        self.low_bytes = 0
         self.max_points = max(16, max_points)
         # The timeline and the flush ticks describe the first iteration (every iteration
         # replays the same ops under the same policy); later ones run without sampling.
         self.recording = True
         self.flush_ticks: list[int] = []  # op index of each flush
-        self.timeline: list[tuple[int, int]] = []  # (op index, bytes held after it)
+        # (op index, bytes held after it, most and fewest held since the previous sample):
+        # a downsampled timeline keeps its extremes, the peak among them.
+        self.timeline: list[tuple[int, int, int, int]] = []
         self.categories: list[int] = [TEMPORARIES] * num_storages  # suid -> category index
         self.category_bytes = [0] * len(CATEGORIES)  # bytes held now, per category
         self.peak_category_bytes = list(self.category_bytes)  # ... when the peak was reached
@@ -98,6 +104,8 @@ class MemoryTracker:
         self.held[suid] = nbytes
         self.held_bytes += nbytes
         self.category_bytes[self.categories[suid]] += nbytes
+        if self.held_bytes > self.high_bytes:
+            self.high_bytes = self.held_bytes
         if self.held_bytes > self.peak_bytes:
             self.new_peak(self.step)
 
@@ -109,6 +117,8 @@ class MemoryTracker:
             self.observer.charged(nbytes)
         self.held_bytes += nbytes
         self.category_bytes[category] += nbytes
+        if self.held_bytes > self.high_bytes:
+            self.high_bytes = self.held_bytes
         if self.held_bytes > self.peak_bytes:
             self.new_peak(self.step)
 
@@ -124,14 +134,20 @@ class MemoryTracker:
         self.peak_bytes = self.held_bytes
         self.peak_category_bytes = self.category_bytes[:]
         self.peak_step = step
+        if self.held_bytes < self.low_bytes:
+            self.low_bytes = self.held_bytes
 
     def note_flush(self, op_index: int) -> None:
         if self.recording:
             self.flush_ticks.append(op_index)
 
     def sample(self, op_index: int) -> None:
-        """Record the bytes held after op ``op_index``."""
-        self.timeline.append((op_index, self.held_bytes))
+        """Record the bytes held after op ``op_index`` and the extremes since the previous
+        sample; the next bucket starts from what is held now."""
+        held = self.held_bytes
+        self.timeline.append((op_index, held, max(self.high_bytes, held),
+                              min(self.low_bytes, held)))
+        self.high_bytes = self.low_bytes = held
 
 
 class _ObservedHeld(list):
@@ -156,5 +172,11 @@ class _ObservedHeld(list):
 
 def sample_points(num_ops: int, max_points: int) -> range:
     """Op indices after which the first iteration's timeline samples (about ``max_points``)."""
+def sample_points(num_ops: int, max_points: int) -> list[int]:
+    """Op indices after which the first iteration's timeline samples (about ``max_points``),
+    the last op always among them: every op falls in some point's bucket."""
     stride = max(1, -(-num_ops // max_points))
-    return range(stride - 1, num_ops, stride)
+    points = list(range(stride - 1, num_ops, stride))
+    if num_ops and points[-1:] != [num_ops - 1]:
+        points.append(num_ops - 1)
+    return points

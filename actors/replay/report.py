@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from actors.trace.categories import breakdown
 from actors.replay.timed_iterations import interval_fields
+from actors.trace.liveness import peak_without
 
 MAX_ERROR_CHARS = 300
 
@@ -47,14 +48,16 @@ class RankReport:
 
     def set_oom(self, op, held_bytes: int, requested_bytes: int, message: str | None = None,
                 in_hook: bool = False):
-        where = f"node {op.node_id} {op.name}" if op is not None else "before the first op"
+        node = f"node {op.node_id} {op.name}" if op is not None else None
         if in_hook:  # e.g. a ZeRO-3 all-gather at a module boundary
-            where = f"an extension's hook (a ZeRO-3 fetch, ...) next to {where}"
+            where = f"at an extension's hook (a ZeRO-3 fetch, ...) next to {node}"
+        else:  # no op yet: what an extension holds for the whole replay (ZeRO-3 shards)
+            where = f"at {node}" if node else "before the first op"
         self.status = "oom"
         self.oom = {"node_id": op.node_id if op else None, "op": op.name if op else None,
                     "held_bytes": held_bytes, "requested_bytes": requested_bytes}
         detail = message or f"{held_bytes} B held, {requested_bytes} B requested"
-        self.error = f"rank {self.rank}: out of memory at {where}: {detail}"
+        self.error = f"rank {self.rank}: out of memory {where}: {detail}"
 
     def set_failed(self, op, error: BaseException) -> None:
         """A failure inside the replay (a collective's peer gone or timed out, a strict
@@ -94,7 +97,7 @@ class RankReport:
             "memory_measure_method": meter.method,
             "memory_measure": meter.details(),
             "persistent_bytes": engine.policy.persistent_bytes(engine.liveness.storage_bytes),
-            "liveness_lower_bound_bytes": engine.liveness.lower_bound_bytes,
+            "liveness_lower_bound_bytes": lower_bound_bytes(engine),
             "device_memory_capacity_bytes": memory.capacity_bytes,
             "device_memory_threshold": engine.cfg.allocation.device_memory_threshold,
             "num_flushes": engine.num_flushes, "flushed_bytes": engine.flushed_bytes,
@@ -124,6 +127,15 @@ def peak_op(engine, step) -> dict | None:
         return None
     op = step.op if step.op is not None else engine.trace.ops[step.at]
     return {"node_id": op.node_id, "op": op.name, "index": op.index, "hook": step.op is None}
+
+
+def lower_bound_bytes(engine) -> int:
+    """The liveness lower bound on what this replay holds (computed, not measured): the
+    trace's storages each live from first to last use, except those extensions manage
+    (ZeRO-3's parameters and model states), for which what the extension holds for the whole
+    replay (their shards) counts instead."""
+    return peak_without(engine.liveness, engine.store.owned) + \
+        sum(ext.resident_bytes() for ext in engine.extensions)
 
 
 def coverage(engine) -> tuple[int, int, Counter]:

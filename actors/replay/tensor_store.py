@@ -139,6 +139,8 @@ class TensorStore:
         memory.held[suid] = 0
         memory.held_bytes -= nbytes
         memory.category_bytes[memory.categories[suid]] -= nbytes
+        if memory.held_bytes < memory.low_bytes:  # the timeline bucket's low
+            memory.low_bytes = memory.held_bytes
         return nbytes
 
     def free_all(self) -> int:

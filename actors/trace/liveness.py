@@ -2,6 +2,9 @@
 
 The lower bound is the peak of live storage bytes if each storage generation lived exactly
 from its first to its last use: no allocator can do better on the same op order.
+``peak_without`` is the same peak over the storages an extension does not manage (ZeRO-3's
+partitioned parameters and model states, held as shards): the replay's bound adds back what
+the extension holds (actors/replay/report.py).
 """
 from __future__ import annotations
 
@@ -54,11 +57,29 @@ def compute_liveness(ops: list[Op], num_storages: int) -> Liveness:
             free_after[last[s]].append(s)
             delta[first[s]] += size[s]
             delta[last[s] + 1] -= size[s]
-    live, running, peak = [], 0, 0
-    for i in range(len(free_after)):
+    live = _running_sum(delta, len(free_after))
+    return Liveness(size, first, last, external, free_after, live, max(live, default=0),
+                    [sorted(u) for u in uids])
+
+
+def peak_without(live: Liveness, excluded: set[int] | frozenset[int]) -> int:
+    """The peak of live bytes over the storages not in ``excluded`` (suids)."""
+    if not excluded:
+        return live.lower_bound_bytes
+    num_ops = len(live.live_bytes)
+    delta = [0] * (num_ops + 1)
+    for s, (first, last, nbytes) in enumerate(zip(live.storage_first, live.storage_last,
+                                                   live.storage_bytes)):
+        if first >= 0 and s not in excluded:
+            delta[first] += nbytes
+            delta[last + 1] -= nbytes
+    return max(_running_sum(delta, num_ops), default=0)
+
+
+def _running_sum(delta: list[int], n: int) -> list[int]:
+    """Bytes live at each of ``n`` ops from the per-op changes ``delta``."""
+    live, running = [], 0
+    for i in range(n):
         running += delta[i]
         live.append(running)
-        if running > peak:
-            peak = running
-    return Liveness(size, first, last, external, free_after, live, peak,
-                    [sorted(u) for u in uids])
+    return live

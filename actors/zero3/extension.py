@@ -59,7 +59,6 @@ class Zero3Extension(ReplayExtension):
         self.runtime = Zero3Runtime(self.z.plan.homes, world, engine.rank % world, engine.device,
                                     engine.store, engine.memory, group, hpz=hpz,
                                     hpz_group=hpz_group)
-        self.runtime.allocate()
         self.engine = engine
         partitioned = [p for p in self.z.params if not self.z.home_of[p.suid].persistent]
         deepspeed = self.cfg.layout == StatesLayout.deepspeed
@@ -80,7 +79,19 @@ class Zero3Extension(ReplayExtension):
             self.states, world, engine.rank % world, engine.device, engine.store, engine.memory,
             self.runtime.metrics, views_of(engine.trace, {m.suid for m in found}), group,
             self.buffers)
+
+    def allocate(self) -> None:
+        """Parameter shards (persistent parameters whole) and optimizer-state shards: held
+        for the whole replay, allocated where the memory meter sees them (engine._prepare)."""
+        self.runtime.allocate()
         self.states_runtime.allocate()
+
+    def resident_bytes(self) -> int:
+        """Parameter shards, parameters kept whole and optimizer-state shards (the figures
+        ``allocate`` charged; 0 before it ran)."""
+        m, b = self.runtime.metrics, self.buffers
+        ds = b.grad_partition_bytes + b.reduce_bucket_bytes if b is not None else 0
+        return m.shard_bytes + m.persistent_bytes + m.optimizer_state_bytes + ds
 
     def owned_storages(self) -> set[int]:
         return {p.suid for p in self.z.params} | {m.suid for m in self.states.states}

@@ -109,7 +109,8 @@ def build(cfg: FineGrainedConfig, rank: int):
     return model, next_batch
 
 
-def _capture_rank(rank: int, world: int, port: int, out_dir: str, cfg: FineGrainedConfig) -> None:
+def _capture_rank(rank: int, world: int, port: int, out_dir: str, cfg: FineGrainedConfig,
+                  grad_all_reduce: bool = True) -> None:
     from actors.capture import trace_file_name
     from actors.capture.recorder import record_iteration
 
@@ -123,7 +124,8 @@ def _capture_rank(rank: int, world: int, port: int, out_dir: str, cfg: FineGrain
         opt.zero_grad(set_to_none=True)
         model(*batch).backward()
         for p in model.parameters():  # data parallel: one all-reduce per gradient
-            dist.all_reduce(p.grad)
+            if grad_all_reduce:
+                dist.all_reduce(p.grad)
             p.grad.div_(world)
         opt.step()
 
@@ -137,12 +139,17 @@ def _capture_rank(rank: int, world: int, port: int, out_dir: str, cfg: FineGrain
     os._exit(0)
 
 
-def capture_data_parallel(out_dir: Path, world: int, cfg: FineGrainedConfig) -> Path:
-    """One recorded data-parallel training step per rank in ``out_dir`` (gloo, CPU)."""
+def capture_data_parallel(out_dir: Path, world: int, cfg: FineGrainedConfig,
+                          grad_all_reduce: bool = True) -> Path:
+    """One recorded data-parallel training step per rank in ``out_dir`` (gloo, CPU).
+    ``grad_all_reduce=False`` leaves out the gradients' all-reduces (the averaging stays): a
+    ZeRO-3 replay of that trace reduce-scatters them itself, as DeepSpeed does, instead of
+    also replaying the data-parallel all-reduces."""
     import torch.multiprocessing as mp
 
     from actors.rank_base import free_port
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_capture_rank, args=(world, free_port(), str(out_dir), cfg), nprocs=world)
+    mp.spawn(_capture_rank, args=(world, free_port(), str(out_dir), cfg, grad_all_reduce),
+             nprocs=world)
     return out_dir
