@@ -68,8 +68,10 @@ def emulated(tmp_path_factory):
     [ext] = zero3_extensions(Zero3Config(strategy="per_module", world_size=WORLD,
                                          param_persistence_threshold=0,
                                          reduce_bucket_size=BUCKET), trace)
-    ReplayEngine(trace, ReplayConfig(mode="compute", device="meta", iters=1, warmup_iters=0,
-                                     measure_memory=False), extensions=[ext])
+    report = ReplayEngine(trace, ReplayConfig(mode="compute", device="meta", iters=1,
+                                              warmup_iters=0, measure_memory=False),
+                          extensions=[ext]).run().to_dict()
+    assert report["status"] == "ok", report["error"]
     return ext
 
 
