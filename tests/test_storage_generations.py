@@ -46,3 +46,27 @@ def test_a_storage_a_nested_op_made_again_starts_a_new_generation(tmp_path):
     assert remade != old
     assert remade in trace.made_inside
     assert old not in trace.made_inside
+
+
+def test_a_capture_without_address_reuse_keeps_a_handed_back_tensor_in_its_generation(tmp_path):
+    """Fake captures never reuse an address: a fresh return on a storage already seen is that
+    allocation handed back (selective AC's kept matmul output in the recompute), so it stays
+    one generation from forward to backward; without the trace's marker it would split."""
+    import orjson
+
+    from actors.trace.tensor_ids import UNIQUE_STORAGES_KEY
+
+    nodes = [node(3, "aten::neg", inputs=[tensor(1, 10, 64)], outputs=[tensor(2, 20, 64)],
+                  schema=NEG),
+             node(4, "aten::neg", inputs=[tensor(2, 20, 64)], outputs=[tensor(3, 30, 64)],
+                  schema=NEG),
+             node(5, "aten::neg", inputs=[tensor(1, 10, 64)], outputs=[tensor(2, 20, 64)],
+                  schema=NEG)]
+    path = write_trace(tmp_path, nodes)
+    split = load_trace(path).ops
+    assert split[2].output_tensors()[0].suid != split[0].output_tensors()[0].suid
+    doc = orjson.loads(path.read_bytes())
+    doc[UNIQUE_STORAGES_KEY] = True
+    path.write_bytes(orjson.dumps(doc))
+    kept = load_trace(path).ops
+    assert kept[2].output_tensors()[0].suid == kept[0].output_tensors()[0].suid

@@ -36,6 +36,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConverter, FakeTensorMode
 
 from actors.errors import ConfigError
+from actors.trace.tensor_ids import UNIQUE_STORAGES_KEY
 
 DISPATCH_MODE_NODE = "PythonDispatchMode"  # torch's pythonFallback frame under a mode
 SUBCLASS_NODE = "PythonSubclass"  # its frame for a tensor subclass without a mode
@@ -170,6 +171,7 @@ def strip_dispatch_mode_nodes(path: str) -> int:
     kept = [n for n in nodes if not under_wrapper(n["id"])]
     removed = len(nodes) - len(kept)
     doc["nodes"] = kept
+    doc[UNIQUE_STORAGES_KEY] = True  # meta_storage's addresses: none handed out twice
     with gzip.open(path, "wb", compresslevel=6) as f:
         f.write(orjson.dumps(doc))
     return removed

@@ -40,7 +40,7 @@ from actors.trace.model import Op, ProcessGroupInfo, Step, Trace
 from actors.trace.op_schema import parse_schema
 from actors.trace.schema import NodeView, OpSchemaReader, parse_version
 from actors.trace.source import TraceSource, as_source
-from actors.trace.tensor_ids import TensorIdAssigner, refill_starts
+from actors.trace.tensor_ids import UNIQUE_STORAGES_KEY, TensorIdAssigner, refill_starts
 
 PG_INIT = "## process_group:init ##"
 SUBCLASS = "PythonSubclass"  # a tensor subclass's dispatch (see the module docstring)
@@ -114,7 +114,8 @@ def _load_trace(source: TraceSource, rank: int | None, data: bytes | None) -> Tr
         bad = next((n for n in nodes if not isinstance(n, dict) or not isinstance(n.get("id"), int)), None)
         raise TraceError(path, f"a node has no integer 'id' (node starts {str(bad)[:80]!r})") from None
     ops, pgs, steps, num_outside, (nested, step_first_ids) = _build_ops(path, nodes, flat)
-    assigner = TensorIdAssigner(refill_starts(ops), nested.by_storage)
+    assigner = TensorIdAssigner(refill_starts(ops), nested.by_storage,
+                                unique_storages=doc.get(UNIQUE_STORAGES_KEY) is True)
     for op in ops:
         assigner.assign(op)
     coll.link_waits(ops)

@@ -18,7 +18,8 @@ input) also starts a new generation there: the composite op made a new tensor on
 storage (actors/trace/made_inside.py), which the next top-level op reads; without the split,
 the old tensor would seem to live on until then.
 
-Meta captures never reuse an address (actors/capture/meta_storage.py): there a fresh return on
+Meta and fake captures never reuse an address (actors/capture/meta_storage.py; a fake trace
+says so with UNIQUE_STORAGES_KEY): there a fresh return on
 a storage already seen is that same allocation handed back, e.g. an output selective
 activation checkpointing kept in forward and returns again in its recompute, and it stays in
 its generation.
@@ -31,14 +32,22 @@ from actors.trace.model import Op, TensorArg
 from actors.trace.op_schema import fresh_return_positions
 
 
+# Top-level key of a trace whose capture gave every allocation an address never seen before.
+UNIQUE_STORAGES_KEY = "tracefleet_unique_storages"
+
+
 class TensorIdAssigner:
     """Walks ops in order and stamps `uid`/`suid` on every TensorArg."""
 
     def __init__(self, refill_starts: dict[int, frozenset] | None = None,
-                 nested_allocations: dict[int, list[int]] | None = None):
+                 nested_allocations: dict[int, list[int]] | None = None,
+                 unique_storages: bool = False):
         """``refill_starts``: op index -> storage ids a new generation starts at (see
         :func:`refill_starts`); ``nested_allocations``: storage id -> increasing node ids of
-        nested ops that allocated on it (actors/trace/made_inside.py)."""
+        nested ops that allocated on it (actors/trace/made_inside.py); ``unique_storages``:
+        the capture never handed an address out twice (fake captures, UNIQUE_STORAGES_KEY),
+        as on meta."""
+        self._unique = unique_storages
         self._refill_starts = refill_starts or {}
         self._nested = nested_allocations or {}
         # storage id -> (node id of its last top-level use, whether that op returned it)
@@ -99,7 +108,8 @@ class TensorIdAssigner:
 
     def _stamp(self, t: TensorArg, fresh: bool) -> None:
         current = self._storage.get(t.storage_id)
-        if (fresh and t.device != "meta") or current is None or current[1] != t.dtype:
+        if (fresh and not self._unique and t.device != "meta") or current is None \
+                or current[1] != t.dtype:
             current = (self.num_storages, t.dtype)
             self._storage[t.storage_id] = current
             self.num_storages += 1
