@@ -52,11 +52,12 @@ def _rank_error(report: dict) -> str:
     """``rank R <status> at <last op>: <error>``, naming the rank and the op only once."""
     head = f"rank {report['rank']} {report.get('status', 'failed')}"
     error = _one_line(report["error"]) if report.get("error") else ""
-    own = f"rank {report['rank']} "
-    if error.startswith(own):  # rank actors already name themselves
-        error = error[len(own):]
-        if error.startswith("at "):
-            return f"{head} {error}"
+    for own in (f"rank {report['rank']}: ", f"rank {report['rank']} "):
+        if error.startswith(own):  # rank actors already name themselves
+            error = error[len(own):]
+            if error.startswith("at "):
+                return f"{head} {error}"
+            break
     last = report.get("last_op")
     where = f" at {last}" if last and last not in error else ""
     return f"{head}{where}: {error}" if error else f"{head}{where}"
