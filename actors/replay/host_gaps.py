@@ -37,7 +37,6 @@ the eager run, not the profiled one.
 """
 from __future__ import annotations
 
-import json
 import time
 from functools import partial
 from pathlib import Path
@@ -45,6 +44,7 @@ from pathlib import Path
 from actors.errors import ReplayError, TraceError
 from actors.replay.extension import ReplayExtension
 from actors.trace.kineto import HostTimes, host_times, kineto_path_for
+from actors.trace.meta_file import meta_path_of, rank_iteration_times_s, read_meta
 
 # Consecutive gaps are merged until they reach this, then spent in one wait.
 MERGE_S = 50e-6
@@ -64,15 +64,16 @@ def _spin(gap_ns: int, total: list) -> None:
 def eager_scale(host: HostTimes, collectives: set[int], trace_path, rank: int) -> tuple[float, str]:
     """``(scale, how)``: the share of the profiled host time the eager run spent, from the
     rank's eager iteration times in the ``meta.json`` capture wrote beside the trace; 1.0 when
-    there is none or the profile was not slower than eager. The profiled step is the fastest
+    there is none or the profile was not slower than eager (a malformed meta.json is a
+    TraceError naming the field). The profiled step is the fastest
     of capture's bare profiled iterations, so it is set against the fastest eager one."""
-    meta_path = Path(trace_path).parent / "meta.json"
-    try:
-        meta = json.loads(meta_path.read_text())
-        times = next(r["iteration_times_s"] for r in meta["ranks"] if r.get("rank") == rank)
-        eager_s = min(float(t) for t in times)
-    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+    meta_path = meta_path_of(Path(trace_path).parent)
+    meta = read_meta(meta_path)
+    times = rank_iteration_times_s(meta_path, meta, rank) \
+        if meta is not None and rank is not None else []
+    if not times:
         return 1.0, "none (no eager iteration times for this rank in a meta.json beside the trace)"
+    eager_s = min(times)
     recorded_s = sum(host.gaps_s) + sum(d for i, d in enumerate(host.op_s) if i not in collectives)
     excess_s = host.step_s - eager_s
     if recorded_s <= 0 or excess_s <= 0:
@@ -111,12 +112,12 @@ class HostGaps(ReplayExtension):
             raise ReplayError(f"replay.host_gaps=true needs the profiler trace recorded beside "
                               f"{trace.path} (e.g. {Path(trace.path).name.split('.')[0]}"
                               f".kineto.json.gz, written by tracefleet-capture); none found")
+        collectives = {op.index for op in trace.ops if op.collective is not None}
         try:
             host = host_times(trace, path)
+            scale, how = eager_scale(host, collectives, trace.path, trace.rank)
         except TraceError as e:
             raise ReplayError(f"replay.host_gaps=true: {e}") from None
-        collectives = {op.index for op in trace.ops if op.collective is not None}
-        scale, how = eager_scale(host, collectives, trace.path, trace.rank)
         return cls(host.gaps_s, str(path), host.op_s, scale, how)
 
     def attach(self, engine) -> None:
