@@ -141,8 +141,9 @@ class Worker:
 
 
 def campaign(n: int, seed: int, num_workers: int, timeout_s: float, sources=None,
-             max_examples: int = 4) -> dict:
-    """Run ``n`` cases; returns the summary line's dict (``max_examples`` per bad outcome)."""
+             max_examples: int = 4, cases=None) -> dict:
+    """Run cases ``0..n-1`` (or just ``cases``); returns the summary line's dict
+    (``max_examples`` per bad outcome)."""
     corpus = trace_mutations.build_corpus(sources or trace_mutations.DEFAULT_SOURCES, seed)
     counts = dict.fromkeys(OUTCOMES, 0)
     examples: dict[str, list] = {k: [] for k in BAD}
@@ -152,7 +153,7 @@ def campaign(n: int, seed: int, num_workers: int, timeout_s: float, sources=None
         corpus_path = root / "corpus.json"
         corpus_path.write_bytes(orjson.dumps([(lab, r, d.hex()) for lab, r, d in corpus]))
         workers = [Worker(ctx, str(corpus_path), root, k) for k in range(num_workers)]
-        todo = list(range(n))[::-1]
+        todo = list(cases if cases else range(n))[::-1]
 
         def record(result: dict) -> None:
             counts[result["outcome"]] += 1
@@ -191,7 +192,7 @@ def campaign(n: int, seed: int, num_workers: int, timeout_s: float, sources=None
                 if w.proc.is_alive():
                     w.conn.send(None)
                 w.stop()
-    return {"n": n, "seed": seed, **counts,
+    return {"n": sum(counts.values()), "seed": seed, **counts,
             "examples": {k: v for k, v in examples.items() if v}}
 
 
@@ -214,10 +215,14 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout-s", type=float, default=60.0, help="per case, then the worker is "
                                                                   "killed and restarted")
     ap.add_argument("--examples", type=int, default=4, help="failures shown per bad outcome")
+    ap.add_argument("--case", type=int, action="append", help="run only this case index "
+                                                              "(repeatable): re-creates it")
+    ap.add_argument("--sources", nargs="+", help="trace files, folders or archives to mutate "
+                                                 "(default: the demo and public traces)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    summary = campaign(args.n, args.seed, args.workers, args.timeout_s,
-                       max_examples=args.examples)
+    summary = campaign(args.n, args.seed, args.workers, args.timeout_s, args.sources,
+                       args.examples, args.case)
     summary["wall_s"] = round(time.perf_counter() - t0, 1)
     print(orjson.dumps(summary).decode())
     return 0 if not any(summary[k] for k in BAD) else 1

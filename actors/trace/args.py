@@ -104,10 +104,11 @@ class ArgParser:
             return Arg("none", None, "Tensor")  # an undefined tensor
         if not (type(tensor_id) is int and type(storage_id) is int and type(offset) is int
                 and type(numel) is int and type(itemsize) is int and type(device) is str
-                and min(tensor_id, storage_id, offset, numel, itemsize) >= 0):
+                and min(tensor_id, storage_id, offset, numel) >= 0 and itemsize >= 1):
             raise TraceError(self.path, f"tensor value {preview(value, 80)} must be [tensor_id, "
-                                        "storage_id, offset, numel, itemsize, device]: five "
-                                        "integers >= 0 and a device string", node_id)
+                                        "storage_id, offset, numel, itemsize, device]: four "
+                                        "integers >= 0, an item size >= 1 and a device string",
+                             node_id)
         sizes = tuple(shape) if type(shape) is list else None
         if sizes is None or not _sizes(sizes):
             raise TraceError(self.path, f"tensor shape {preview(shape)} must be a list of sizes "

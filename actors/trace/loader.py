@@ -262,8 +262,13 @@ def _build_op(path, parser, raw, flat, index, step, module, rpc_child) -> Op:
                                                    cattrs,
                                                    parser.parse_side(cview.side("outputs"), child["id"]))
                 collective = coll.merge(collective, rpc, rpc_has_counts="in_msg_nelems" in cattrs)
+        if collective is not None:
+            coll.check(collective)
     except ValueError as e:
         raise TraceError(path, str(e), nid) from None
+    except (TypeError, KeyError, IndexError, AttributeError) as e:
+        raise TraceError(path, f"malformed {name} record ({type(e).__name__}: {e}); expected the "
+                               "arguments and attrs PyTorch's observer writes", nid) from None
     ranges = attrs.get("tensor_range")
     tensor_ranges = _parse_ranges(ranges) if ranges else None
     return Op(index, nid, name, schema, inputs, outputs, tensor_ranges, module, step,
