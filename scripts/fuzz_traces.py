@@ -68,12 +68,12 @@ def _run_case(corpus, seed: int, index: int, folder: Path) -> dict:
         report = ReplayEngine(trace, cfg, device=torch.device("meta"), rank=rank).run().to_dict()
     except TracefleetError as e:
         return {**case, "outcome": "clear_errors", "stage": stage, "message": str(e)[:300]}
-    except (Exception, RecursionError) as e:
+    except Exception as e:  # RecursionError and MemoryError included
         frames = traceback.extract_tb(e.__traceback__)[-3:]
         return {**case, "outcome": "tracebacks", "stage": stage,
                 "message": f"{type(e).__name__}: {str(e)[:200]}",
                 "where": [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames]}
-    if report["status"] == "failed":  # the engine turned an exception into the report
+    if report["status"] in ("failed", "timeout"):  # the engine turned an exception into these
         kind = report["error"].split(": ", 2)[1] if report["error"].count(": ") >= 2 else ""
         ours = kind in _project_error_names()
         return {**case, "outcome": "clear_errors" if ours else "tracebacks", "stage": "replay",
@@ -97,7 +97,7 @@ def _worker(conn, corpus_path: str, folder: str) -> None:
     import logging
     import resource
 
-    import torch  # noqa: F401  (imported before the first case: its cost is not a case's)
+    import torch  # imported before the first case: its cost is not a case's
 
     from orchestrator import validate  # noqa: F401
     logging.disable(logging.CRITICAL)

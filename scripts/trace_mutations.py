@@ -21,10 +21,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _public_dir() -> Path:
     """The public PARAM traces: beside the checkout, else the workplace's shared folder."""
-    for shared in (REPO.parent / "shared", Path("/work/shared")):
-        if (shared / "traces" / "public" / "param").is_dir():
-            return shared / "traces" / "public" / "param"
-    return REPO.parent / "shared" / "traces" / "public" / "param"
+    shared = next((p for p in (REPO.parent / "shared", Path("/work/shared")) if p.is_dir()),
+                  REPO.parent / "shared")
+    return shared / "traces" / "public" / "param"
 
 
 DEFAULT_SOURCES = [*sorted((REPO / "demo" / "traces").glob("*/rank-*.et.json.gz")),
@@ -229,9 +228,8 @@ def _tensor_tuple_shape(doc, nodes, rng):
 
 def _numbers_as_strings(doc, nodes, rng):
     n = _node(nodes, rng)
-    for key in ("id", "ctrl_deps", "parent"):
-        if key in n and rng.random() < 0.6:
-            n[key] = str(n[key])
+    keys = [k for k in ("id", "ctrl_deps", "parent") if k in n and rng.random() < 0.6]
+    n.update({k: str(n[k]) for k in keys})
     return f"node {n.get('id')} ids as strings"
 
 
