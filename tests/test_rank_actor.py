@@ -104,7 +104,7 @@ def test_leaf_patterns_on_a_trace_without_ranges_point_to_zero3_modules(actor, l
                           zero3=zero3)
     assert report["status"] == "failed"
     assert "ConfigError" in report["error"] and "zero3.modules" in report["error"]
-    assert "no module ranges" in report["error"] and "(phase compile)" in report["error"]
+    assert "has no module ranges" in report["error"] and "(phase compile)" in report["error"]
 
 
 def test_an_empty_exception_is_reported_with_its_type_and_phase(actor, monkeypatch):
