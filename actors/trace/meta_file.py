@@ -1,7 +1,8 @@
 """The ``meta.json`` tracefleet-capture writes beside its rank traces, read bounded and checked.
 
-Only the fields tracefleet uses are checked, each where it is used: a rank's eager iteration
-times (host-gap calibration) and the workload with its world size (OOM-study estimates). A
+Only the fields tracefleet uses are checked, each where it is used: a rank's measured
+figures (host-gap calibration: eager iteration times, or any per-rank seconds through
+`rank_seconds`) and the workload with its world size (OOM-study estimates). A
 malformed file is a TraceError naming the file and the field, never a silently skipped
 calibration. A folder without ``meta.json`` is no error (traces from elsewhere have none).
 """
@@ -42,26 +43,41 @@ def read_meta(path) -> dict | None:
     return doc
 
 
-def rank_iteration_times_s(path, meta: dict, rank: int) -> list[float]:
-    """``ranks[i].iteration_times_s`` of the entry with ``rank``: the eager iteration times
-    capture measured ([] where none were measured, as on meta, or the rank has no entry)."""
+def rank_entry(path, meta: dict, rank: int) -> tuple[int, dict] | None:
+    """``(index, entry)`` of ``ranks[index]`` with ``"rank": rank``, None when there is none."""
     ranks = _field(path, meta, "ranks", list, "a list with one object per rank")
     for i, r in enumerate(ranks):
         if not isinstance(r, dict) or isinstance(r.get("rank"), bool) \
                 or not isinstance(r.get("rank"), int):
             raise TraceError(path, f"field ranks[{i}] is {_show(r)}; expected an object "
                                    "with an integer 'rank'")
-    entry = next((r for r in ranks if r["rank"] == rank), None)
-    if entry is None:
-        return []
-    where = f"ranks[{ranks.index(entry)}].iteration_times_s"
-    times = entry.get("iteration_times_s", None)
+    return next(((i, r) for i, r in enumerate(ranks) if r["rank"] == rank), None)
+
+
+def rank_iteration_times_s(path, meta: dict, rank: int) -> list[float]:
+    """``ranks[i].iteration_times_s`` of the entry with ``rank``: the eager iteration times
+    capture measured ([] where none were measured, as on meta, or the rank has no entry)."""
+    found = rank_entry(path, meta, rank)
+    times = found[1].get("iteration_times_s") if found else None
     if times is None:
         return []
     if not isinstance(times, list) or not all(_seconds(t) for t in times):
-        raise TraceError(path, f"field {where} is {_show(times)}; expected a list of "
-                               "seconds (numbers > 0)")
+        raise TraceError(path, f"field ranks[{found[0]}].iteration_times_s is {_show(times)}; "
+                               "expected a list of seconds (numbers > 0)")
     return [float(t) for t in times]
+
+
+def rank_seconds(path, meta: dict, rank: int, key: str) -> float | None:
+    """``ranks[i].<key>`` of the entry with ``rank`` as seconds (a number > 0); None when the
+    rank has no entry or the field is absent or null (not measured)."""
+    found = rank_entry(path, meta, rank)
+    value = found[1].get(key) if found else None
+    if value is None:
+        return None
+    if not _seconds(value):
+        raise TraceError(path, f"field ranks[{found[0]}].{key} is {_show(value)}; expected "
+                               "seconds (a number > 0)")
+    return float(value)
 
 
 def workload(path, meta: dict) -> tuple[dict, int]:
