@@ -1,4 +1,6 @@
 """Project exceptions. User errors carry a precise message; the CLIs print it without a traceback."""
+import traceback
+from pathlib import Path
 
 
 class TracefleetError(Exception):
@@ -30,3 +32,25 @@ class ReplayError(TracefleetError):
 
 class ConfigError(TracefleetError):
     """A configuration value is invalid or inconsistent with the traces."""
+
+
+def describe(error: BaseException, phase: str | None = None, op=None) -> str:
+    """One line naming a failure and its place, never empty:
+    ``<Type>: <message> at node <id> <op> (phase <phase>)``.
+
+    ``op`` is the trace op it stopped at (anything with ``node_id`` and ``name``), ``phase``
+    what the rank was doing (load, rendezvous, compile, iteration). An exception that is not
+    a project error is a defect somewhere: the innermost frame of its traceback is added, as
+    its message alone can say nothing (``KeyError('')`` reads ``''``).
+    """
+    text = str(error).strip()
+    text = text.splitlines()[0] if text else "(no message)"
+    out = f"{type(error).__name__}: {text}"
+    if op is not None:
+        out += f" at node {op.node_id} {op.name}"
+    if phase:
+        out += f" (phase {phase})"
+    if not isinstance(error, TracefleetError) and error.__traceback__ is not None:
+        frame = traceback.extract_tb(error.__traceback__)[-1]
+        out += f" [{'/'.join(Path(frame.filename).parts[-2:])}:{frame.lineno} in {frame.name}]"
+    return out

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from actors.errors import TracefleetError
+from actors.errors import TracefleetError, describe
 from actors.machine import machine_info
 from actors.rank_base import RankWorkerBase
 from actors.replay.collectives import CollectiveReplayer
@@ -39,7 +39,7 @@ class RankActor(RankWorkerBase):
         failures come back as a report with a status."""
         rank = int(os.environ["RANK"])
         world_size = int(os.environ["WORLD_SIZE"])
-        engine = None
+        engine, phase = None, "load"  # what the rank was doing, named in a failure
         try:
             device = pick_device(cfg.device, self.device_index)
             if device.type == "cuda":
@@ -47,6 +47,7 @@ class RankActor(RankWorkerBase):
             t0 = time.perf_counter()
             trace = self._load(trace_path, rank, trace_bytes)
             t1 = time.perf_counter()
+            phase = "rendezvous"
             comm = None
             if cfg.mode != "compute":
                 backend = "nccl" if device.type == "cuda" else "gloo"
@@ -57,11 +58,13 @@ class RankActor(RankWorkerBase):
                 comm = CollectiveReplayer(groups, device, ops=trace.ops,
                                           cuda_sync_timing=cfg.cuda_sync_collectives)
             t2 = time.perf_counter()
+            phase = "compile"  # the engine's plan, and its extensions' (a ZeRO-3 plan)
             # the allocator model first: it sees what the other extensions charge
             extensions = reserved_model_extensions(target) + \
                 zero3_extensions(zero3, trace, trace_bytes)
             engine = ReplayEngine(trace, cfg, device=device, comm=comm, rank=rank,
                                   extensions=extensions)
+            phase = "iteration"
             try:
                 if profile_dir:
                     path = Path(profile_dir) / f"rank-{rank}.pt.trace.json"
@@ -70,6 +73,7 @@ class RankActor(RankWorkerBase):
                     report = engine.run()
             finally:
                 engine.close()  # the CPU memory meter gives torch its allocator back
+            phase = "report"
             out = report.to_dict()
             out["machine"] = machine_info()  # the driver compares it with the capture's
             # The driver splits its replay window with these (launch.replay_phases).
@@ -77,7 +81,7 @@ class RankActor(RankWorkerBase):
                                 "replay_s": time.perf_counter() - t2}
             return {**out, **self._where()}
         except Exception as e:  # the driver needs a report from every rank, whatever happened
-            return self._failure(rank, engine, e)
+            return self._failure(rank, engine, e, phase)
 
     def _load(self, trace_path: str, rank: int, trace_bytes):
         """This rank's trace, parsed once per file version: a sweep's later points reuse it
@@ -108,19 +112,17 @@ class RankActor(RankWorkerBase):
         prof.export_chrome_trace(str(path))
         return report
 
-    def _failure(self, rank: int, engine, e: Exception) -> dict:
+    def _failure(self, rank: int, engine, e: Exception, phase: str) -> dict:
         op = engine.last_op if engine is not None else None
         last = f"node {op.node_id} {op.name}" if op is not None else None
-        text = str(e).splitlines()[0] if str(e) else type(e).__name__
-        timed_out = "timed out" in text.lower() or "timeout" in type(e).__name__.lower()
+        timed_out = "timed out" in str(e).lower() or "timeout" in type(e).__name__.lower()
         # before the first op: e.g. ZeRO-3 shards that do not fit the device capacity
         oom = isinstance(e, OutOfMemory)
         detail = "" if isinstance(e, (TracefleetError, OutOfMemory)) else \
             "\n" + traceback.format_exc(limit=6)
         status = "oom" if oom else "timeout" if timed_out else "failed"
-        return {"rank": rank, **self._where(), "status": status,
-                "error": f"rank {rank}" + (f" at {last}" if last else "")
-                         + (": out of memory before the first op" if oom else "") + f": {text}",
+        text = f"out of memory before the first op: {e}" if oom else describe(e, phase, op)
+        return {"rank": rank, **self._where(), "status": status, "error": f"rank {rank}: {text}",
                 "oom": {"node_id": None, "op": None, "held_bytes": e.held_bytes,
                         "requested_bytes": e.requested_bytes} if oom else None,
-                "last_op": last, "traceback": detail or None}
+                "last_op": last, "phase": phase, "traceback": detail or None}

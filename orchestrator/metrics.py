@@ -13,6 +13,8 @@ override (e.g. the driver's own deadline expired) wins over every rank.
 """
 from __future__ import annotations
 
+import re
+
 from statistics import median
 
 from actors.replay.timed_iterations import interval_fields
@@ -21,6 +23,8 @@ RANK_STATUSES = ("ok", "oom", "failed", "timeout")
 STATUS_PRECEDENCE = ("oom", "failed", "timeout")  # worst first; "ok" only if every rank is ok
 MAX_RANKS_IN_ERROR = 4  # name this many failing ranks in full, summarize the rest
 MAX_RANK_ERROR_CHARS = 200
+# the place at the end of a rank's error (actors.errors.describe), at most ~120 characters
+_PLACE = re.compile(r"(?: at node -?\d+ \S{1,60})?(?: \(phase \w+\))(?: \[[^\]]{1,80}\])?$")
 
 _BULKY = ("memory_timeline",)  # per-rank series written to files of their own (memory/)
 _COLLECTIVE_SUM_FIELDS = ("num_calls", "bytes")
@@ -46,19 +50,26 @@ def worst_status(statuses) -> str:
 
 
 def _one_line(text: str) -> str:
+    """The first line, cut to MAX_RANK_ERROR_CHARS; the place a rank names at its end (node,
+    phase, code: actors.errors.describe) is kept, the message is cut before it."""
     line = str(text).strip().splitlines()[0] if str(text).strip() else ""
-    return line if len(line) <= MAX_RANK_ERROR_CHARS else line[: MAX_RANK_ERROR_CHARS - 3] + "..."
+    if len(line) <= MAX_RANK_ERROR_CHARS:
+        return line
+    place = _PLACE.search(line)
+    tail = place.group(0) if place else ""
+    return line[: MAX_RANK_ERROR_CHARS - 3 - len(tail)] + "..." + tail
 
 
 def _rank_error(report: dict) -> str:
     """``rank R <status> at <last op>: <error>``, naming the rank and the op only once."""
     head = f"rank {report['rank']} {report.get('status', 'failed')}"
     error = _one_line(report["error"]) if report.get("error") else ""
-    own = f"rank {report['rank']} "
-    if error.startswith(own):  # rank actors already name themselves
-        error = error[len(own):]
-        if error.startswith("at "):
-            return f"{head} {error}"
+    for own in (f"rank {report['rank']}: ", f"rank {report['rank']} "):
+        if error.startswith(own):  # rank actors already name themselves
+            error = error[len(own):]
+            if error.startswith("at "):
+                return f"{head} {error}"
+            break
     last = report.get("last_op")
     where = f" at {last}" if last and last not in error else ""
     return f"{head}{where}: {error}" if error else f"{head}{where}"

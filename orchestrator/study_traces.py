@@ -18,10 +18,11 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from actors.errors import ConfigError, TraceError
+from actors.errors import ConfigError
+from actors.trace.meta_file import META_JSON, meta_path_of, read_meta
+from actors.trace.meta_file import workload as meta_workload
 
 WORKLOAD_CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "workload"
-META_JSON = "meta.json"
 
 
 def workload_config(preset: str, overrides: dict | None = None):
@@ -73,15 +74,11 @@ def cached_capture(preset: str, overrides: dict | None, world_size: int, cache_d
 def traced_model(trace_dir):
     """``(model on meta, world size)`` of a folder ``tracefleet-capture`` wrote (its
     ``meta.json`` names the workload); None when the folder has no such ``meta.json``."""
-    meta_path = Path(trace_dir) / META_JSON
-    if not meta_path.is_file():
+    meta_path = meta_path_of(trace_dir)
+    meta = read_meta(meta_path)
+    if meta is None:
         return None
-    try:
-        meta = json.loads(meta_path.read_text())
-        fields, world_size = meta["workload"], int(meta["world_size"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise TraceError(f"{meta_path}: expected tracefleet-capture's meta.json with 'workload' "
-                         f"and 'world_size' ({type(e).__name__}: {e})") from None
+    fields, world_size = meta_workload(meta_path, meta)
     import torch
 
     from actors.capture.workloads import WorkloadConfig, build_model

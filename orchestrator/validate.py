@@ -23,6 +23,7 @@ from pathlib import Path
 
 from actors.errors import ConfigError
 from actors.trace import ProcessGroupInfo
+from actors.trace.model import MAX_WORLD_SIZE
 from actors.trace.archive import DEFAULT_MAX_DECOMPRESSED_BYTES, rank_from_name
 from actors.trace.source import TraceSource, discover
 from orchestrator.crosscheck import cross_check
@@ -116,6 +117,9 @@ def _recorded_world(where, found, sigs: dict[int, RankSignature]) -> int:
                           f"(process group '0'): " + ", ".join(
                               f"{size} on rank(s) {rs}" for size, rs in by_size.items()))
     world = sizes[0] if sizes else max(found) + 1
+    if world > MAX_WORLD_SIZE:
+        raise ConfigError(f"{where}: a world of {world:,} ranks (from the rank in a file name); "
+                          f"expected at most {MAX_WORLD_SIZE:,}")
     beyond = [r for r in found if r >= world]
     if beyond:
         raise ConfigError(f"{where}: rank trace(s) {[str(found[r]) for r in beyond]} have rank(s) "

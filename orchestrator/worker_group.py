@@ -17,6 +17,7 @@ from ray.exceptions import OutOfMemoryError, RayActorError, RayError, RayTaskErr
 from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from actors.errors import describe
 from orchestrator.cluster import ClusterConfig
 from orchestrator.errors import ClusterError
 from orchestrator.placement import reserve_bundles
@@ -283,7 +284,7 @@ def _outcome(rank: int, ref) -> Result:
                                           f"{_first_line(exc)}")
     except RayTaskError as exc:
         cause = exc.cause if exc.cause is not None else exc
-        return Result(rank, "error", error=f"{type(cause).__name__}: {cause}")
+        return Result(rank, "error", error=describe(cause))
     except RayError as exc:
         return Result(rank, "error", error=f"{type(exc).__name__}: {_first_line(exc)}")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import re
 import time
 from pathlib import Path
 
@@ -136,3 +137,48 @@ def test_demo_zero3_gaps_are_paced_and_calibrated(tmp_path):
     assert windows and min(windows.values()) >= 0
     # nothing is left out but the ops after the last wait
     assert sum(windows.values()) == pytest.approx(ext.scale * recorded, rel=0.02)
+
+
+@pytest.mark.parametrize("text, field", [
+    ("{\"ranks\": [", "invalid JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    ("{\"world_size\": 2}", "field 'ranks' is missing"),
+    ("{\"ranks\": {\"0\": 1}}", "field 'ranks' is"),
+    ("{\"ranks\": [{\"rank\": \"0\"}]}", "field ranks[0] is"),
+    ("{\"ranks\": [{\"rank\": 0, \"profiler_op_cost_s\": \"fast\"}]}",
+     'field ranks[0].profiler_op_cost_s is "fast"'),
+    ("{\"ranks\": [{\"rank\": 0, \"profiler_op_cost_s\": -1}]}",
+     "field ranks[0].profiler_op_cost_s"),
+])
+def test_a_malformed_meta_json_is_an_error_naming_the_file_and_field(tmp_path, text, field):
+    """Calibration used to be silently off when meta.json was malformed."""
+    from actors.errors import TraceError
+
+    (tmp_path / "meta.json").write_text(text)
+    host = HostTimes(gaps_s=[0.010], op_s=[0.005], step_s=0.050)
+    with pytest.raises(TraceError, match=r"meta\.json: .*" + re.escape(field)):
+        profiler_calibration(host, set(), tmp_path / "rank-0.et.json.gz", 0)
+
+
+def test_a_malformed_meta_json_stops_host_gaps_with_a_replay_error(tmp_path):
+    """Through the extension: a ReplayError naming replay.host_gaps, the file and the field."""
+    import shutil
+
+    from actors.errors import ReplayError
+
+    for name in ("rank-0.et.json.gz", "rank-0.kineto.json.gz"):
+        shutil.copy(DEMO / "gpt_dp_4" / name, tmp_path / name)
+    (tmp_path / "meta.json").write_text('{"ranks": [{"rank": 0, "profiler_op_cost_s": [1]}]}')
+    with pytest.raises(ReplayError, match=r"host_gaps=true: .*meta\.json: field "
+                                          r"ranks\[0\]\.profiler_op_cost_s"):
+        HostGaps.for_trace(load_trace(tmp_path / "rank-0.et.json.gz"))
+
+
+def test_an_oversized_meta_json_is_refused(tmp_path, monkeypatch):
+    from actors.errors import TraceError
+    from actors.trace import meta_file
+
+    monkeypatch.setattr(meta_file, "MAX_META_BYTES", 100)
+    (tmp_path / "meta.json").write_text(json.dumps({"ranks": [], "pad": "x" * 200}))
+    with pytest.raises(TraceError, match=r"meta\.json: expands past the limit of 100 bytes"):
+        meta_file.read_meta(tmp_path / "meta.json")

@@ -182,3 +182,28 @@ def test_profiler_op_cost_is_per_recorded_event():
     assert r["events_per_op"] == 1.0 and r["num_ops"] == 300
     assert r["bare_s"] > 0 and r["profiled_s"] > 0
     assert r["profiler_op_cost_s"] == pytest.approx(max(0.0, r["profiled_s"] - r["bare_s"]) / 300)
+
+
+def test_profiler_trace_gzip_bomb_is_refused_naming_the_file(tmp_path):
+    bomb = tmp_path / "rank-0.kineto.json.gz"
+    bomb.write_bytes(gzip.compress(b'{"traceEvents": []' + b" " * (8 << 20) + b"}"))
+    with pytest.raises(TraceError, match=r"rank-0.kineto.json.gz: expands past the limit of "
+                                         r"1,048,576 bytes; a profiler trace of one iteration"):
+        read_kineto_doc(bomb, max_bytes=1 << 20)
+    assert read_kineto_doc(bomb, max_bytes=16 << 20)["traceEvents"] == []
+    plain = tmp_path / "big.kineto.json"
+    plain.write_bytes(b'{"traceEvents": []' + b" " * (2 << 20) + b"}")
+    with pytest.raises(TraceError, match="big.kineto.json: expands past the limit"):
+        read_kineto_doc(plain, max_bytes=1 << 20)
+
+
+@pytest.mark.parametrize("bad", [{"ts": "1010"}, {"ts": None}, {"dur": -5.0}, {"dur": [1]},
+                                 {"ts": float("nan")}])
+def test_a_malformed_event_time_is_an_error_naming_it(tmp_path, bad):
+    """The gaps come from ts/dur: a malformed one used to be skipped (a silently wrong gap)."""
+    trace = load_trace(_et(tmp_path))
+    kineto = _kineto(tmp_path / "rank-0.kineto.json.gz", [{**OPS[0], **bad}] + OPS[1:])
+    key = next(iter(bad))
+    with pytest.raises(TraceError, match=rf"rank-0.kineto.json.gz: traceEvents: complete event "
+                                         rf"#1 \('aten::relu'\) has {key}="):
+        host_gaps_s(trace, kineto)

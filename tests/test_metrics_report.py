@@ -328,3 +328,14 @@ def test_print_summary_says_when_zero3_partitioned_nothing():
     console = Console(record=True, width=250)
     print_summary(summary, console=console)
     assert "none of the 30 parameters is partitioned" in console.export_text()
+
+
+def test_a_long_rank_error_keeps_its_place():
+    """The run's error cuts a long rank message, never the node, phase and code it names."""
+    from orchestrator.metrics import MAX_RANK_ERROR_CHARS
+
+    place = " at node 42 aten::linear (phase iteration) [replay/engine.py:12 in _run]"
+    report = {"rank": 0, "status": "failed", "error": "rank 0: KeyError: " + "x" * 400 + place}
+    line = aggregate([report], world_size=1)["error"].split("did not finish: ", 1)[1]
+    assert line.startswith("rank 0 failed: KeyError: xxx") and line.endswith("x..." + place)
+    assert len("rank 0: " + line[len("rank 0 failed: "):]) == MAX_RANK_ERROR_CHARS

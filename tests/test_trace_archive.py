@@ -111,6 +111,14 @@ def test_gzip_bomb_is_refused_past_the_limit(tmp_path):
     assert load_trace(TraceSource(str(path), None, 128 * MIB)).ops == []
 
 
+def test_plain_file_past_the_limit_is_refused_before_parsing(tmp_path):
+    path = tmp_path / "rank-0.json"
+    path.write_bytes(b'{"schema": "1.1.1", "nodes": []' + b" " * (2 * MIB) + b"}")
+    with pytest.raises(TraceError, match=r"rank-0.json: expands past the limit of 1,048,576"):
+        load_trace(TraceSource(str(path), None, MIB))
+    assert load_trace(TraceSource(str(path), None, 4 * MIB)).ops == []
+
+
 def test_oversized_member_is_refused_from_its_header(tmp_path):
     archive = _tar(tmp_path / "job.tar.gz", {"rank-0.json": _trace_bytes(tmp_path, 10),
                                              "rank-1.json": b" " * (2 * MIB)})

@@ -140,3 +140,56 @@ def test_project_exceptions_pickle(error):
         assert (back.held_bytes, back.requested_bytes, back.capacity_bytes) == (1024, 4096, 2048)
     if isinstance(error, TraceError):
         assert (back.path, back.node_id, back.detail) == (error.path, error.node_id, error.detail)
+
+
+# --- what the fuzz campaign (scripts/fuzz_traces.py) found: each used to be a deep traceback
+
+@pytest.mark.parametrize("value, match", [
+    ([1, "1", 0, 4, 4, "cpu"], "four integers >= 0"),
+    ([1, 1, -3, 4, 4, "cpu"], "four integers >= 0"),
+    ([1, 1, 0, 4, 0, "cpu"], "an item size >= 1"),
+    ([1, 1, 0, 4, 4, 7], "a device string"),
+])
+def test_a_malformed_tensor_tuple_names_the_node(tmp_path, value, match):
+    op = _good_op()
+    op["inputs"]["values"][0] = value
+    _raises(write_trace(tmp_path, [op]), 3, match)
+
+
+@pytest.mark.parametrize("shape", [[4, -1], [4, "4"], 4, [[4]]])
+def test_a_malformed_tensor_shape_names_the_node(tmp_path, shape):
+    op = _good_op()
+    op["inputs"]["shapes"][0] = shape
+    _raises(write_trace(tmp_path, [op]), 3, "tensor shape .* must be a list of sizes >= 0")
+
+
+def test_tensor_lists_nested_past_python_recursion_are_refused(tmp_path):
+    op = node(3, "aten::cat", inputs=[("DEEP", [[4]], "GenericList[Tensor(float)]")],
+              outputs=[tensor(2, 2, 4)], schema="aten::cat(Tensor[] tensors, int dim=0) -> Tensor")
+    path = write_trace(tmp_path, [op])  # orjson writes 254 levels at most: splice the rest in
+    path.write_bytes(path.read_bytes().replace(
+        b'"DEEP"', b"[" * 1000 + b'[1,1,0,4,4,"cpu"]' + b"]" * 1000))
+    _raises(path, 3, "a tensor list nests deeper than 8 levels")
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("name", 7, "expected an integer, a string and an integer node id"),
+    ("ctrl_deps", [2], "expected an integer, a string and an integer node id"),
+    ("attrs", [{"name": "op_schema", "type": "string", "value": 5}], "malformed node"),
+])
+def test_node_fields_of_the_wrong_type_name_the_node(tmp_path, field, value, match):
+    _raises(write_trace(tmp_path, [_good_op(**{field: value})]), 3, match)
+
+
+def test_a_process_group_table_claiming_a_huge_world_is_refused(tmp_path):
+    table = orjson.dumps([{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "gloo",
+                           "ranks": [], "group_size": 10**12}]).decode()
+    pg = node(3, "## process_group:init ##", inputs=[(table, [], "String")])
+    _raises(write_trace(tmp_path, [pg]), 3, "group_size 1000000000000 .* expected sizes and ranks "
+                                            "from 0 to 1,048,576")
+
+
+def test_a_collective_count_of_the_wrong_type_names_the_node(tmp_path):
+    rpc = node(3, "record_param_comms", inputs=[tensor(1, 1, 4)], outputs=[tensor(1, 1, 4)],
+               collective_name="allreduce", in_msg_nelems="four")
+    _raises(write_trace(tmp_path, [rpc]), 3, "all_reduce: in_nelems 'four'; expected an integer")

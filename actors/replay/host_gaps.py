@@ -38,7 +38,6 @@ are paced to the recorded host time as it is, and the report says it is not cali
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -47,6 +46,7 @@ from pathlib import Path
 from actors.errors import ReplayError, TraceError
 from actors.replay.extension import ReplayExtension
 from actors.trace.kineto import HostTimes, host_times, kineto_path_for
+from actors.trace.meta_file import meta_path_of, rank_seconds, read_meta
 
 # Consecutive gaps are merged until they reach this, then spent in one wait.
 MERGE_S = 50e-6
@@ -79,12 +79,10 @@ def profiler_calibration(host: HostTimes, collectives: set[int], trace_path,
     """The profiled step's events times the profiler's cost per event, measured at capture
     (``profiler_op_cost_s`` of the rank in the ``meta.json`` beside the trace), taken off the
     recorded host time; not calibrated (scale 1.0) when meta.json has no such figure."""
-    meta_path = Path(trace_path).parent / "meta.json"
-    try:
-        meta = json.loads(meta_path.read_text())
-        row = next(r for r in meta["ranks"] if r.get("rank") == rank)
-        cost_s = float(row["profiler_op_cost_s"])
-    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+    meta_path = meta_path_of(Path(trace_path).parent)
+    meta = read_meta(meta_path)  # bounded; a malformed file names its field (TraceError)
+    cost_s = rank_seconds(meta_path, meta, rank, "profiler_op_cost_s") if meta else None
+    if cost_s is None:
         return Calibration(how="not calibrated: no profiler_op_cost_s for this rank in a "
                                "meta.json beside the trace (captured before capture measured "
                                "the profiler's cost); paced to the recorded host time, the "
@@ -125,13 +123,13 @@ class HostGaps(ReplayExtension):
             raise ReplayError(f"replay.host_gaps=true needs the profiler trace recorded beside "
                               f"{trace.path} (e.g. {Path(trace.path).name.split('.')[0]}"
                               f".kineto.json.gz, written by tracefleet-capture); none found")
+        collectives = {op.index for op in trace.ops if op.collective is not None}
         try:
             host = host_times(trace, path)
+            calibration = profiler_calibration(host, collectives, trace.path, trace.rank)
         except TraceError as e:
             raise ReplayError(f"replay.host_gaps=true: {e}") from None
-        collectives = {op.index for op in trace.ops if op.collective is not None}
-        return cls(host.gaps_s, str(path), host.op_s,
-                   profiler_calibration(host, collectives, trace.path, trace.rank))
+        return cls(host.gaps_s, str(path), host.op_s, calibration)
 
     def attach(self, engine) -> None:
         self._collectives = {op.index for op in engine.trace.ops if op.collective is not None}

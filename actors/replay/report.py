@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from actors.trace.categories import breakdown
 from actors.replay.timed_iterations import interval_fields
 from actors.trace.liveness import peak_without
+from actors.errors import describe
 
 MAX_ERROR_CHARS = 300
 
@@ -62,11 +63,10 @@ class RankReport:
     def set_failed(self, op, error: BaseException) -> None:
         """A failure inside the replay (a collective's peer gone or timed out, a strict
         mismatch): the iterations that finished before it are kept."""
-        text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        text = describe(error, "iteration", op)
         timed_out = "timed out" in text.lower() or "timeout" in type(error).__name__.lower()
         self.status = "timeout" if timed_out else "failed"
-        where = f" at node {op.node_id} {op.name}" if op is not None else ""
-        self.error = f"rank {self.rank}{where}: {type(error).__name__}: {text[:MAX_ERROR_CHARS]}"
+        self.error = f"rank {self.rank}: {text[:MAX_ERROR_CHARS]}"
 
     def finish(self, engine) -> "RankReport":
         replayed, in_scope, reasons = coverage(engine)

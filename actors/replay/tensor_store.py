@@ -13,11 +13,13 @@ from __future__ import annotations
 import torch
 
 from actors.replay.index_safety import DEFAULT_INT_RANGE, fill_int_tensor
-from actors.replay.memory import MemoryTracker
+from actors.errors import ReplayError, describe
+from actors.replay.memory import MemoryTracker, is_allocation_failure
 from actors.trace.liveness import Liveness
 from actors.trace.model import TensorArg
 
 FLOAT_FILL = 0.0625  # exact in every float format; no NaN/denormal slow paths
+MAX_STORAGE_BYTES = (1 << 63) - 1  # torch's sizes are int64
 
 
 class TensorStore:
@@ -63,16 +65,27 @@ class TensorStore:
         return args
 
     def materialize(self, t: TensorArg) -> torch.Tensor:
-        """A view for ``t`` over its storage, allocating the storage if it is not held."""
-        size, stride = t.shape, t.stride
-        if stride is None or len(stride) != len(size):  # not recorded (or not usable): contiguous
-            stride = torch.empty(size, device="meta").stride()
-        x = self._view_of_held(t, size, stride)
-        if x is None:
-            base = self._bases.get(t.suid)
-            if base is None:
-                base = self._allocate(t)
-            x = torch.as_strided(base, size, stride, t.offset)
+        """A view for ``t`` over its storage, allocating the storage if it is not held.
+
+        ReplayError when the trace's shape, strides and offset describe no tensor torch can
+        make (sizes past 64 bits, a view outside its storage); the device refusing the memory
+        stays an allocation failure (an OOM)."""
+        try:
+            size, stride = t.shape, t.stride
+            if stride is None or len(stride) != len(size):  # not recorded (or unusable): contiguous
+                stride = torch.empty(size, device="meta").stride()
+            x = self._view_of_held(t, size, stride)
+            if x is None:
+                base = self._bases.get(t.suid)
+                if base is None:
+                    base = self._allocate(t)
+                x = torch.as_strided(base, size, stride, t.offset)
+        except (RuntimeError, TypeError, ValueError, OverflowError) as e:
+            if is_allocation_failure(e):
+                raise
+            raise ReplayError(f"tensor {t.tensor_id} (storage {t.storage_id}, shape "
+                              f"{str(t.shape)[:60]}, stride {str(t.stride)[:60]}, offset "
+                              f"{t.offset}, {t.dtype}) cannot be made: {describe(e)[:200]}") from None
         self.register(t, x)
         self.num_materialized += 1
         return x
@@ -95,6 +108,9 @@ class TensorStore:
 
     def _allocate(self, t: TensorArg) -> torch.Tensor:
         nbytes = max(self.storage_bytes[t.suid], t.extent_elems * t.itemsize)
+        if nbytes > MAX_STORAGE_BYTES:
+            raise ValueError(f"its storage would span {nbytes:,} bytes, past torch's 64-bit "
+                             "sizes")
         self.memory.check(nbytes)
         dtype = self._dtype_of(t.dtype)
         base = torch.empty(-(-nbytes // t.itemsize), dtype=dtype, device=self.device)

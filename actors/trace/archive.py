@@ -5,9 +5,10 @@
 ``_`` or ``.``: ``rank-3.et.json.gz``, ``rank3.json``, ``dlrm_eg_3.json``, ``foo_rank_3.json``
 and ``trace.3.json`` are rank 3; ``resnet_et.json`` and ``gpt2.json`` carry no rank.
 
-**Bounded reads.** A gzip stream is inflated in chunks and refused as soon as it passes the
-limit (a gzip bomb costs at most the limit, not the machine); a tar member is refused from
-its header's size before a byte of it is read.
+**Bounded reads.** A file is read up to the limit and refused past it; a gzip stream is
+inflated in chunks and refused as soon as it passes the limit (a gzip bomb costs at most the
+limit, not the machine); a tar member is refused from its header's size before a byte of it
+is read. The profiler trace and ``meta.json`` beside a trace are read the same way.
 """
 from __future__ import annotations
 
@@ -48,13 +49,28 @@ def is_tar_bytes(data: bytes) -> bool:
     return len(data) > 262 and data[257:262] == b"ustar"
 
 
-def _too_big(where, limit: int) -> TraceError:
-    return TraceError(where, f"expands past the limit of {limit:,} bytes; if the trace is "
-                             f"genuine, raise the limit: {_LIMIT_KEY}=16GiB (tracefleet) or "
-                             "--max-decompressed-bytes 16GiB (tracefleet-inspect)")
+_RAISE_LIMIT = (f"if the trace is genuine, raise the limit: {_LIMIT_KEY}=16GiB (tracefleet) or "
+                "--max-decompressed-bytes 16GiB (tracefleet-inspect)")
 
 
-def gunzip(data: bytes, limit: int, where) -> bytes:
+def _too_big(where, limit: int, advice: str = _RAISE_LIMIT) -> TraceError:
+    return TraceError(where, f"expands past the limit of {limit:,} bytes; {advice}")
+
+
+def read_file(path, limit: int, advice: str = _RAISE_LIMIT) -> bytes:
+    """A file's bytes; TraceError naming it when it cannot be read or holds more than
+    ``limit`` bytes (read at most ``limit + 1``: a file growing meanwhile is caught too)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise TraceError(path, f"cannot read file: {e.strerror or e}") from None
+    if len(data) > limit:
+        raise _too_big(path, limit, advice)
+    return data
+
+
+def gunzip(data: bytes, limit: int, where, advice: str = _RAISE_LIMIT) -> bytes:
     """Inflate a gzip stream (all members) in chunks; TraceError past ``limit`` bytes."""
     out = bytearray()
     try:
@@ -62,7 +78,7 @@ def gunzip(data: bytes, limit: int, where) -> bytes:
             while chunk := stream.read(_CHUNK_BYTES):
                 out += chunk
                 if len(out) > limit:
-                    raise _too_big(where, limit)
+                    raise _too_big(where, limit, advice)
     except (OSError, EOFError, zlib.error) as e:
         raise TraceError(where, f"truncated or corrupt compressed file (gzip: {e})") from None
     return bytes(out)

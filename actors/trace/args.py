@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+import orjson
+
 from actors.errors import TraceError
 from actors.trace.dtypes import ET_TYPE_TO_DTYPE
 from actors.trace.model import Arg, TensorArg
@@ -58,11 +60,19 @@ class ArgParser:
 
     def parse_side(self, side, node_id) -> tuple:
         values, shapes, types, strides = side
+        if not (type(values) is list and type(shapes) is list and type(types) is list):
+            raise TraceError(self.path, "an input or output side's values, shapes and types must "
+                                        f"be lists (got {_kinds(values, shapes, types)})", node_id)
         if not (len(values) == len(types) == len(shapes)):
             raise TraceError(self.path, f"values/shapes/types have different lengths "
                                         f"({len(values)}/{len(shapes)}/{len(types)})", node_id)
+        if type(strides) is not list:
+            strides = None
         out = []
         for i, (value, type_str) in enumerate(zip(values, types)):
+            if type(type_str) is not str:
+                raise TraceError(self.path, f"type #{i} is {preview(type_str, 40)}; expected a type "
+                                            "string such as 'Tensor(float)' or 'Int'", node_id)
             kind, dtype = classify(type_str)
             stride = strides[i] if strides is not None and i < len(strides) else None
             if kind == "tensor":
@@ -86,29 +96,42 @@ class ArgParser:
         if value == "<None>" or value is None:
             return Arg("none", None, "Tensor")
         if not isinstance(value, list) or len(value) != 6:
-            raise TraceError(self.path, f"tensor value {str(value)[:60]} must have 6 entries "
+            raise TraceError(self.path, f"tensor value {preview(value)} must have 6 entries "
                                         "[tensor_id, storage_id, offset, numel, itemsize, device]",
                              node_id)
         tensor_id, storage_id, offset, numel, itemsize, device = value
         if storage_id == 0 and device == "" and numel == 0:
             return Arg("none", None, "Tensor")  # an undefined tensor
+        if not (type(tensor_id) is int and type(storage_id) is int and type(offset) is int
+                and type(numel) is int and type(itemsize) is int and type(device) is str
+                and min(tensor_id, storage_id, offset, numel) >= 0 and itemsize >= 1):
+            raise TraceError(self.path, f"tensor value {preview(value, 80)} must be [tensor_id, "
+                                        "storage_id, offset, numel, itemsize, device]: four "
+                                        "integers >= 0, an item size >= 1 and a device string",
+                             node_id)
+        sizes = tuple(shape) if type(shape) is list else None
+        if sizes is None or not _sizes(sizes):
+            raise TraceError(self.path, f"tensor shape {preview(shape)} must be a list of sizes "
+                                        ">= 0", node_id)
         if dtype is None:
             dtype = _dtype_from_itemsize(itemsize)
-        return TensorArg(tensor_id, storage_id, offset, numel, itemsize, device,
-                         tuple(shape) if isinstance(shape, list) else (),
-                         tuple(stride) if isinstance(stride, list) and all(
-                             isinstance(s, int) for s in stride) else None, dtype)
+        return TensorArg(tensor_id, storage_id, offset, numel, itemsize, device, sizes,
+                         tuple(stride) if type(stride) is list and len(stride) == len(sizes) and all(
+                             type(s) is int for s in stride) else None, dtype)
 
     def _tensor_list(self, value, shapes, strides, type_str, node_id):
         """Flatten a (possibly nested) list of tensor tuples, keeping shapes/strides aligned."""
         dtypes = _inner_dtypes(type_str)
         out = []
 
-        def walk(v, s, st):
+        def walk(v, s, st, depth=1):
             if isinstance(v, list) and v and isinstance(v[0], list):
+                if depth > _MAX_LIST_DEPTH:
+                    raise TraceError(self.path, f"a tensor list nests deeper than {_MAX_LIST_DEPTH} "
+                                                "levels; expected lists of tensor values", node_id)
                 for j, item in enumerate(v):
                     walk(item, s[j] if isinstance(s, list) and j < len(s) else [],
-                         st[j] if isinstance(st, list) and j < len(st) else None)
+                         st[j] if isinstance(st, list) and j < len(st) else None, depth + 1)
             elif v == "<None>" or v is None:
                 out.append(None)  # keeps positions (e.g. aten::index's Tensor?[] indices)
             elif v == []:
@@ -126,6 +149,34 @@ class ArgParser:
 
 
 _BY_ITEMSIZE = {1: "uint8", 2: "float16", 4: "float32", 8: "float64"}
+_MAX_LIST_DEPTH = 8  # real traces nest tensor lists two deep (a list of lists of tensors)
+
+
+def _sizes(shape: tuple) -> bool:
+    """A tuple of ints >= 0 (cached: traces repeat a few shapes many times)."""
+    try:
+        return _sizes_cached(shape)
+    except TypeError:  # unhashable: a list inside
+        return False
+
+
+@lru_cache(maxsize=1 << 16)
+def _sizes_cached(shape: tuple) -> bool:
+    return all(type(d) is int and d >= 0 for d in shape)
+
+
+def preview(value, limit: int = 60) -> str:
+    """A JSON value as the file shows it, cut to ``limit`` characters, for messages (str() of
+    a list nested deeper than Python's recursion limit raises)."""
+    try:
+        text = orjson.dumps(value).decode()
+    except TypeError:  # orjson writes 254 levels at most
+        text = f"<{type(value).__name__} nested too deep to show>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _kinds(*values) -> str:
+    return "/".join(type(v).__name__ for v in values)
 
 
 def _dtype_from_itemsize(itemsize) -> str:

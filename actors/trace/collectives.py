@@ -12,7 +12,7 @@ from __future__ import annotations
 import orjson
 
 from actors.trace.dtypes import C10_NAME_TO_DTYPE
-from actors.trace.model import Arg, Collective, TensorArg
+from actors.trace.model import MAX_WORLD_SIZE, Arg, Collective, TensorArg
 
 KINDS = ("all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor",
          "all_gather_into_tensor_coalesced", "reduce_scatter", "reduce_scatter_tensor",
@@ -202,6 +202,33 @@ def from_record_param_comms(inputs: tuple, attrs: dict, outputs: tuple = ()) -> 
                       rank_stride=attrs.get("global_rank_stride"), group_size=attrs.get("pg_size"),
                       seq=None if is_wait else first_int, wait_seq=first_int if is_wait else None,
                       source="record_param_comms")
+
+
+def check(c: Collective) -> Collective:
+    """``c`` when its fields have the types the replay and pre-flight compute with; ValueError
+    naming the field otherwise (a malformed trace: counts and splits are summed, compared and
+    sized from; sequence numbers are dict keys)."""
+    for key in ("in_nelems", "out_nelems"):
+        if not _count(getattr(c, key)):
+            raise ValueError(f"{c.kind}: {key} {str(getattr(c, key))[:40]!r}; expected an integer >= 0")
+    for key in ("in_splits", "out_splits"):
+        splits = getattr(c, key)
+        if len(splits) > MAX_WORLD_SIZE or not all(map(_count, splits)):
+            raise ValueError(f"{c.kind}: {key} {str(splits)[:60]}; expected at most "
+                             f"{MAX_WORLD_SIZE:,} integers >= 0")
+    for key in ("group_size", "rank_start", "rank_stride", "root", "seq", "wait_seq"):
+        value = getattr(c, key)
+        if value is not None and type(value) is not int:
+            raise ValueError(f"{c.kind}: {key} {str(value)[:40]!r}; expected an integer")
+    for key in ("pg_name", "pg_desc", "dtype"):
+        value = getattr(c, key)
+        if value is not None and type(value) not in (str, int):
+            raise ValueError(f"{c.kind}: {key} {str(value)[:40]!r}; expected a string")
+    return c
+
+
+def _count(x) -> bool:
+    return type(x) is int and x >= 0
 
 
 def merge(c10d: Collective, rpc: Collective, rpc_has_counts: bool) -> Collective:

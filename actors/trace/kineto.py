@@ -10,15 +10,14 @@ the ET's ids (see actors/capture/host_profile.py). Pure data: orjson only.
 from __future__ import annotations
 
 import bisect
-import gzip
 import re
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
 from actors.errors import TraceError
+from actors.trace import archive
 from actors.trace.model import Trace
 
 _ET_NAME = re.compile(r"^(?P<stem>.+?)(?:\.et)?\.json(?:\.gz)?$")
@@ -27,6 +26,10 @@ _RF_ID = "Record function id"
 _US_PER_S = 1e6
 _DEVICE_RUNTIME = ("cuda_runtime", "cuda_driver")
 _PROFILED_CATS = ("cpu_op", "user_annotation")  # events with per-op profiler bookkeeping
+# A profile of one iteration; past this (read or inflated) it is not the file capture wrote.
+MAX_PROFILE_BYTES = 2 << 30
+_TOO_BIG = ("a profiler trace of one iteration is far smaller: expected the "
+            "<rank>.kineto.json.gz tracefleet-capture writes beside the ET")
 
 
 def kineto_path_for(trace_path) -> Path | None:
@@ -43,19 +46,15 @@ def kineto_path_for(trace_path) -> Path | None:
     return None
 
 
-def read_kineto_doc(kineto_path) -> dict:
-    """A Kineto trace file's JSON object (gzip or plain); TraceError naming the file."""
+def read_kineto_doc(kineto_path, max_bytes: int = MAX_PROFILE_BYTES) -> dict:
+    """A Kineto trace file's JSON object (gzip or plain, at most ``max_bytes`` read or
+    inflated); TraceError naming the file."""
     path = Path(kineto_path)
+    data = archive.read_file(path, max_bytes, _TOO_BIG)
+    if archive.is_gzip(data):
+        data = archive.gunzip(data, max_bytes, path, _TOO_BIG)
     try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise TraceError(path, f"cannot read profiler trace: {e.strerror or e}") from None
-    try:
-        if data[:2] == b"\x1f\x8b":
-            data = gzip.decompress(data)
         doc = orjson.loads(data)
-    except (OSError, EOFError, zlib.error) as e:
-        raise TraceError(path, f"truncated or corrupt compressed profiler trace ({e})") from None
     except orjson.JSONDecodeError as e:
         raise TraceError(path, f"invalid JSON ({e}); expected a Kineto trace object") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
@@ -63,9 +62,9 @@ def read_kineto_doc(kineto_path) -> dict:
     return doc
 
 
-def read_kineto(kineto_path) -> list[dict]:
-    """The ``traceEvents`` of a Kineto trace file."""
-    return read_kineto_doc(kineto_path)["traceEvents"]
+def read_kineto(kineto_path, max_bytes: int = MAX_PROFILE_BYTES) -> list[dict]:
+    """The ``traceEvents`` of a Kineto trace file (at most ``max_bytes``, see read_kineto_doc)."""
+    return read_kineto_doc(kineto_path, max_bytes)["traceEvents"]
 
 
 @dataclass(frozen=True)
@@ -104,6 +103,7 @@ def host_times(trace: Trace, kineto_path) -> HostTimes:
     TraceError when the file is unreadable or no op links to it (another run's profile).
     """
     events = [e for e in read_kineto(kineto_path) if isinstance(e, dict) and e.get("ph") == "X"]
+    _check_times(events, kineto_path)
     spans = _op_spans(events)
     if not spans:
         raise TraceError(kineto_path, f"no cpu_op event carries args[{_RF_ID!r}]; expected the "
@@ -169,19 +169,31 @@ def _step_gaps(trace: Trace, first: int, end: int, step_ev: dict | None, events:
     return linked
 
 
+def _check_times(events: list[dict], path) -> None:
+    """Every complete event's ``ts`` (and ``dur``, when present) is a finite number >= 0: the
+    gaps are computed from them, so a malformed one is an error naming it, not a silent 0."""
+    for i, ev in enumerate(events):
+        for key in ("ts", "dur"):
+            if key not in ev and key == "dur":
+                continue
+            v = ev.get(key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+                raise TraceError(path, f"traceEvents: complete event #{i} ({str(ev.get('name'))[:60]!r}) "
+                                       f"has {key}={str(v)[:40]!r}; expected a number of "
+                                       "microseconds >= 0")
+
+
 def _op_spans(events: list[dict]) -> dict[int, tuple[str, float, float, object]]:
     """rf_id -> (name, start us, end us, tid) of every cpu_op event."""
     spans = {}
     for ev in events:
         if ev.get("cat") != "cpu_op":
             continue
-        rf_id = (ev.get("args") or {}).get(_RF_ID)
-        try:
+        args = ev.get("args")
+        rf_id = args.get(_RF_ID) if isinstance(args, dict) else None
+        if isinstance(rf_id, int) and not isinstance(rf_id, bool):
             start = float(ev["ts"])
             spans[rf_id] = (ev.get("name"), start, start + float(ev.get("dur", 0.0)), ev.get("tid"))
-        except (KeyError, TypeError, ValueError):
-            continue
-    spans.pop(None, None)
     return spans
 
 
@@ -195,10 +207,7 @@ class _BlockedUntil:
             other = ev.get("tid") != host_tid
             sync = "Synchronize" in str(ev.get("name")) and ev.get("cat") in _DEVICE_RUNTIME
             if other or sync:
-                try:
-                    ends.append(float(ev["ts"]) + float(ev.get("dur", 0.0)))
-                except (KeyError, TypeError, ValueError):
-                    continue
+                ends.append(float(ev["ts"]) + float(ev.get("dur", 0.0)))
         self._ends = sorted(ends)
 
     def last_end(self, after: float, before: float) -> float:

@@ -35,8 +35,8 @@ from actors.errors import ReplayError, TraceError
 from actors.trace import collectives as coll
 from actors.trace.archive import rank_from_name
 from actors.trace.made_inside import NestedAllocations, storages_made_inside
-from actors.trace.args import ArgParser
-from actors.trace.model import Op, ProcessGroupInfo, Step, Trace
+from actors.trace.args import ArgParser, preview
+from actors.trace.model import MAX_WORLD_SIZE, Op, ProcessGroupInfo, Step, Trace
 from actors.trace.op_schema import parse_schema
 from actors.trace.schema import NodeView, OpSchemaReader, parse_version
 from actors.trace.source import TraceSource, as_source
@@ -112,7 +112,7 @@ def _load_trace(source: TraceSource, rank: int | None, data: bytes | None) -> Tr
         nodes.sort(key=lambda n: n["id"])
     except (KeyError, TypeError):
         bad = next((n for n in nodes if not isinstance(n, dict) or not isinstance(n.get("id"), int)), None)
-        raise TraceError(path, f"a node has no integer 'id' (node starts {str(bad)[:80]!r})") from None
+        raise TraceError(path, f"a node has no integer 'id' (node starts {preview(bad, 80)})") from None
     ops, pgs, steps, num_outside, (nested, step_first_ids) = _build_ops(path, nodes, flat)
     assigner = TensorIdAssigner(refill_starts(ops), nested.by_storage,
                                 unique_storages=doc.get(UNIQUE_STORAGES_KEY) is True)
@@ -154,6 +154,10 @@ def _build_ops(path, nodes: list, flat: bool):
             nid = raw["id"]
             name = raw["name"]
             parent = raw["parent"] if flat else raw["ctrl_deps"]
+            if type(nid) is not int or type(name) is not str or type(parent) is not int:
+                raise TraceError(path, f"node id {preview(nid, 20)} / name {preview(name, 40)} / "
+                                       f"parent {preview(parent, 20)}: expected an integer, a "
+                                       "string and an integer node id", raw.get("id"))
             is_op = name == "record_param_comms" or bool(schema_of(raw))
         except KeyError as e:
             raise TraceError(path, f"node is missing required field {e.args[0]!r}",
@@ -223,12 +227,13 @@ def _build_ops(path, nodes: list, flat: bool):
 
 
 def _side_values(raw: dict, flat: bool) -> tuple[list, list]:
-    """The input and output values of a raw node ([] where missing: nested nodes are not
-    replayed, so a malformed one only goes unseen)."""
+    """The input and output values of a raw node (whatever they are: nested nodes are not
+    replayed, so `storages_made_inside` reads what lists it finds and a malformed node only
+    goes unseen)."""
     if flat:
-        return raw.get("inputs") or [], raw.get("outputs") or []
-    return ((raw.get("inputs") or {}).get("values") or [],
-            (raw.get("outputs") or {}).get("values") or [])
+        return raw.get("inputs"), raw.get("outputs")
+    sides = raw.get("inputs"), raw.get("outputs")
+    return tuple(side.get("values") if isinstance(side, dict) else None for side in sides)
 
 
 def _assign_steps(top_level, spans) -> None:
@@ -253,7 +258,14 @@ def _build_op(path, parser, raw, flat, index, step, module, rpc_child) -> Op:
         outputs = parser.parse_side(view.side("outputs"), nid)
     except KeyError as e:
         raise TraceError(path, f"node is missing required field {e.args[0]!r}", nid) from None
+    except (TypeError, AttributeError):
+        raise TraceError(path, "malformed node; expected 'attrs' as a list of {name, type, value} "
+                               "and 'inputs'/'outputs' as {values, shapes, types}", nid) from None
     schema = attrs.get("op_schema") or ""
+    rf_id = attrs.get("rf_id")
+    if type(schema) is not str or not (rf_id is None or type(rf_id) is int):
+        raise TraceError(path, f"attrs op_schema {preview(schema, 40)} / rf_id {preview(rf_id, 20)}: "
+                               "expected a string and an integer", nid)
     collective = None
     try:
         if name == "record_param_comms":
@@ -268,12 +280,17 @@ def _build_op(path, parser, raw, flat, index, step, module, rpc_child) -> Op:
                                                    cattrs,
                                                    parser.parse_side(cview.side("outputs"), child["id"]))
                 collective = coll.merge(collective, rpc, rpc_has_counts="in_msg_nelems" in cattrs)
+        if collective is not None:
+            coll.check(collective)
     except ValueError as e:
         raise TraceError(path, str(e), nid) from None
+    except (TypeError, KeyError, IndexError, AttributeError) as e:
+        raise TraceError(path, f"malformed {name} record ({type(e).__name__}: {e}); expected the "
+                               "arguments and attrs PyTorch's observer writes", nid) from None
     ranges = attrs.get("tensor_range")
     tensor_ranges = _parse_ranges(ranges) if ranges else None
     return Op(index, nid, name, schema, inputs, outputs, tensor_ranges, module, step,
-              collective, attrs.get("tid", 0), attrs.get("rf_id"))
+              collective, attrs.get("tid", 0), rf_id)
 
 
 def _parse_ranges(value) -> dict | None:
@@ -281,21 +298,33 @@ def _parse_ranges(value) -> dict | None:
     try:
         doc = orjson.loads(value) if isinstance(value, str) else value
         return {int(k): (v[0], v[1]) for k, v in doc.items()
-                if isinstance(v, list) and len(v) == 2}
+                if isinstance(v, list) and len(v) == 2 and all(map(_is_number, v))}
     except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError):
         return None
 
 
+def _is_number(x) -> bool:
+    return type(x) in (int, float)
+
+
 def _parse_pg_init(path, view: NodeView) -> list[ProcessGroupInfo]:
-    values = view.side("inputs")[0]
     try:
+        values = view.side("inputs")[0]
         entries = orjson.loads(values[0]) if values and isinstance(values[0], str) else values[0]
-        return [ProcessGroupInfo(name=str(e["pg_name"]), desc=str(e.get("pg_desc", "")),
-                                 backend=str(e.get("backend_config", "")),
-                                 ranks=tuple(int(r) for r in e.get("ranks") or ()),
-                                 group_size=int(e.get("group_size", 0)))
-                for e in entries]
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError) as e:
+        groups = [ProcessGroupInfo(name=str(e["pg_name"]), desc=str(e.get("pg_desc", "")),
+                                   backend=str(e.get("backend_config", "")),
+                                   ranks=tuple(int(r) for r in e.get("ranks") or ()),
+                                   group_size=int(e.get("group_size", 0)))
+                  for e in entries]
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError,
+            AttributeError) as e:
         raise TraceError(path, f"malformed process-group table ({e!r}); expected a JSON list of "
                                "{pg_name, pg_desc, backend_config, ranks, group_size}",
                          view.raw.get("id")) from None
+    for g in groups:  # checks and group tables build per-rank lists: bound them first
+        if not (0 <= g.group_size <= MAX_WORLD_SIZE and len(g.ranks) <= MAX_WORLD_SIZE
+                and all(0 <= r < MAX_WORLD_SIZE for r in g.ranks)):
+            raise TraceError(path, f"process group {g.name!r} has group_size {g.group_size} and "
+                                   f"ranks {str(list(g.ranks))[:60]}; expected sizes and ranks "
+                                   f"from 0 to {MAX_WORLD_SIZE:,}", view.raw.get("id"))
+    return groups

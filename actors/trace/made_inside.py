@@ -23,14 +23,17 @@ from actors.trace.model import Op
 
 def _storage_ids(values, out: set) -> None:
     """Storage ids of every tensor tuple ``[tensor_id, storage_id, offset, numel, itemsize,
-    device]`` in a node side's (possibly nested) values."""
-    for v in values:
-        if isinstance(v, list):
-            if len(v) == 6 and isinstance(v[5], str) and isinstance(v[1], int):
-                if v[1]:
-                    out.add(v[1])
-            else:
-                _storage_ids(v, out)
+    device]`` in a node side's (possibly nested) values. Iterative: a malformed trace may nest
+    lists as deep as the JSON parser allows, deeper than Python's recursion limit."""
+    todo = [values] if isinstance(values, list) else []
+    while todo:
+        for v in todo.pop():
+            if isinstance(v, list):
+                if len(v) == 6 and isinstance(v[5], str) and type(v[1]) is int:
+                    if v[1]:
+                        out.add(v[1])
+                else:
+                    todo.append(v)
 
 
 class NestedAllocations:

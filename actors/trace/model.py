@@ -172,6 +172,11 @@ class Collective:
                 f"in={self.in_nelems}, out={self.out_nelems})")
 
 
+# Ranks in a job, at most: no job is larger, and the checks build per-rank tables, so a
+# trace or file name claiming more is refused before anything that large is built.
+MAX_WORLD_SIZE = 1 << 20
+
+
 @dataclass(frozen=True)
 class ProcessGroupInfo:
     """One entry of the trace's ``## process_group:init ##`` table."""

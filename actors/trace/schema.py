@@ -68,14 +68,21 @@ class OpSchemaReader:
         self.pos = 0
 
     def __call__(self, raw: dict) -> str:
+        """The op schema; TypeError when attrs are not a list of objects or it is no string."""
         if self.flat:
-            return raw.get("op_schema") or ""
+            return _text(raw.get("op_schema"))
         attrs = raw.get("attrs", ())
         pos = self.pos
         if pos < len(attrs) and attrs[pos]["name"] == "op_schema":
-            return attrs[pos]["value"] or ""
+            return _text(attrs[pos]["value"])
         for pos, a in enumerate(attrs):
             if a["name"] == "op_schema":
                 self.pos = pos
-                return a["value"] or ""
+                return _text(a["value"])
         return ""
+
+
+def _text(value) -> str:
+    if value is None or type(value) is str:
+        return value or ""
+    raise TypeError("op_schema is not a string")

@@ -52,10 +52,7 @@ class TraceSource:
         """The stored bytes of the file or member (still gzip-compressed if it is)."""
         if self.member is not None:
             return archive.read_member(self.path, self.member, self.max_decompressed_bytes)
-        try:
-            return Path(self.path).read_bytes()
-        except OSError as e:
-            raise TraceError(self.path, f"cannot read file: {e.strerror or e}") from None
+        return archive.read_file(self.path, self.max_decompressed_bytes)
 
     def read_json_bytes(self, data: bytes | None = None) -> bytes:
         """The trace's JSON text; ``data`` are `read_raw`'s bytes when they came another way.

@@ -51,6 +51,11 @@ def select_leaves(tree: ModuleTree, patterns: list[str], threshold: int) -> list
     """Leaf module names (parents win: no leaf inside another), sorted."""
     gran = granularities(tree) if threshold > 0 else {}
     unmatched = [p for p in patterns if not any(fnmatchcase(_label(n), p) for n in tree.modules)]
+    if unmatched and len(tree.modules) == 1:
+        raise ConfigError(f"zero3.leaf_modules {unmatched} match no module: the trace has no module "
+                          "ranges; name its modules with zero3.modules (e.g. "
+                          "'+zero3.modules={blocks.0:[0,1]}' zero3.modules_by=order: its whole "
+                          "model is one root module, as it was not captured by tracefleet-capture)")
     if unmatched:
         names = sorted(_label(n) for n in tree.modules)
         raise ConfigError(f"zero3.leaf_modules: {unmatched} match no module of this trace; its "

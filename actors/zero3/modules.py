@@ -43,7 +43,9 @@ class ModuleTree:
     """Modules by qualified name, with parent/child links derived from the names."""
 
     def __init__(self):
-        self.modules: dict[str, Module] = {}
+        # The root always exists: a trace without module ranges is one root module (the
+        # walks from "" in leaves.py start there), owning nothing of its own.
+        self.modules: dict[str, Module] = {"": Module("")}
         self._children: dict[str, list[str]] | None = None  # built on first use, once complete
 
     def get(self, name: str) -> Module:

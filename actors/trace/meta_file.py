@@ -1,0 +1,108 @@
+"""The ``meta.json`` tracefleet-capture writes beside its rank traces, read bounded and checked.
+
+Only the fields tracefleet uses are checked, each where it is used: a rank's measured
+figures (host-gap calibration: eager iteration times, or any per-rank seconds through
+`rank_seconds`) and the workload with its world size (OOM-study estimates). A
+malformed file is a TraceError naming the file and the field, never a silently skipped
+calibration. A folder without ``meta.json`` is no error (traces from elsewhere have none).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import orjson
+
+from actors.errors import TraceError
+from actors.trace import archive
+
+META_JSON = "meta.json"
+# capture's meta.json is a few KiB per rank; past this it is not that file
+MAX_META_BYTES = 64 << 20
+_TOO_BIG = "expected the meta.json tracefleet-capture writes (a few KiB per rank)"
+
+
+def meta_path_of(folder) -> Path:
+    """Where the ``meta.json`` of a trace folder is."""
+    return Path(folder) / META_JSON
+
+
+def read_meta(path) -> dict | None:
+    """The JSON object of a ``meta.json`` file, None when there is no such file."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    data = archive.read_file(path, MAX_META_BYTES, _TOO_BIG)
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        raise TraceError(path, f"invalid JSON ({e}); expected tracefleet-capture's meta.json "
+                               "object") from None
+    if not isinstance(doc, dict):
+        raise TraceError(path, f"expected a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def rank_entry(path, meta: dict, rank: int) -> tuple[int, dict] | None:
+    """``(index, entry)`` of ``ranks[index]`` with ``"rank": rank``, None when there is none."""
+    ranks = _field(path, meta, "ranks", list, "a list with one object per rank")
+    for i, r in enumerate(ranks):
+        if not isinstance(r, dict) or isinstance(r.get("rank"), bool) \
+                or not isinstance(r.get("rank"), int):
+            raise TraceError(path, f"field ranks[{i}] is {_show(r)}; expected an object "
+                                   "with an integer 'rank'")
+    return next(((i, r) for i, r in enumerate(ranks) if r["rank"] == rank), None)
+
+
+def rank_iteration_times_s(path, meta: dict, rank: int) -> list[float]:
+    """``ranks[i].iteration_times_s`` of the entry with ``rank``: the eager iteration times
+    capture measured ([] where none were measured, as on meta, or the rank has no entry)."""
+    found = rank_entry(path, meta, rank)
+    times = found[1].get("iteration_times_s") if found else None
+    if times is None:
+        return []
+    if not isinstance(times, list) or not all(_seconds(t) for t in times):
+        raise TraceError(path, f"field ranks[{found[0]}].iteration_times_s is {_show(times)}; "
+                               "expected a list of seconds (numbers > 0)")
+    return [float(t) for t in times]
+
+
+def rank_seconds(path, meta: dict, rank: int, key: str) -> float | None:
+    """``ranks[i].<key>`` of the entry with ``rank`` as seconds (a number > 0); None when the
+    rank has no entry or the field is absent or null (not measured)."""
+    found = rank_entry(path, meta, rank)
+    value = found[1].get(key) if found else None
+    if value is None:
+        return None
+    if not _seconds(value):
+        raise TraceError(path, f"field ranks[{found[0]}].{key} is {_show(value)}; expected "
+                               "seconds (a number > 0)")
+    return float(value)
+
+
+def workload(path, meta: dict) -> tuple[dict, int]:
+    """``(workload fields, world_size)`` of a capture's meta.json."""
+    fields = _field(path, meta, "workload", dict, "an object of tracefleet-capture's workload "
+                                                  "settings")
+    world = _field(path, meta, "world_size", int, "an integer >= 1")
+    if isinstance(world, bool) or world < 1:
+        raise TraceError(path, f"field 'world_size' is {_show(world)}; expected an integer >= 1")
+    return fields, world
+
+
+def _field(path, meta: dict, key: str, kind: type, expected: str):
+    if key not in meta:
+        raise TraceError(path, f"field {key!r} is missing; expected {expected}")
+    value = meta[key]
+    if not isinstance(value, kind):
+        raise TraceError(path, f"field {key!r} is {_show(value)}; expected {expected}")
+    return value
+
+
+def _seconds(t) -> bool:
+    return isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < math.inf
+
+
+def _show(value) -> str:
+    """A field's value as JSON (as it reads in the file), cut to 60 characters."""
+    return orjson.dumps(value).decode()[:60]
