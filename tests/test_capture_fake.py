@@ -178,3 +178,13 @@ def test_fake_trace_keeps_subclass_work_and_drops_the_modes(fsdp2_fake_4):
     shard_numels = sorted(rank0_shard_numel(s, 4) for s in example_shapes({}))
     assert sorted(n["inputs"]["values"][0][3] for n in local_updates) == shard_numels
     assert len({n["inputs"]["values"][0][1] for n in local_updates}) == len(shard_numels)
+
+
+def test_fake_parameters_survive_module_to():
+    """nn.Module._apply swaps fake parameters, which fails on a weakly referenced tensor: the
+    capture's mode keeps fresh outputs unreferenced, so users' .to() calls work on fake."""
+    with unique_meta_storages(), CaptureFakeMode():
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+        model = model.to(torch.device("cpu")).to(torch.bfloat16)
+        assert {(p.device.type, p.dtype) for p in model.parameters()} == {("cpu", torch.bfloat16)}
+        assert model(torch.randn(2, 8, dtype=torch.bfloat16)).shape == (2, 8)
