@@ -120,14 +120,15 @@ def test_fsdp2_bf16_mixed_gathers_bf16_and_steps_fp32_shards(fsdp2_capture):
 def test_fsdp2_grad_accum_reduces_once_after_two_forwards(fsdp2_capture):
     """grad_accum_steps=2: two forwards and backwards, one reduce-scatter per FSDP unit (the
     blocks and the root) after the last; each micro-batch gathers the root once and every
-    block in forward and again in backward."""
+    block in forward and again in backward, but the last block (kept gathered: backward
+    starts with it)."""
     trace = load_trace(fsdp2_capture / trace_file_name(0))
     counts = Counter(op.name for op in trace.ops)
     n_layers = LLAMA["n_layers"]
     assert counts["aten::embedding"] == 2 and counts["aten::cross_entropy_loss"] == 2
     kinds = Counter(op.collective.kind for op in trace.collectives)
     assert kinds["reduce_scatter_tensor"] == n_layers + 1
-    assert kinds["all_gather_into_tensor"] == 2 * (1 + 2 * n_layers)
+    assert kinds["all_gather_into_tensor"] == 2 * (1 + n_layers + n_layers - 1)
     # The reduce-scatters follow the second micro-batch's loss.
     second_loss = [i for i, op in enumerate(trace.ops) if op.name == "aten::cross_entropy_loss"][1]
     assert all(op.index > second_loss for op in trace.collectives
@@ -272,12 +273,16 @@ def test_zero3_bf16_mixed_runs_on_cpu(tmp_path, monkeypatch):
 
 # --- fused attention on meta ----------------------------------------------------------------
 
-@pytest.mark.parametrize("model", ["gpt", "llama"])
-def test_meta_capture_keeps_nothing_seq_by_seq(tmp_path, model):
-    """Fused attention on meta records the flash kernel with its logsumexp, and no tensor of the
+@pytest.mark.parametrize("model,precision,kernel,lse_len", [
+    ("gpt", "fp32", "_scaled_dot_product_efficient_attention", 32),  # padded to 32 rows
+    ("llama", "bf16", "_scaled_dot_product_flash_attention", 24)])
+def test_meta_capture_keeps_nothing_seq_by_seq(tmp_path, model, precision, kernel, lse_len):
+    """Fused attention on meta records the kernel CUDA's SDPA picks for the dtype (flash takes
+    half precision only) with its float32 logsumexp, forward and backward, and no tensor of the
     trace has two sequence-length dimensions; math attention has such tensors."""
     seq = 24  # a size no other dimension has
-    shape = dict(kind=f"{model}_dp", seq_len=seq, n_kv_heads=4 if model == "llama" else 0)
+    shape = dict(kind=f"{model}_dp", seq_len=seq, n_kv_heads=4 if model == "llama" else 0,
+                 precision=precision)
 
     def seq_by_seq(folder):
         trace = load_trace(folder / trace_file_name(0))
@@ -288,8 +293,12 @@ def test_meta_capture_keeps_nothing_seq_by_seq(tmp_path, model):
     meta_capture(tmp_path / "fused", 1, **shape)
     trace, found = seq_by_seq(tmp_path / "fused")
     assert found == []
-    flash = [op for op in trace.ops if op.name == "aten::_scaled_dot_product_flash_attention_for_cpu"]
-    assert flash and all(len(op.output_tensors()) == 2 for op in flash)  # output, logsumexp
+    fused = [op for op in trace.ops if op.name == f"aten::{kernel}"]
+    assert len(fused) == 2  # one per block (SMALL_LLAMA's two)
+    for op in fused:
+        (b, h, t, _), lse = op.output_tensors()[0].shape, op.output_tensors()[1]
+        assert (lse.shape, str(lse.dtype)) == ((b, h, lse_len), "float32") and t == seq
+    assert Counter(op.name for op in trace.ops)[f"aten::{kernel}_backward"] == 2
     meta_capture(tmp_path / "math", 1, attention="math", **shape)
     assert seq_by_seq(tmp_path / "math")[1]
 

@@ -2,8 +2,9 @@
 shards a decoder.
 
 Parameters become DTensor shards over a 1-D DeviceMesh of all ranks; each block's are
-all-gathered before its forward and backward and freed after (``reshard_after_forward``), and
-gradients are reduce-scattered. ``bf16_mixed`` shards float32 parameters with
+all-gathered before its forward and backward and freed after (``reshard_after_forward``),
+except the last block's after forward: backward needs them at once (torchtitan's default
+policy); the root keeps its own gathered through backward. Gradients are reduce-scattered. ``bf16_mixed`` shards float32 parameters with
 ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: gathered parameters and
 compute in bf16, float32 shards (master weights), gradient reduction and AdamW state. With
 several micro-batches the gradient reduction runs after the last one only
@@ -29,8 +30,8 @@ def fsdp2_step(model: nn.Module, cfg, blocks: nn.ModuleList, device: torch.devic
     if cfg.precision == "bf16_mixed":
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                                    reduce_dtype=torch.float32)
-    for block in blocks:
-        fully_shard(block, **kwargs)
+    for i, block in enumerate(blocks):
+        fully_shard(block, reshard_after_forward=i < len(blocks) - 1, **kwargs)
     fully_shard(model, **kwargs)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
 
