@@ -31,7 +31,11 @@ def study_table(rows) -> list[dict]:
         if r["kind"] == STUDY:
             on_device = r.get("study_part") == DEVICE
             threshold = float(r[THRESHOLD])
-            flushing = f", threshold {threshold:g}" if threshold < 1 else ""
+            # A flush keeps the replay going by re-making flushed tensors with synthetic data;
+            # the job itself has no such escape: past its capacity it is out of memory.
+            flushing = (f", threshold {threshold:g} (flushed tensors re-made with synthetic "
+                        "data: the real job would still be out of memory)") if threshold < 1 \
+                else ""
             table.append({
                 "what": f"replay {r[MODE]}{flushing}",
                 "capacity": human_bytes(r[CAPACITY]), "status": r["status"],
