@@ -17,8 +17,9 @@ from actors.errors import ReplayError
 from actors.replay import plan as planning
 from actors.replay import resolve, sequence, standins
 from actors.replay.allocation import make_policy
-from actors.replay.config import ReplayConfig, parse_bytes
+from actors.replay.config import AllocationMode, ReplayConfig, parse_bytes
 from actors.replay.host_gaps import HostGaps
+from actors.replay.nested_memory import NestedMemory
 from actors.replay.memory import (MemoryTracker, OutOfMemory, device_capacity,
                                   is_allocation_failure, sample_points)
 from actors.replay.meters import make_meter
@@ -92,6 +93,8 @@ class ReplayEngine:
         self.extensions = list(extensions)
         if cfg.host_gaps:
             self.extensions.append(HostGaps.for_trace(trace))
+        if trace.nested_lifetimes and cfg.allocation.mode == AllocationMode.faithful:
+            self.extensions.append(NestedMemory(trace.nested_lifetimes))
         # measure from before anything of the replay exists (extensions allocate in attach),
         # until close() or until the engine is collected (a CPU meter wraps torch's allocator)
         self.meter = make_meter(self.device, cfg.measure_memory)

@@ -35,6 +35,7 @@ from actors.errors import ReplayError, TraceError
 from actors.trace import collectives as coll
 from actors.trace.archive import rank_from_name
 from actors.trace.made_inside import NestedAllocations, storages_made_inside
+from actors.trace.nested_lifetimes import nested_lifetimes
 from actors.trace.args import ArgParser, preview
 from actors.trace.model import MAX_WORLD_SIZE, Op, ProcessGroupInfo, Step, Trace
 from actors.trace.op_schema import parse_schema
@@ -114,16 +115,19 @@ def _load_trace(source: TraceSource, rank: int | None, data: bytes | None) -> Tr
         bad = next((n for n in nodes if not isinstance(n, dict) or not isinstance(n.get("id"), int)), None)
         raise TraceError(path, f"a node has no integer 'id' (node starts {preview(bad, 80)})") from None
     ops, pgs, steps, num_outside, (nested, step_first_ids) = _build_ops(path, nodes, flat)
-    assigner = TensorIdAssigner(refill_starts(ops), nested.by_storage,
-                                unique_storages=doc.get(UNIQUE_STORAGES_KEY) is True)
+    # meta and fake captures never hand an address out twice (meta: every tensor says so)
+    unique = doc.get(UNIQUE_STORAGES_KEY) is True or next(
+        (t.device == "meta" for op in ops for t in op.input_tensors()), False)
+    assigner = TensorIdAssigner(refill_starts(ops), nested.by_storage, unique_storages=unique)
     for op in ops:
         assigner.assign(op)
     coll.link_waits(ops)
+    made = storages_made_inside(ops, nested, step_first_ids)
     return Trace(path=str(path), schema=doc["schema"], num_nodes=num_nodes, ops=ops,
                  process_groups=pgs, steps=steps, num_tensors=assigner.num_tensors,
                  num_storages=assigner.num_storages,
-                 made_inside=storages_made_inside(ops, nested, step_first_ids)
-                 | frozenset(assigner.refilled),
+                 made_inside=frozenset(made) | frozenset(assigner.refilled),
+                 nested_lifetimes=nested_lifetimes(ops, nested, made, assigner.unique),
                  rank=rank if rank is not None else rank_from_name(source.name),
                  meta={"pid": doc.get("pid"), "time": doc.get("time"),
                        "num_ops_outside_steps": num_outside})
@@ -148,6 +152,7 @@ def _build_ops(path, nodes: list, flat: bool):
     step_spans: list[list[int]] = []  # [first id, last id] of each ProfilerStep subtree
     pgs: list[ProcessGroupInfo] = []
     nested = NestedAllocations()
+    top_of: dict[int, int] = {}  # node id -> id of the selected op it runs inside
     schema_of = OpSchemaReader(flat)
     for raw in nodes:
         try:
@@ -182,12 +187,16 @@ def _build_ops(path, nodes: list, flat: bool):
             elif enclosing == _FREE or (collective and (enclosing == _IN_OP
                                                         or name in coll.FUNCTIONAL)):
                 top_level.append([raw, step, module])
+                top_of[nid] = nid
                 if enclosing == _FREE:
                     selected[nid] = top_level[-1]
                 if name in coll.C10D_KINDS and name not in coll.FUNCTIONAL_WAITS:
                     c10d_calls.add(nid)
             else:
-                nested.add(nid, *_side_values(raw, flat))
+                top = top_of.get(parent)
+                nested.add(nid, *_side_values(raw, flat), top)
+                if top is not None:
+                    top_of[nid] = top
             ctx[nid] = (_IN_FUNCTIONAL if name in coll.FUNCTIONAL_CALLS else max(enclosing, _IN_OP),
                         step, module)
             continue
@@ -203,9 +212,11 @@ def _build_ops(path, nodes: list, flat: bool):
             pgs = _parse_pg_init(path, NodeView(raw, flat))
         elif not name.startswith(_NOT_MODULE):
             module = name
+        if parent in top_of:  # an annotation inside an op (a record_function range)
+            top_of[nid] = top_of[parent]
         ctx[nid] = (enclosing, step, module)
     nodes.clear()
-    del ctx, backend_parent, selected
+    del ctx, backend_parent, selected, top_of
     top_level = [t for t in top_level if t[0] is not None]
     num_outside = 0
     if step_names:  # honour ProfilerStep windows: ops outside them are set-up, not iterations

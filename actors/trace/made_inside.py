@@ -21,10 +21,11 @@ import bisect
 from actors.trace.model import Op
 
 
-def _storage_ids(values, out: set) -> None:
+def _storage_ids(values, out: set, extent: dict | None = None) -> None:
     """Storage ids of every tensor tuple ``[tensor_id, storage_id, offset, numel, itemsize,
-    device]`` in a node side's (possibly nested) values. Iterative: a malformed trace may nest
-    lists as deep as the JSON parser allows, deeper than Python's recursion limit."""
+    device]`` in a node side's (possibly nested) values; ``extent``: storage id -> the most
+    bytes a tuple reaches. Iterative: a malformed trace may nest lists as deep as the JSON
+    parser allows, deeper than Python's recursion limit."""
     todo = [values] if isinstance(values, list) else []
     while todo:
         for v in todo.pop():
@@ -32,6 +33,10 @@ def _storage_ids(values, out: set) -> None:
                 if len(v) == 6 and isinstance(v[5], str) and type(v[1]) is int:
                     if v[1]:
                         out.add(v[1])
+                        if extent is not None and all(type(x) is int and x >= 0 for x in v[2:5]):
+                            nbytes = (v[2] + v[3]) * v[4]
+                            if nbytes > extent.get(v[1], 0):
+                                extent[v[1]] = nbytes
                 else:
                     todo.append(v)
 
@@ -42,28 +47,38 @@ class NestedAllocations:
 
     def __init__(self):
         self.by_storage: dict[int, list[int]] = {}
+        self.top_of_alloc: dict[int, int] = {}  # allocating node id -> its top-level op's id
+        self.last_use_top: dict[int, int] = {}  # storage id -> top-level op of its last nested use
+        self.extent: dict[int, int] = {}  # storage id -> most bytes a nested node reached on it
 
-    def add(self, node_id: int, inputs, outputs) -> None:
-        """A nested op node's input and output values (``values`` lists)."""
+    def add(self, node_id: int, inputs, outputs, top: int | None = None) -> None:
+        """A nested op node's input and output values (``values`` lists); ``top``: the node id
+        of the top-level op it runs inside (None: unknown)."""
         made: set[int] = set()
-        _storage_ids(outputs, made)
+        _storage_ids(outputs, made, self.extent)
+        used: set[int] = set()
+        _storage_ids(inputs, used, self.extent)
+        if top is not None:
+            for sid in used:
+                self.last_use_top[sid] = top
         if not made:
             return
-        used: set[int] = set()
-        _storage_ids(inputs, used)
         for sid in made - used:
             self.by_storage.setdefault(sid, []).append(node_id)
+            if top is not None:
+                self.top_of_alloc[node_id] = top
 
 
 def storages_made_inside(ops: list[Op], nested: NestedAllocations,
-                         step_first_ids: list[int]) -> frozenset[int]:
+                         step_first_ids: list[int]) -> dict[int, int]:
     """Suids first used as an input that a nested op created earlier in the same step window
-    (module doc). ``step_first_ids``: the node id that opens each step (``Op.step`` indexes
-    it); ops outside any step look back to the start of the trace."""
+    (module doc), each with the node id of that nested allocation. ``step_first_ids``: the
+    node id that opens each step (``Op.step`` indexes it); ops outside any step look back to
+    the start of the trace."""
     made = nested.by_storage
     last_use: dict[int, int] = {}  # storage id -> node id of the last top-level op using it
     seen: set[int] = set()
-    out: set[int] = set()
+    out: dict[int, int] = {}
     for op in ops:
         inputs = op.input_tensors()
         for t in inputs:
@@ -76,9 +91,9 @@ def storages_made_inside(ops: list[Op], nested: NestedAllocations,
                     low = max(low, step_first_ids[op.step])
                 k = bisect.bisect_right(ids, low)
                 if k < len(ids) and ids[k] < op.node_id:
-                    out.add(t.suid)
+                    out[t.suid] = ids[k]
         for t in (*inputs, *op.output_tensors()):
             if t.suid >= 0:
                 seen.add(t.suid)
                 last_use[t.storage_id] = op.node_id
-    return frozenset(out)
+    return out

@@ -215,6 +215,9 @@ class Trace:
     # iteration (actors/trace/made_inside.py; and FSDP2 unsharded parameters re-filled after a
     # storage resize, actors/trace/tensor_ids.py): not alive before it, though they look so
     made_inside: frozenset = frozenset()
+    # when memory only nested ops touch is alive: (suid or -1, start op, end op, bytes)
+    # (actors/trace/nested_lifetimes.py)
+    nested_lifetimes: tuple = ()
 
     @property
     def collectives(self) -> list[Op]:

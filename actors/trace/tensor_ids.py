@@ -47,7 +47,7 @@ class TensorIdAssigner:
         nested ops that allocated on it (actors/trace/made_inside.py); ``unique_storages``:
         the capture never handed an address out twice (fake captures, UNIQUE_STORAGES_KEY),
         as on meta."""
-        self._unique = unique_storages
+        self.unique = unique_storages
         self._refill_starts = refill_starts or {}
         self._nested = nested_allocations or {}
         # storage id -> (node id of its last top-level use, whether that op returned it)
@@ -108,7 +108,7 @@ class TensorIdAssigner:
 
     def _stamp(self, t: TensorArg, fresh: bool) -> None:
         current = self._storage.get(t.storage_id)
-        if (fresh and not self._unique and t.device != "meta") or current is None \
+        if (fresh and not self.unique and t.device != "meta") or current is None \
                 or current[1] != t.dtype:
             current = (self.num_storages, t.dtype)
             self._storage[t.storage_id] = current
