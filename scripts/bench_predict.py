@@ -76,7 +76,10 @@ def _overrides(workload: dict) -> list[str]:
 
 
 def _capture(workload: dict, device: str, out: Path, env: dict) -> dict:
-    """``tracefleet-capture`` into ``out``; its meta.json."""
+    """``tracefleet-capture`` into ``out``; its meta.json (a capture already in ``out``, from
+    ``--keep`` of an earlier run, is reused)."""
+    if (out / "meta.json").is_file():
+        return json.loads((out / "meta.json").read_text())
     cmd = [sys.executable, "-m", "orchestrator.capture_main", *_overrides(workload),
            f"workload.device={device}", f"world_size={WORLD}", f"out_dir={out}",
            "warmup_iters=2", "timing_iters=1", f"hydra.run.dir={out}.hydra",
@@ -180,7 +183,8 @@ def main() -> None:
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--quick", action="store_true",
                         help="one tiny configuration (ddp_fp32): seconds, for the smoke test")
-    parser.add_argument("--keep", help="keep the captures in this folder")
+    parser.add_argument("--keep", help="keep the captures in this folder (and reuse those "
+                        "already there: re-predicts without re-capturing)")
     args = parser.parse_args()
     names, model = (["ddp_fp32"], TINY) if args.quick else (args.configs, MODEL)
     tmp = Path(args.keep or tempfile.mkdtemp(prefix="bench_predict_"))
