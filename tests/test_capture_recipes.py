@@ -185,10 +185,6 @@ def test_full_ac_recomputes_every_block_forward_in_backward(ac_traces):
     recomputed = Counter(module for module, _ in _linear_calls(ac_traces["selective_layer"]))
     assert {m.split(".")[0] + "." + m.split(".")[1] for m, c in recomputed.items() if c == 2} == \
         {"## module:layers.1"}
-    # What is kept for backward shrinks: the liveness bound of the recorded iteration.
-    bounds = {m: compute_liveness(t.ops, t.num_storages).lower_bound_bytes
-              for m, t in ac_traces.items()}
-    assert bounds["full"] < bounds["selective_layer"] < bounds["none"]
 
 
 def test_selective_op_ac_keeps_every_other_matmul(ac_traces, tmp_path):
@@ -225,14 +221,20 @@ def test_selective_op_ac_keeps_every_other_matmul(ac_traces, tmp_path):
 def test_meta_liveness_counts_what_each_mode_keeps(tmp_path):
     """On meta (addresses never reused) a kept matmul output stays one storage generation from
     forward to its recompute, so the trace's liveness bound orders the modes as their memory:
-    full keeps least, selective_op more (the kept matmul and attention outputs), none most."""
-    shape = dict(LLAMA, kind="llama_local", vocab=32, d_model=64, ffn_dim=256, seq_len=64)
+    full keeps least, selective_op and selective_layer more (the kept matmul and attention
+    outputs; every block but the checkpointed 2nd and 4th), none most. Four blocks: with two,
+    the recompute of the checkpointed last block, under all of the first's activations, is
+    the peak of both selective_layer and none. On cpu, where addresses are reused, these
+    bounds vary by a few KiB from run to run."""
+    shape = dict(LLAMA, kind="llama_local", vocab=32, d_model=64, ffn_dim=256, seq_len=64,
+                 n_layers=4)
     bounds = {}
-    for mode in ("none", "selective_op", "full"):
+    for mode in ("none", "selective_op", "selective_layer", "full"):
         meta_capture(tmp_path / mode, 1, **shape, activation_checkpointing=mode)
         trace = load_trace(tmp_path / mode / trace_file_name(0))
         bounds[mode] = compute_liveness(trace.ops, trace.num_storages).lower_bound_bytes
     assert bounds["full"] < bounds["selective_op"] < bounds["none"]
+    assert bounds["full"] < bounds["selective_layer"] < bounds["none"]
 
 
 def test_gpt_selective_op_ac_runs(tmp_path):
