@@ -33,7 +33,7 @@ def _bytes_by_category(trace) -> dict[str, int]:
 
 def test_model_states_of_an_fp32_adamw_data_parallel_step(demo):
     trace, meta = demo
-    assert meta["workload"]["dtype"] == "float32"
+    assert meta["workload"]["precision"] == "fp32"
     param_bytes = 4 * meta["num_params"]
     got = _bytes_by_category(trace)
     assert got["parameters"] == param_bytes
