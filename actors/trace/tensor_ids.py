@@ -67,8 +67,8 @@ class TensorIdAssigner:
         for t in inputs:
             sid = t.storage_id
             restart = sid in refilled and sid not in started
-            self._stamp(t, fresh=restart or (sid in nested and sid not in started
-                                             and self._remade_inside(sid, node_id)))
+            self._stamp(t, fresh=sid in nested and sid not in started
+                        and self._remade_inside(sid, node_id), refill=restart)
             if restart:
                 self.refilled.add(t.suid)
             started.add(sid)
@@ -106,9 +106,11 @@ class TensorIdAssigner:
         k = bisect.bisect_right(ids, prev[0])
         return k < len(ids) and ids[k] < node_id
 
-    def _stamp(self, t: TensorArg, fresh: bool) -> None:
+    def _stamp(self, t: TensorArg, fresh: bool, refill: bool = False) -> None:
+        """``refill``: a new generation whatever the capture (FSDP2 re-allocates the same
+        storage by resizing it, on meta and fake too)."""
         current = self._storage.get(t.storage_id)
-        if (fresh and not self.unique and t.device != "meta") or current is None \
+        if refill or (fresh and not self.unique and t.device != "meta") or current is None \
                 or current[1] != t.dtype:
             current = (self.num_storages, t.dtype)
             self._storage[t.storage_id] = current
