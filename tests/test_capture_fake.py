@@ -188,3 +188,22 @@ def test_fake_parameters_survive_module_to():
         model = model.to(torch.device("cpu")).to(torch.bfloat16)
         assert {(p.device.type, p.dtype) for p in model.parameters()} == {("cpu", torch.bfloat16)}
         assert model(torch.randn(2, 8, dtype=torch.bfloat16)).shape == (2, 8)
+
+
+def test_fake_fsdp2_unsharded_parameters_are_a_generation_per_all_gather(fsdp2_fake_4):
+    """On fake, FSDP2's resize keeps an unsharded parameter's storage id from forward to
+    backward: each copy-out still starts a new generation (made in the iteration), so the
+    dry run does not hold every block's gathered parameters at once."""
+    trace = load_trace(fsdp2_fake_4[0] / trace_file_name(0))
+    generations, storage_ids = set(), Counter()
+    for op in trace.ops:
+        if op.name == "fsdp::split_with_sizes_copy":
+            for arg in op.inputs:
+                if getattr(arg, "kind", None) == "tensor_list":
+                    for t in arg.value:
+                        generations.add(t.suid)
+                        storage_ids[t.storage_id] += 1
+                        assert t.suid in trace.made_inside
+    reused = [sid for sid, n in storage_ids.items() if n > 1]
+    assert reused  # the same storage id gathered in forward and again in backward
+    assert len(generations) == sum(storage_ids.values())  # one generation per gather
