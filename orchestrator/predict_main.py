@@ -41,6 +41,15 @@ def register_configs() -> None:
 register_configs()
 
 
+def predict_config(*overrides: str) -> PredictConfig:
+    """The ``PredictConfig`` the command line ``overrides`` compose to (for scripts, e.g.
+    ``predict(predict_config("workload=llama3_8b", "world_size=8"))``)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return OmegaConf.to_object(compose(config_name="predict", overrides=list(overrides)))
+
+
 @hydra.main(config_path=str(CONF_DIR), config_name="predict", version_base="1.3")
 def _app(cfg: DictConfig) -> None:
     with user_errors("tracefleet-predict"):

@@ -31,7 +31,8 @@ def prediction_table(p: dict) -> str:
     t = p["target"]
     reserved = p["predicted_reserved_peak_bytes"]
     headroom = p["headroom_bytes"]
-    share = f"{100 * headroom / reserved:+.1f}% of reserved" if reserved else "-"
+    band = p["error_band"] * reserved
+    share = f"error band {100 * p['error_band']:g}% of the reserved peak = {human_bytes(band)}"
     rows = [
         ("allocated peak*", human_bytes(p["predicted_allocated_peak_bytes"])),
         ("reserved peak*", human_bytes(reserved)),

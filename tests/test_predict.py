@@ -10,17 +10,16 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from actors.capture.workload_config import validate as validate_workload
 from actors.errors import ConfigError
 from actors.replay.target import TargetConfig
 from orchestrator.config import CONF_DIR
 from orchestrator.predict import PredictConfig, capture_workload, predict, verdict
+from orchestrator.predict_main import predict_config
 from orchestrator.predict_table import prediction_table
 
-import orchestrator.capture_main  # noqa: F401,E402  (registers the capture schemas)
-import orchestrator.predict_main  # noqa: F401,E402  (registers the predict schemas)
+import orchestrator.capture_main  # noqa: F401  (registers the capture schemas)
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(vocab=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, seq_len=32)
@@ -30,8 +29,9 @@ KEYS = {"predicted_allocated_peak_bytes", "predicted_reserved_peak_bytes", "usab
 
 
 def _compose(*overrides: str) -> PredictConfig:
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return OmegaConf.to_object(compose(config_name="predict", overrides=list(overrides)))
+    cfg = predict_config(*overrides)
+    assert isinstance(cfg, PredictConfig)
+    return cfg
 
 
 def _tiny(preset: str, cache, *overrides: str) -> PredictConfig:
@@ -177,6 +177,8 @@ def test_cli_on_a_custom_step_writes_prediction_json_and_reuses_its_capture(tmp_
         p = json.loads((tmp_path / f"run{i}" / "prediction.json").read_text())
         assert KEYS <= set(p) and p["workload"]["model"] == "custom"
         assert p["capture"]["device"] == "fake" and p["capture"]["reused"] == bool(i)
+        # the fsdp:: ops resolve in a process that did not capture (nothing imported FSDP2)
+        assert p["coverage"] == 1.0
         assert "| reserved peak* |" in proc.stdout and f"| verdict | **{p['verdict']}** |" \
             in proc.stdout
     assert "captured on fake" in runs[0].stdout + runs[0].stderr
