@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -148,6 +149,36 @@ def test_a_trace_folder_replays_each_distinct_trace_once(tmp_path):
     with pytest.raises(ConfigError, match="holds 4 rank trace"):
         predict(_compose("trace.dir=" + str(REPO / "demo" / "traces" / "gpt_dp_4"),
                          "world_size=8"))
+
+
+def test_identical_rank_traces_replay_once(tmp_path):
+    demo = REPO / "demo" / "traces" / "gpt_dp_4"
+    for rank in range(3):  # ranks 0-2 share rank 0's trace, rank 3 has rank 1's
+        shutil.copyfile(demo / "rank-0.et.json.gz", tmp_path / f"rank-{rank}.et.json.gz")
+    shutil.copyfile(demo / "rank-1.et.json.gz", tmp_path / "rank-3.et.json.gz")
+    p = predict(_compose(f"trace.dir={tmp_path}", "target=a100_40gb"))
+    assert p["world_size"] == 4 and p["num_distinct_traces"] == 2
+    assert p["ranks_per_trace"] == {"0": 3, "3": 1}
+
+
+def test_capture_key_follows_what_changes_the_trace(tmp_path):
+    from orchestrator.study_traces import capture_key
+
+    wl = capture_workload(_compose("workload=llama3_8b", "world_size=8").workload)
+    key = capture_key(wl, 8, True)
+    assert capture_key(wl, 16, True) != key and capture_key(wl, 8, False) != key
+    wl.seq_len = 4096
+    assert capture_key(wl, 8, True) != key
+    wl.seq_len = 8192
+    wl.zero3_emulation.strategy = "per_module"  # a replay setting: the same capture
+    assert capture_key(wl, 8, True) == key
+    step = tmp_path / "step.py"
+    step.write_text("def build(ctx):\n    pass\n")
+    custom = capture_workload(_compose("workload=custom", f"workload.entrypoint={step}:build",
+                                       "world_size=2").workload)
+    before = capture_key(custom, 2)
+    step.write_text("def build(ctx):\n    return None\n")  # the user edited the step
+    assert capture_key(custom, 2) != before
 
 
 def test_user_errors_are_config_errors():
