@@ -126,8 +126,9 @@ def prepare_out_dir(out_dir: str, overwrite: bool) -> None:
         os.remove(path)
 
 
-def run_capture_job(cfg: CaptureConfig) -> dict:
-    """Capture ``cfg.world_size`` rank traces into cfg.out_dir; returns the meta dict."""
+def run_capture_job(cfg: CaptureConfig, rank0_only: bool = False) -> dict:
+    """Capture ``cfg.world_size`` rank traces into cfg.out_dir; returns the meta dict.
+    ``rank0_only`` (meta and fake: every rank's trace is rank 0's) writes rank 0's alone."""
     cfg.validate()
     out_dir = os.path.abspath(cfg.out_dir)
     prepare_out_dir(out_dir, cfg.overwrite)
@@ -135,7 +136,8 @@ def run_capture_job(cfg: CaptureConfig) -> dict:
     if cfg.workload.device in ("meta", "fake"):
         from actors.capture.meta_world import run_meta_capture
 
-        ranks = run_meta_capture(cfg.rank_cfg(), out_dir, cfg.world_size)
+        ranks = run_meta_capture(cfg.rank_cfg(), out_dir, cfg.world_size,
+                                 num_files=1 if rank0_only else None)
     else:
         ranks = _capture_on_ray(cfg, out_dir)
     meta = build_meta(cfg, ranks, out_dir, time.perf_counter() - start)

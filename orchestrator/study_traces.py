@@ -1,10 +1,12 @@
-"""Traces a study captures for itself: a capture workload preset traced on the meta device into
-a cache folder, reused while the workload stays the same; and the model back from a trace
-folder's ``meta.json`` (for estimates that need the ``nn.Module``).
+"""Traces a study or a prediction captures for itself: a capture workload traced on meta or
+fake into a cache folder, reused while the workload stays the same; and the model back from a
+trace folder's ``meta.json`` (for estimates that need the ``nn.Module``).
 
-A cached folder is named ``<preset>-<hash of the workload's fields and world size>``; it is
-written under a temporary name and renamed when the capture finished, so a killed capture
-never leaves a folder that a later study would take for complete.
+A cached folder is named ``<label>-<hash>``, the hash of the workload's fields (its
+``zero3_emulation`` aside: a replay setting), the world size, the torch version, whether
+every rank's file was written, and a custom entrypoint's file content. It is written under a
+temporary name and renamed when the capture finished, so a killed capture never leaves a
+folder that a later run would take for complete.
 """
 from __future__ import annotations
 
@@ -48,27 +50,56 @@ def workload_config(preset: str, overrides: dict | None = None):
 
 
 def cached_capture(preset: str, overrides: dict | None, world_size: int, cache_dir: str) -> Path:
-    """The folder of ``world_size`` rank traces of the workload, captured on meta into
+    """The folder of ``world_size`` rank traces of the preset, captured on meta into
     ``cache_dir`` unless an earlier study did (returns the cached folder then)."""
-    from orchestrator.capture_main import CaptureConfig, run_capture_job
+    return capture_cached(workload_config(preset, overrides), world_size, cache_dir, preset)[0]
 
-    workload = workload_config(preset, overrides)
-    fields = json.dumps({"workload": dataclasses.asdict(workload), "world_size": world_size},
-                        sort_keys=True, default=str)
+
+def capture_key(workload, world_size: int, rank0_only: bool = False) -> str:
+    """The cache key of a capture: a hash of what changes its traces (see the module doc)."""
+    import torch
+
+    fields = dataclasses.asdict(workload)
+    fields.pop("zero3_emulation", None)
+    entry = _entrypoint_file(workload.entrypoint) if workload.entrypoint else None
+    text = json.dumps({"workload": fields, "world_size": world_size,
+                       "torch": torch.__version__, "rank0_only": rank0_only,
+                       "entrypoint_sha1": hashlib.sha1(entry.read_bytes()).hexdigest()
+                       if entry is not None else None}, sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:10]
+
+
+def _entrypoint_file(entrypoint: str) -> Path | None:
+    """The file of a ``PATH.py:FUNCTION`` entrypoint (None for ``package.module:FUNCTION``)."""
+    path = Path(entrypoint.rsplit(":", 1)[0])
+    return path if path.suffix == ".py" and path.is_file() else None
+
+
+def capture_cached(workload, world_size: int, cache_dir: str, label: str,
+                   rank0_only: bool = False) -> tuple[Path, bool]:
+    """``(folder, reused)``: the workload's traces (a ``WorkloadConfig`` on meta or fake) at
+    ``world_size``, captured into ``cache_dir`` unless an earlier run did. ``rank0_only``
+    writes rank 0's file alone (on meta and fake it is every rank's: actors/capture/
+    meta_world.py), with ``meta.json`` naming the world size."""
     root = Path(os.path.expanduser(cache_dir))
-    folder = root / f"{preset}-{hashlib.sha1(fields.encode()).hexdigest()[:10]}"
-    if (folder / META_JSON).is_file():
-        return folder
+    key = capture_key(workload, world_size, rank0_only)
+    # the label only names the folder: the same capture under another label is reused
+    for done in sorted(root.glob(f"*-{key}")):
+        if (done / META_JSON).is_file():
+            return done, True
+    folder = root / f"{label}-{key}"
+    from orchestrator.capture_main import CaptureConfig, run_capture_job  # ray: only to capture
+
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{folder.name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     run_capture_job(CaptureConfig(workload=workload, world_size=world_size, out_dir=str(tmp),
-                                  overwrite=True))
+                                  overwrite=True), rank0_only=rank0_only)
     try:
         os.replace(tmp, folder)
-    except OSError:  # another study captured the same workload meanwhile: theirs is complete
+    except OSError:  # another run captured the same workload meanwhile: theirs is complete
         shutil.rmtree(tmp, ignore_errors=True)
-    return folder
+    return folder, False
 
 
 def traced_model(trace_dir):

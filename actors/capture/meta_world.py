@@ -78,9 +78,11 @@ def record_meta_rank(cfg: dict, out_dir: str, rank: int, world_size: int) -> tup
     return workload, path
 
 
-def run_meta_capture(cfg: dict, out_dir: str, world_size: int) -> list[dict]:
+def run_meta_capture(cfg: dict, out_dir: str, world_size: int,
+                     num_files: int | None = None) -> list[dict]:
     """Capture ranks 0..world_size-1 of a meta or fake workload into out_dir; their facts in
-    rank order (``cfg`` as :func:`actors.capture.worker.run_capture` reads it)."""
+    rank order (``cfg`` as :func:`actors.capture.worker.run_capture` reads it). ``num_files``
+    writes only the first ranks' files (the rest would be copies of rank 0's)."""
     os.makedirs(out_dir, exist_ok=True)
     start = time.perf_counter()
     workload, first = record_meta_rank(cfg, out_dir, 0, world_size)
@@ -89,7 +91,7 @@ def run_meta_capture(cfg: dict, out_dir: str, world_size: int) -> list[dict]:
     if workload_config(cfg).device == "fake":
         no_memory["method"] = FAKE_MEMORY_METHOD
     facts = []
-    for rank in range(world_size):
+    for rank in range(min(world_size, num_files or world_size)):
         path = first if rank == 0 else os.path.join(out_dir, trace_file_name(rank))
         if rank:
             shutil.copyfile(first, path)

@@ -3,7 +3,7 @@ deprecated ``kind`` / ``dtype`` aliases (resolved in ``WorkloadConfig.__post_ini
 the checks of what cannot run (:func:`validate`). See docs/capture.md, "Recipes"."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -12,6 +12,7 @@ from actors.capture.attention import Attention
 from actors.capture.checkpointing import ActivationCheckpointing
 from actors.choices import Choice
 from actors.errors import ConfigError
+from actors.zero3.config import Zero3Config
 
 
 class ModelName(Choice):
@@ -154,8 +155,16 @@ class WorkloadConfig:
     # skipped if the build fails). Off by default: only DeepSpeed's inference all-reduce uses
     # it, so a training trace is the same without it.
     build_shm_op: bool = False
+    # Not a capture knob: the ZeRO-3 emulation a replay of this workload's (plain,
+    # parallel=local) traces runs under to stand for a ZeRO-3 job, e.g. DeepSpeed's, which
+    # cannot run on meta or fake (conf/workload/deepspeed_70b.yaml). tracefleet-predict
+    # applies it with zero3.world_size = the job's world size; strategy none (the default):
+    # the traces replay as recorded. The capture ignores it.
+    zero3_emulation: Zero3Config = field(default_factory=Zero3Config)
 
     def __post_init__(self):
+        if isinstance(self.zero3_emulation, dict):  # rebuilt from asdict (meta.json, ranks)
+            self.zero3_emulation = Zero3Config(**self.zero3_emulation)
         self.model = ModelName.coerce(self.model, "workload.model")
         self.parallel = Parallel.coerce(self.parallel, "workload.parallel")
         self.precision = Precision.coerce(self.precision, "workload.precision")

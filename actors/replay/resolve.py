@@ -7,6 +7,7 @@ matching overload). Lookups are ``getattr`` chains on ``torch.ops``; nothing is 
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -125,10 +126,18 @@ def _resolve_unschema(namespace: str, op: str, name: str) -> ResolvedOp | Unreso
     return _bind(name, parse_schema(str(overload._schema)), overload)
 
 
+# Op namespaces torch itself defines in Python modules that a replaying process may not have
+# imported (a trace of FSDP2 records fsdp::all_gather_copy_in, fsdp::split_with_sizes_copy,
+# fsdp::chunk_cat): imported on the first miss.
+_unimported_op_libraries = {"fsdp": "torch.distributed.fsdp"}
+
+
 def _lookup(namespace: str, op: str, overload: str | None):
     """(object, "") or (None, reason). ``overload`` None returns the packet."""
     if not namespace:
         return None, f"{op}: no namespace in the op name"
+    if namespace in _unimported_op_libraries:  # once per process: importing again is a no-op
+        importlib.import_module(_unimported_op_libraries.pop(namespace))
     try:
         packet = getattr(getattr(torch.ops, namespace), op)
     except (AttributeError, RuntimeError):
