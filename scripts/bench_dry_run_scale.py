@@ -10,6 +10,7 @@ driver's RSS is its own peak (``RUSAGE_SELF``): Ray's processes are not in it.
 
     python scripts/bench_dry_run_scale.py [--workload llama_70b] [--world-size 1024]
         [--iters 1] [--trace-dir ~/.cache/tracefleet/bench_dry_run/llama_70b-1024]
+        [--compare-ranks 8]
 """
 from __future__ import annotations
 
@@ -55,11 +56,12 @@ def drive(rss_file: str, overrides: list[str]) -> None:
         Path(rss_file).write_text(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
 
 
-def dry_run(trace_dir: Path, iters: int, out_dir: Path) -> dict:
+def dry_run(trace_dir: Path, iters: int, out_dir: Path, *extra: str) -> dict:
     """One dry run in a fresh driver: wall seconds, driver peak RSS, the summary."""
+    out_dir.mkdir(parents=True, exist_ok=True)
     rss_file = out_dir / "driver_rss_bytes"
     overrides = [f"trace.dir={trace_dir}", "replay=dry_run", f"replay.iters={iters}",
-                 f"hydra.run.dir={out_dir / 'run'}"]
+                 f"hydra.run.dir={out_dir / 'run'}", *extra]
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, __file__, "--drive", str(rss_file), *overrides],
                           env=_env(), cwd=ROOT, timeout=TIMEOUT_S, capture_output=True, text=True)
@@ -76,6 +78,9 @@ def main() -> None:
     parser.add_argument("--world-size", type=int, default=1024)
     parser.add_argument("--iters", type=int, default=1, help="replay.iters of the dry run")
     parser.add_argument("--trace-dir", type=Path)
+    parser.add_argument("--compare-ranks", type=int, default=0,
+                        help="also dry-run this many ranks of the folder (trace.ranks) with and "
+                             "without experiment.dedup_identical_ranks, side by side")
     parser.add_argument("--drive", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args()
     if args.drive:
@@ -84,8 +89,16 @@ def main() -> None:
     trace_dir = args.trace_dir or (Path.home() / ".cache" / "tracefleet" / "bench_dry_run" /
                                    f"{args.workload}-{args.world_size}")
     capture_s = capture(args.workload, args.world_size, trace_dir)
+    compare = {}
     with tempfile.TemporaryDirectory(prefix="bench_dry_run_") as tmp:
-        run = dry_run(trace_dir, args.iters, Path(tmp))
+        run = dry_run(trace_dir, args.iters, Path(tmp) / "all")
+        if args.compare_ranks:
+            ranks = f"trace.ranks=[{','.join(map(str, range(args.compare_ranks)))}]"
+            for dedup in (True, False):
+                small = dry_run(trace_dir, args.iters, Path(tmp) / f"dedup-{dedup}", ranks,
+                                f"experiment.dedup_identical_ranks={str(dedup).lower()}")
+                compare[f"dry_run_{args.compare_ranks}_{'dedup' if dedup else 'every_rank'}_s"] = \
+                    round(small["wall_s"], 2)
     summary = run["summary"]
     assert summary["status"] == "ok", summary.get("error")
     assert len(summary["ranks"]) == args.world_size
@@ -95,7 +108,7 @@ def main() -> None:
         "capture_s": capture_s,  # None: the traces were already there
         f"dry_run_{n}_s": round(run["wall_s"], 2),
         f"driver_rss_{n}_gib": round(run["rss_bytes"] / GIB, 3),
-        "num_replays": summary["num_replays"],
+        "num_replays": summary["num_replays"], **compare,
         "timings_s": {k: round(v, 2) for k, v in summary["timings_s"].items()}}))
 
 
