@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tarfile
 
 import orjson
 import pandas as pd
@@ -147,3 +148,13 @@ def test_full_mode_replays_every_rank(ray_session, mixed4, tmp_path):
     assert all("replayed_as_rank" not in r for r in summary["ranks"])
     # every rank ran the all-reduces on the process group: none was skipped as a copy
     assert summary["collectives"]["all_reduce"]["num_ranks"] == 4
+
+
+def test_archive_members_are_grouped_by_content(tmp_path):
+    for r, body in ((0, b"same"), (1, b"same"), (2, b"other")):
+        (tmp_path / f"rank-{r}.json").write_bytes(body)
+    archive = tmp_path / "traces.tar"
+    with tarfile.open(archive, "w") as tar:
+        for r in range(3):
+            tar.add(tmp_path / f"rank-{r}.json", arcname=f"rank-{r}.json")
+    assert trace_identity.identical_groups(discover(archive)) == {0: [0, 1], 2: [2]}
