@@ -43,7 +43,7 @@ def differences(captured: dict, replayed: dict) -> list[str]:
 
 def replay_machine_warnings(trace_dir, rank_reports: list[dict],
                             trace_ranks: list[int] | None = None) -> list[str]:
-    """One warning per rank whose machine differs from the one its trace was captured on
+    """One warning per set of ranks whose machine differs from the one its trace was captured on
     (per rank ``machine`` in the ``meta.json`` beside the traces; replay rank r replays trace
     rank ``trace_ranks[r]``, r itself without it); a meta.json that records no machine
     (captured before it did) gets one warning saying the two cannot be compared."""
@@ -57,7 +57,7 @@ def replay_machine_warnings(trace_dir, rank_reports: list[dict],
     if not any(captured.values()):
         return [f"{meta_path} records no capture machine: time ratios against its timings "
                 "cannot tell a slower replay from a slower machine"]
-    warnings = []
+    by_diff: dict[str, list] = {}  # ranks with the same differences share one line
     for report in rank_reports:
         rank = report.get("rank")
         if trace_ranks is not None and isinstance(rank, int) and rank < len(trace_ranks):
@@ -65,6 +65,25 @@ def replay_machine_warnings(trace_dir, rank_reports: list[dict],
         before, now = captured.get(rank), report.get("machine")
         diff = differences(before, now) if before and now else []
         if diff:
-            warnings.append(f"rank {report['rank']} replays on another machine than it was "
-                            f"captured on ({'; '.join(diff)}): its time is not the original's")
+            by_diff.setdefault("; ".join(diff), []).append(report["rank"])
+    warnings = []
+    for diff, ranks in by_diff.items():
+        one = len(ranks) == 1
+        warnings.append(f"{_ranks_text(ranks)} on another machine than "
+                        f"{'it was' if one else 'they were'} captured on ({diff}): "
+                        f"{'its time is' if one else 'their times are'} not the original's")
     return warnings
+
+
+def _ranks_text(ranks: list) -> str:
+    """``rank 3 replays`` or ``ranks 0-1023, 1025 replay`` (runs of consecutive ranks)."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]} replays"
+    runs: list[list] = []
+    for r in ranks:
+        if runs and isinstance(r, int) and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    return "ranks " + ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else f"{run[0]}"
+                                for run in runs) + " replay"

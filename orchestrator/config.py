@@ -103,6 +103,10 @@ class ExperimentConfig:
     report: bool = True
     # Run pre-flight only (no actors): write preflight.json and summary.json, then stop.
     preflight_only: bool = False
+    # replay.mode=compute: ranks with byte-identical traces replay once, each rank's row being
+    # its group's report marked replayed_as_rank (orchestrator/dedup.py). false: every rank
+    # replays (e.g. to see the run-to-run spread of compute times across actors).
+    dedup_identical_ranks: bool = True
 
     def __post_init__(self):
         self.search = Search.coerce(self.search, "experiment.search")

@@ -11,7 +11,7 @@ import orjson
 from actors.machine import replay_machine_warnings
 from actors.rank_actor import RankActor
 from actors.zero3 import metrics as zero3_metrics
-from orchestrator import metrics, report
+from orchestrator import dedup, metrics, report
 from orchestrator.config import RunConfig
 from orchestrator.node_state import lost_nodes
 from orchestrator.session import ReplaySession
@@ -53,17 +53,25 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
         timings["preflight_s"] = time.perf_counter() - t_pre
         if cfg.experiment.preflight_only:
             return _preflight_only(pre, cfg, out_dir, timings)
+        # actor k replays rank replayed[k] (all ranks, or one per distinct trace: dedup.py)
+        replayed = dedup.replayed_actors(pre, cfg.replay.mode, cfg.experiment.dedup_identical_ranks)
+        num_actors = len(replayed)
         t1 = time.perf_counter()
-        session.connect(cfg.cluster, world_size)
+        session.connect(cfg.cluster, num_actors)
         timings["cluster_start_s"] = connect_s + time.perf_counter() - t1
         t2 = time.perf_counter()
-        group = session.worker_group(actor_cls, world_size, cfg.cluster,
+        group = session.worker_group(actor_cls, num_actors, cfg.cluster,
                                      session.use_gpu(cfg.replay.device))
-        timings["actor_start_s"] = time.perf_counter() - t2
         results = None
         try:
+            if num_actors < world_size:
+                dedup.name_actors(group, replayed, world_size, cfg.cluster.timeout_s)
+                log.info("replay.mode=compute: %d rank(s) with %d distinct trace(s), one "
+                         "replay each", world_size, num_actors)
+            timings["actor_start_s"] = time.perf_counter() - t2
             t3 = time.perf_counter()
-            paths = dict(enumerate(pre.sources))  # actor i replays trace rank pre.ranks[i]
+            # actor k replays rank replayed[k]'s file, whose trace rank is pre.ranks[replayed[k]]
+            paths = {k: pre.sources[rank] for k, rank in enumerate(replayed)}
             blobs = {r: session.trace_blob(p) for r, p in paths.items()} \
                 if cfg.trace.transfer == "object_store" else {r: None for r in paths}
             ship_s = time.perf_counter() - t3
@@ -73,7 +81,7 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
                                              cfg.trace.group_map, profile_dir, cfg.zero3,
                                              cfg.target))
             results = group.wait(refs, timeout_s=cfg.experiment.replay_timeout_s,
-                                 on_progress=_progress_printer(world_size, cfg.experiment.progress_interval_s),
+                                 on_progress=_progress_printer(num_actors, cfg.experiment.progress_interval_s),
                                  failure_grace_s=cfg.experiment.failure_grace_s,
                                  is_failure=lambda report: report.get("status") != "ok")
             replay_window_s = time.perf_counter() - t3
@@ -85,14 +93,18 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
             session.close()
     teardown_s = time.perf_counter() - t_down
     t4 = time.perf_counter()
+    for r in results:  # a Result's rank is its actor's position: name the rank it replayed
+        r.rank = replayed[r.rank]
     rank_reports = [r.value if r.ok else _failed_report(r) for r in results]
+    if num_actors < world_size:
+        rank_reports = dedup.expand_reports(rank_reports, replayed, pre.same_as)
     timings.update(replay_phases(replay_window_s, ship_s, rank_reports), teardown_s=teardown_s)
     summary = metrics.aggregate(rank_reports, world_size=world_size, error=lost_nodes(results),
                                 extra={
         "experiment": cfg.experiment.name, "trace_dir": str(cfg.trace.dir),
         "mode": cfg.replay.mode, "allocation_mode": cfg.replay.allocation.mode,
         "device_memory_capacity_bytes": _capacity(rank_reports), "timings_s": timings,
-        "trace_ranks": pre.ranks, "preflight_warnings": pre.warnings,
+        "trace_ranks": pre.ranks, "preflight_warnings": pre.warnings, "num_replays": num_actors,
         "machine_warnings": replay_machine_warnings(cfg.trace.dir, rank_reports, pre.ranks),
         "zero3": zero3_metrics.summarize_ranks(rank_reports),
         "target": cfg.target.figures() if cfg.target.enabled else None})

@@ -24,6 +24,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from actors.hardlink import link_or_copy
 from orchestrator.plots import plot_iteration_times, plot_memory_timeline, timeline_points
 from orchestrator.plots import timeline_scale  # noqa: F401 (re-exported)
 from orchestrator.units import human_bytes
@@ -95,17 +96,27 @@ def ranks_frame(summary: dict) -> pd.DataFrame:
 
 def _write_memory_timelines(rank_reports: list[dict], memory_dir: Path) -> list[Path]:
     paths = []
+    written: dict[int, Path] = {}  # id(timeline) -> its file: ranks replayed once share one
     for report in rank_reports:
         timeline = report.get("memory_timeline")
         if not timeline:
             continue
         memory_dir.mkdir(parents=True, exist_ok=True)
         path = memory_dir / f"rank-{report['rank']}.csv"
-        lines = "".join(f"{op},{held},{most},{fewest}\n"
-                        for op, held, most, fewest in timeline_points(timeline))
-        path.write_text("op_index,bytes,max_bytes,min_bytes\n" + lines)
+        if id(timeline) in written:
+            link_or_copy(str(written[id(timeline)]), str(path))
+        else:
+            lines = "".join(f"{op},{held},{most},{fewest}\n"
+                            for op, held, most, fewest in timeline_points(timeline))
+            path.write_text("op_index,bytes,max_bytes,min_bytes\n" + lines)
+            written[id(timeline)] = path
         paths.append(path)
     return paths
+
+
+def _replayed(rank_reports: list[dict]) -> list[dict]:
+    """The reports of the ranks that replayed (a rank replayed as another is a copy of it)."""
+    return [r for r in rank_reports if r.get("replayed_as_rank", r.get("rank")) == r.get("rank")]
 
 
 def write_summary(summary: dict, out_dir: Path) -> Path:
@@ -122,7 +133,8 @@ def write_run_outputs(summary: dict, rank_reports: list[dict], out_dir: Path,
 
     ``rank_reports`` are the raw reports (with ``memory_timeline``); ``summary`` comes from
     ``orchestrator.metrics.aggregate``. Plots without data are skipped, all of them with
-    ``plots=False``.
+    ``plots=False``; they draw the ranks that replayed (not the copies of a deduplicated run:
+    orchestrator/dedup.py), and copies' memory timelines are hard links of their original's.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -146,7 +158,7 @@ def write_run_outputs(summary: dict, rank_reports: list[dict], out_dir: Path,
     for name, plot in (("memory_timeline", plot_memory_timeline),
                        ("iteration_times", plot_iteration_times)) if plots else ():
         path = out_dir / f"{name}.png"
-        if plot(summary, rank_reports, path):
+        if plot(summary, _replayed(rank_reports), path):
             written[f"{name}_plot"] = path
     return written
 

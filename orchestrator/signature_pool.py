@@ -15,17 +15,18 @@ import os
 from concurrent.futures import ProcessPoolExecutor, wait
 
 from actors.errors import TraceError, TracefleetError
-from actors.trace.source import TraceSource, total_bytes
+from actors.trace.source import TraceSource, json_bytes_estimate
 from orchestrator.signature import RankSignature, rank_signature
 
 EXECUTORS = ("inline", "processes", "ray")
-IN_PROCESS_BYTES = 8 << 20  # total bytes on disk reduced in-process without workers
+IN_PROCESS_BYTES = 8 << 20  # total JSON bytes reduced in-process without workers
 _MAX_PROCESSES = 8
 
 
 def pick_executor(sources: dict[int, TraceSource]) -> str:
-    """inline for small folders, else Ray tasks if Ray is up, else a process pool."""
-    if len(sources) == 1 or total_bytes(sources.values()) < IN_PROCESS_BYTES:
+    """inline for small folders, else Ray tasks if Ray is up, else a process pool (also for
+    one large trace: loading 180 MB of JSON takes ~2 GB, which the driver must not hold)."""
+    if json_bytes_estimate(sources.values()) < IN_PROCESS_BYTES:
         return "inline"
     import ray
     return "ray" if ray.is_initialized() else "processes"

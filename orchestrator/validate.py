@@ -3,8 +3,11 @@
 1. Find the rank traces of ``trace.dir``: a folder, a ``.tar[.gz]`` archive or one file
    (`actors.trace.source.discover`; the rank-from-name rule is in `actors.trace.archive`),
    and select ``trace.ranks`` (default: all of them).
-2. Reduce each selected trace to its collective signature where it is
-   (`orchestrator.signature_pool`): the driver never holds full traces.
+2. Group the selected ranks by trace content (`orchestrator.trace_identity`: hard links by
+   inode, then size and hash) and reduce one trace per group to its collective signature
+   where it is (`orchestrator.signature_pool`); the other ranks of a group share it. The
+   driver never holds full traces. In compute mode the launch replays one actor per group
+   (``same_as``).
 3. Check the world: the recorded world size (process group "0") bounds the ranks; ``full``
    and ``comms`` replay collectives, so they need every rank of the recorded world;
    ``compute`` replays any subset (one file of a 2-GPU job, ``trace.ranks=[0,3]``).
@@ -18,7 +21,7 @@ Actor i replays trace rank ``ranks[i]``; ``world_size`` is the number of actors.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from actors.errors import ConfigError
@@ -29,6 +32,7 @@ from actors.trace.source import TraceSource, discover
 from orchestrator.crosscheck import cross_check
 from orchestrator.signature import RankSignature
 from orchestrator.signature_pool import collect
+from orchestrator.trace_identity import identical_groups, representatives
 
 log = logging.getLogger("tracefleet")
 _COLLECTIVE_MODES = ("full", "comms")
@@ -46,6 +50,14 @@ class PreflightResult:
     group_map: dict[str, str] | None = None
     num_collectives: dict[str, int] = field(default_factory=dict)  # per group, per rank
     warnings: list[str] = field(default_factory=list)  # compute mode: mismatches not refused
+    # same_as[i]: the lowest actor index whose trace is byte-identical to actor i's (i itself
+    # for a group's representative); empty: not grouped (every actor its own).
+    same_as: list[int] = field(default_factory=list)
+
+    @property
+    def num_distinct_traces(self) -> int:
+        """How many different traces the actors replay (byte for byte)."""
+        return len(set(self.same_as)) if self.same_as else self.world_size
 
     @property
     def rank_files(self) -> dict[int, Path]:
@@ -58,7 +70,8 @@ class PreflightResult:
                 "trace_ranks": self.ranks, "sources": [str(s) for s in self.sources],
                 "process_groups": [{"name": g.name, "desc": g.desc, "ranks": list(g.ranks),
                                     "group_size": g.group_size} for g in self.process_groups],
-                "num_collectives": self.num_collectives, "preflight_warnings": self.warnings}
+                "num_collectives": self.num_collectives, "preflight_warnings": self.warnings,
+                "num_distinct_traces": self.num_distinct_traces}
 
 
 def preflight(trace_dir, world_size_requested: int | None = None,
@@ -76,7 +89,8 @@ def preflight(trace_dir, world_size_requested: int | None = None,
     found = discover(trace_dir, max_decompressed_bytes)
     selected = _select(trace_dir, found, ranks)
     sources = {r: found[r] for r in selected}
-    sigs = collect(sources, group_map, executor, num_workers, load_timeout_s)
+    groups = identical_groups(sources)
+    sigs = _signatures(sources, groups, group_map, executor, num_workers, load_timeout_s)
     world = _recorded_world(trace_dir, found, sigs)
     _check_selection(_describe(trace_dir, found), world, selected, mode)
     _check_requested(trace_dir, len(selected), world_size_requested)
@@ -90,8 +104,20 @@ def preflight(trace_dir, world_size_requested: int | None = None,
                         "full and comms would refuse this)")
         log.warning("pre-flight: %s", warnings[-1])
         table, counts = [], {}
+    rep = representatives(groups)
+    index = {r: i for i, r in enumerate(selected)}
     return PreflightResult(len(selected), selected, [sources[r] for r in selected], world, table,
-                           group_map, counts, warnings)
+                           group_map, counts, warnings, [index[rep[r]] for r in selected])
+
+
+def _signatures(sources: dict[int, TraceSource], groups: dict[int, list[int]], group_map,
+                *collect_args) -> dict[int, RankSignature]:
+    """Every rank's signature, one trace of each group of identical ones loaded and reduced
+    (loading is what costs at 1,024 ranks); the others get a copy naming their rank and file."""
+    reduced = collect({rep: sources[rep] for rep in groups}, group_map, *collect_args)
+    return {rank: reduced[rep] if rank == rep else
+            replace(reduced[rep], rank=rank, source=str(sources[rank]))
+            for rep, ranks in groups.items() for rank in ranks}
 
 
 def _select(where, found: dict[int, TraceSource], ranks) -> list[int]:

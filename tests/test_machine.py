@@ -55,3 +55,12 @@ def test_older_capture_without_a_machine_says_it_cannot_compare(tmp_path):
     (warning,) = replay_machine_warnings(folder, [{"rank": 0, "machine": HERE}])
     assert "records no capture machine" in warning
     assert replay_machine_warnings(tmp_path / "no-such-folder", [{"rank": 0}]) == []
+
+
+def test_ranks_with_the_same_difference_share_one_warning(tmp_path):
+    folder = _folder(tmp_path, [HERE] * 6)
+    other = {**HERE, "num_threads": 2}
+    reports = [{"rank": r, "machine": other if r != 3 else HERE} for r in range(6)]
+    (warning,) = replay_machine_warnings(folder, reports)
+    assert warning.startswith("ranks 0-2, 4-5 replay on another machine than they were")
+    assert "num_threads: 1 at capture, 2 here" in warning

@@ -11,8 +11,10 @@ values, so neither tensor ranges nor timings nor memory are recorded.
 
 Every rank of a data-parallel or local workload runs the same program on the same shapes,
 and on meta no value differs either, so rank 0 is recorded once and its trace is written for
-every rank (the observer costs ~7 s per rank on a 70B-class model). tests/test_capture.py
-checks on a small world that a separately recorded rank gives the same trace.
+every rank (the observer costs ~7 s per rank on a 70B-class model) as a hard link of rank 0's
+file where the filesystem allows it (a copy otherwise): 1,024 ranks cost no disk, and
+pre-flight groups the copies by inode before hashing (orchestrator/trace_identity.py).
+tests/test_capture.py checks on a small world that a separately recorded rank gives the same trace.
 On fake the same holds for FSDP2 where every sharded dimension divides by the world size;
 otherwise the last ranks' real shards are smaller than rank 0's (FSDP2 pads them to rank
 0's size for its collectives, which are therefore the same).
@@ -20,7 +22,6 @@ otherwise the last ranks' real shards are smaller than rank 0's (FSDP2 pads them
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from contextlib import contextmanager
 
@@ -36,6 +37,7 @@ from actors.capture.meta_storage import unique_meta_storages
 from actors.capture.recorder import record_iteration
 from actors.capture.worker import rank_facts, warm_up, workload_config
 from actors.capture.workloads import Workload, build_workload
+from actors.hardlink import link_or_copy
 
 META = torch.device("meta")
 WARMUP_ITERS = 1  # only creates the optimizer state: nothing else warms up on meta or fake
@@ -94,7 +96,7 @@ def run_meta_capture(cfg: dict, out_dir: str, world_size: int,
     for rank in range(min(world_size, num_files or world_size)):
         path = first if rank == 0 else os.path.join(out_dir, trace_file_name(rank))
         if rank:
-            shutil.copyfile(first, path)
+            link_or_copy(first, path)
         facts.append({**rank_facts(rank, world_size, workload, path, None, [], no_memory),
                       "recorded_as_rank": 0, "record_s": record_s})
     return facts
