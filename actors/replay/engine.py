@@ -21,6 +21,7 @@ from actors.replay.config import ReplayConfig, parse_bytes
 from actors.replay.host_gaps import HostGaps
 from actors.replay.memory import (MemoryTracker, OutOfMemory, device_capacity,
                                   is_allocation_failure, sample_points)
+from actors.replay.meta_outputs import RecordedOutputs
 from actors.replay.meters import make_meter
 from actors.replay.op_call import OpCaller
 from actors.replay.report import RankReport
@@ -137,6 +138,11 @@ class ReplayEngine:
         self.stop_index: int | None = None  # op index the replay stopped at (OOM, failure)
         self.stopped_in_hook = False  # ... in an extension's hook next to that op
         self.stop_rule: StopRule | None = None  # when timing stops (set by run())
+        # meta: the first iteration probes the kernels, later ones rebuild their outputs
+        self.recorded = RecordedOutputs(self.steps) \
+            if self.device.type == "meta" and cfg.meta_recorded_outputs else None
+        if self.recorded is not None:
+            self.recorded.probe()
 
     # --- the sequence ---------------------------------------------------------------------
     def sequence(self, sampled: bool, checked: bool) -> list[tuple]:
@@ -311,6 +317,9 @@ class ReplayEngine:
             ext.on_iteration_end(measured)
         self.store.free_all()
         self.memory.recording = False
+        if self.recorded is not None and self.num_iterations_run == 0:
+            self.recorded.install()  # the kernels were probed: recipes from now on
+            self._sequences.clear()
         self.num_iterations_run += 1
 
     def _prepare(self) -> None:
