@@ -14,6 +14,7 @@ from itertools import islice
 import torch
 
 from actors.errors import ReplayError
+from actors.gc_pause import gc_paused
 from actors.replay import plan as planning
 from actors.replay import resolve, sequence, standins
 from actors.replay.allocation import make_policy
@@ -63,6 +64,11 @@ class ReplayEngine:
 
     def __init__(self, trace: Trace, cfg: ReplayConfig, device: torch.device | None = None,
                  comm=None, rank: int = 0, progress=None, extensions=()):
+        with gc_paused():  # a step per op and the plan's tables: no cycles (gc_pause.py)
+            self._setup(trace, cfg, device, comm, rank, progress, extensions)
+
+    def _setup(self, trace, cfg, device, comm, rank, progress, extensions) -> None:
+        """The engine's state (``__init__``'s body)."""
         cfg.validate()
         self.trace = trace
         self.cfg = cfg
@@ -343,7 +349,13 @@ class ReplayEngine:
 
     def run(self) -> RankReport:
         """Warm-up and measured iterations; OOM and failures become the report's status, and
-        what was measured before them is kept."""
+        what was measured before them is kept. The cyclic GC pauses meanwhile: a collection
+        rescans the trace's objects (seconds on a 70B trace) inside a timed iteration."""
+        with gc_paused():
+            return self._run_iterations()
+
+    def _run_iterations(self) -> RankReport:
+        """``run``'s body."""
         report = RankReport.start(self)
         cfg = self.cfg
         stop = StopRule(cfg.iters, cfg.min_time_s, cfg.ci_target, cfg.max_iters,
