@@ -36,7 +36,7 @@ SAME = ("status", "accounted_peak_bytes", "peak_breakdown", "peak_op", "num_flus
 def capture(out_dir: Path, n_layers: int) -> Path:
     """Capture the 70B-shaped step on meta (tracefleet-capture, one process)."""
     exe = Path(sys.executable).with_name("tracefleet-capture")
-    subprocess.run([str(exe), "workload=llama_70b", "world_size=8", "workload.parallel=local",
+    subprocess.run([str(exe), "workload=llama_70b", "world_size=8", "workload.kind=llama_local",
                     f"workload.n_layers={n_layers}", f"out_dir={out_dir}"], check=True,
                    env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
                    timeout=1800)

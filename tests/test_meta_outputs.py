@@ -107,9 +107,13 @@ def test_multi_output_and_offset_outputs():
     lnorm = torch.ops.aten.native_layer_norm.default
     steps = [_step("aten::native_layer_norm", lambda a: lnorm(a, [8], None, None, 1e-5)),
              _step("aten::sort", torch.ops.aten.sort.default),
-             _step("offset", lambda a: torch.empty(30, device="meta")[2:])]
-    recorded, outs = _probe_once(steps, [(x,)] * 3)
-    assert recorded.num_recorded == 2  # an output at an offset of its storage keeps the kernel
+             _step("offset", lambda a: torch.empty(30, device="meta")[2:]),
+             _step("sparse", lambda a: torch.eye(2).to_sparse())]
+    recorded, outs = _probe_once(steps, [(x,)] * 4)
+    # an output at an offset of its storage, or without a storage, keeps the kernel (and a
+    # probe that cannot inspect an output never fails the op)
+    assert recorded.num_recorded == 2 and outs[3].layout is torch.sparse_coo
+    assert steps[3].fn(x).layout is torch.sparse_coo
     again = steps[0].fn(x)
     assert type(again) is tuple and [t.shape for t in again] == [t.shape for t in outs[0]]
     assert [t.dtype for t in steps[1].fn(x)] == [torch.float32, torch.int64]

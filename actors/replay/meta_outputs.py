@@ -78,6 +78,17 @@ def _recipe_of(out, args: tuple, inputs: list[torch.Tensor], storages: set[int])
     return None
 
 
+def _checked_recipe(out, args: tuple, inputs: list[torch.Tensor], before: list[tuple]):
+    """The recipe of a probed call, None when the op changed an input's shape, strides or
+    storage, or when an output cannot be inspected (a probe never fails the op)."""
+    try:
+        if any(_metadata(t) != b for t, b in zip(inputs, before)):
+            return None
+        return _recipe_of(out, args, inputs, {b[4] for b in before})
+    except RuntimeError:  # e.g. an output without a storage
+        return None
+
+
 def _build(recipe, args):
     kind, value = recipe
     if kind == "fresh":
@@ -118,14 +129,14 @@ class RecordedOutputs:
     def __init__(self, steps: list[Step]):
         self.steps = [s for s in steps if s.kind == "compute" and not s.standin]
         self._recipes: dict[int, object] = {}  # id(step) -> recipe
-        self._kernels: dict[int, object] = {}  # id(step) -> the kernel probed
+        self._kernels: dict[int, tuple] = {}  # id(step) -> (the kernel, its probe)
         self.num_recorded = 0  # steps now returning recorded outputs (after install)
 
     def probe(self) -> None:
         """Wrap every compute step's kernel with a probe for the (first) iteration to come."""
         for step in self.steps:
-            self._kernels[id(step)] = step.fn
             probe = self._probe(step, step.fn)
+            self._kernels[id(step)] = (step.fn, probe)
             step.fn = probe
             if step.fast is not None:
                 step.fast = (probe,) + step.fast[1:]
@@ -135,27 +146,22 @@ class RecordedOutputs:
 
         def probed(*args, **kwargs):
             inputs = _tensors_in(args, kwargs)
-            before = [_metadata(t) for t in inputs]
-            out = kernel(*args, **kwargs)
-            if all(_metadata(t) == b for t, b in zip(inputs, before)):
-                storages = {b[4] for b in before}
-                recipe = _recipe_of(out, args, inputs, storages)
-            else:
-                recipe = None  # the op changed an input's shape, strides or storage
-            if recipe is None or recipes.get(id(step), recipe) is not recipe:
-                recipes[id(step)] = None  # not rebuildable, or probed twice (a retry): keep
-            else:
-                recipes[id(step)] = recipe
+            try:
+                before = [_metadata(t) for t in inputs]
+            except RuntimeError:  # a tensor without a storage (sparse): keep the kernel
+                before = None
+            out = kernel(*args, **kwargs)  # its errors are the op's (the loop handles them)
+            recipes[id(step)] = None if before is None else _checked_recipe(out, args, inputs,
+                                                                            before)
             return out
         return probed
 
     def install(self) -> None:
-        """After the probed iteration: recipes where every probe of the step agreed, the
-        kernel back everywhere else (and on steps a stand-in or a failure replaced)."""
+        """After the probed iteration: recipes where the probe found one, the kernel back
+        everywhere else (steps a stand-in or a failure took over keep theirs)."""
         for step in self.steps:
-            kernel = self._kernels.pop(id(step), None)
-            if kernel is None or step.kind != "compute" or step.standin or \
-                    getattr(step.fn, "__name__", "") != "probed":
+            kernel, probe = self._kernels.pop(id(step), (None, None))
+            if step.fn is not probe or step.kind != "compute":
                 continue  # a stand-in or a failure took the step over: theirs now
             recipe = self._recipes.get(id(step))
             if recipe is not None:
