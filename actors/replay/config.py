@@ -97,6 +97,11 @@ class ReplayConfig:
     # hooks), read from the profiler trace recorded at capture (rank-<r>.kineto.json.gz),
     # by busy-waiting before each op. For framework-heavy runs (DeepSpeed ZeRO-3).
     host_gaps: bool = False
+    # meta: the first iteration runs every op's meta kernel; later ones rebuild the outputs
+    # it saw (fresh tensors of the same shapes and strides, or the input an in-place op
+    # returns) without the kernel, 10-100x cheaper; views and ops that change an input's
+    # metadata keep their kernel (actors/replay/meta_outputs.py). Accounting is unchanged.
+    meta_recorded_outputs: bool = True
     # Turn output shape/dtype mismatches into errors instead of counting them.
     strict: bool = False
     # Write a torch profiler trace per rank (Perfetto/TensorBoard-viewable) into the run dir.

@@ -14,6 +14,7 @@ from itertools import islice
 import torch
 
 from actors.errors import ReplayError
+from actors.gc_pause import gc_paused
 from actors.replay import plan as planning
 from actors.replay import resolve, sequence, standins
 from actors.replay.allocation import make_policy
@@ -22,6 +23,7 @@ from actors.replay.host_gaps import HostGaps
 from actors.replay.nested_memory import NestedMemory
 from actors.replay.memory import (MemoryTracker, OutOfMemory, device_capacity,
                                   is_allocation_failure, sample_points)
+from actors.replay.meta_outputs import RecordedOutputs
 from actors.replay.meters import make_meter
 from actors.replay.op_call import OpCaller
 from actors.replay.report import RankReport
@@ -63,6 +65,11 @@ class ReplayEngine:
 
     def __init__(self, trace: Trace, cfg: ReplayConfig, device: torch.device | None = None,
                  comm=None, rank: int = 0, progress=None, extensions=()):
+        with gc_paused():  # a step per op and the plan's tables: no cycles (gc_pause.py)
+            self._setup(trace, cfg, device, comm, rank, progress, extensions)
+
+    def _setup(self, trace, cfg, device, comm, rank, progress, extensions) -> None:
+        """The engine's state (``__init__``'s body)."""
         cfg.validate()
         self.trace = trace
         self.cfg = cfg
@@ -141,6 +148,11 @@ class ReplayEngine:
         self.stopped_in_hook = False  # ... in an extension's hook next to that op
         self.stop_rule: StopRule | None = None  # when timing stops (set by run())
         self._extensions_allocated = False  # ReplayExtension.allocate ran (in _prepare)
+        # meta: the first iteration probes the kernels, later ones rebuild their outputs
+        self.recorded = RecordedOutputs(self.steps) \
+            if self.device.type == "meta" and cfg.meta_recorded_outputs else None
+        if self.recorded is not None:
+            self.recorded.probe()
 
     # --- the sequence ---------------------------------------------------------------------
     def sequence(self, sampled: bool, checked: bool) -> list[tuple]:
@@ -317,6 +329,9 @@ class ReplayEngine:
             ext.on_iteration_end(measured)
         self.store.free_all()
         self.memory.recording = False
+        if self.recorded is not None and self.num_iterations_run == 0:
+            self.recorded.install()  # the kernels were probed: recipes from now on
+            self._sequences.clear()
         self.num_iterations_run += 1
 
     def _prepare(self) -> None:
@@ -346,7 +361,13 @@ class ReplayEngine:
 
     def run(self) -> RankReport:
         """Warm-up and measured iterations; OOM and failures become the report's status, and
-        what was measured before them is kept."""
+        what was measured before them is kept. The cyclic GC pauses meanwhile: a collection
+        rescans the trace's objects (seconds on a 70B trace) inside a timed iteration."""
+        with gc_paused():
+            return self._run_iterations()
+
+    def _run_iterations(self) -> RankReport:
+        """``run``'s body."""
         report = RankReport.start(self)
         cfg = self.cfg
         stop = StopRule(cfg.iters, cfg.min_time_s, cfg.ci_target, cfg.max_iters,

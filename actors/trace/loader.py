@@ -26,12 +26,12 @@ wrapper op is dropped and the ops under ``PythonSubclass`` are top-level in its 
 from __future__ import annotations
 
 import bisect
-import gc
 from functools import lru_cache
 
 import orjson
 
 from actors.errors import ReplayError, TraceError
+from actors.gc_pause import gc_paused
 from actors.trace import collectives as coll
 from actors.trace.archive import rank_from_name
 from actors.trace.made_inside import NestedAllocations, storages_made_inside
@@ -93,13 +93,8 @@ def load_trace(path, rank: int | None = None, data: bytes | None = None) -> Trac
     """
     # Parsing and building create millions of small containers, none in a reference cycle;
     # left on, the cyclic GC rescans the growing heap over and over (2-3x the load time).
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         return _load_trace(as_source(path), rank, data)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
 
 
 def _load_trace(source: TraceSource, rank: int | None, data: bytes | None) -> Trace:

@@ -11,6 +11,7 @@ import bisect
 
 from actors.capture import BWD_BEGIN, BWD_END, MODULE_BWD_BEGIN_PREFIX, MODULE_BWD_END_PREFIX, \
     parse_module_range
+from actors.gc_pause import gc_paused
 from actors.trace.loader import read_json
 from actors.trace.model import Trace
 
@@ -23,6 +24,14 @@ def read_backward_marks(trace: Trace, data: bytes | None = None) -> list[tuple[i
     they arrived another way than its path."""
     if not trace.ops:
         return []
+    # The raw trace again: millions of containers, no cycles (actors/gc_pause.py); they are
+    # freed before the collector resumes, which would otherwise scan them all once more.
+    with gc_paused():
+        return _read_marks(trace, data)
+
+
+def _read_marks(trace: Trace, data: bytes | None) -> list[tuple[int, str, str]]:
+    """``read_backward_marks``'s body (the raw document is freed when it returns)."""
     doc = read_json(trace.path, data)
     ids = [op.node_id for op in trace.ops]
     first, last = ids[0], ids[-1]

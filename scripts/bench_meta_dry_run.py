@@ -1,0 +1,96 @@
+"""Meta dry-run speed: one measured iteration of a Llama-3-70B-shaped step, per op, with the
+meta kernels (replay.meta_recorded_outputs=false) and with recorded outputs (true, the
+default), side by side in one run; prints one JSON line.
+
+The setting is the OOM study's probe: compute mode on meta, faithful allocation, ZeRO-3
+per_module emulation over 64 ranks. The trace is captured here on meta (seconds) unless
+``--trace`` names a rank trace; ``--n-layers`` shrinks the model (the key then says so).
+
+    python scripts/bench_meta_dry_run.py [--n-layers 80] [--iters 3] [--trace rank-0.et.json.gz]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from actors.replay.config import AllocationConfig, ReplayConfig  # noqa: E402
+from actors.replay.engine import ReplayEngine  # noqa: E402
+from actors.trace import load_trace  # noqa: E402
+from actors.zero3.config import Zero3Config  # noqa: E402
+from actors.zero3.extension import zero3_extensions  # noqa: E402
+
+# what a dry run decides: both variants must agree on every one of these
+SAME = ("status", "accounted_peak_bytes", "peak_breakdown", "peak_op", "num_flushes",
+        "num_materialized", "coverage", "num_shape_mismatches")
+
+
+def capture(out_dir: Path, n_layers: int) -> Path:
+    """Capture the 70B-shaped step on meta (tracefleet-capture, one process)."""
+    exe = Path(sys.executable).with_name("tracefleet-capture")
+    subprocess.run([str(exe), "workload=llama_70b", "world_size=8", "workload.kind=llama_local",
+                    f"workload.n_layers={n_layers}", f"out_dir={out_dir}"], check=True,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                   timeout=1800)
+    return out_dir / "rank-0.et.json.gz"
+
+
+def dry_run(trace, recorded: bool, iters: int) -> tuple[dict, float]:
+    """The report of one warm-up + ``iters`` measured iterations, and the engine's setup s."""
+    cfg = ReplayConfig(mode="compute", device="meta", iters=iters, warmup_iters=1,
+                       measure_memory=False, meta_recorded_outputs=recorded,
+                       allocation=AllocationConfig(mode="faithful"))
+    t0 = time.perf_counter()
+    engine = ReplayEngine(trace, cfg, extensions=zero3_extensions(
+        Zero3Config(strategy="per_module", world_size=64), trace))
+    setup_s = time.perf_counter() - t0
+    report = engine.run().to_dict()
+    if report["status"] != "ok":
+        raise SystemExit(f"dry run failed: {report['error']}")
+    return report, setup_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n-layers", type=int, default=80)
+    parser.add_argument("--iters", type=int, default=3, help="measured iterations (median)")
+    parser.add_argument("--trace", help="a captured rank trace instead of capturing one")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(args.trace) if args.trace else capture(Path(tmp), args.n_layers)
+        t0 = time.perf_counter()
+        trace = load_trace(path)
+        load_s = time.perf_counter() - t0
+        # the ZeRO-3 extension reads the trace file again (its module markers)
+        kernels, kernels_setup_s = dry_run(trace, False, args.iters)
+        recorded, recorded_setup_s = dry_run(trace, True, args.iters)
+    num_ops = len(trace.ops)
+    suffix = "70b" if args.trace or args.n_layers == 80 else f"70b_{args.n_layers}l"
+    us = {k: r["iteration_time_s"] / num_ops * 1e6 for k, r in
+          (("kernels", kernels), ("recorded", recorded))}
+    print(json.dumps({
+        f"meta_us_per_op_{suffix}": round(us["recorded"], 2),
+        f"meta_us_per_op_{suffix}_kernels": round(us["kernels"], 2),
+        "speedup": round(us["kernels"] / us["recorded"], 2),
+        "num_ops": num_ops,
+        "iteration_s": round(recorded["iteration_time_s"], 3),
+        "iteration_s_kernels": round(kernels["iteration_time_s"], 3),
+        "first_iteration_note": "warm-up runs the kernels either way (not timed here)",
+        "setup_s": round(recorded_setup_s, 1), "setup_s_kernels": round(kernels_setup_s, 1),
+        "load_s": round(load_s, 1),
+        "same_accounting": all(kernels[k] == recorded[k] for k in SAME),
+        "accounted_peak_bytes": recorded["accounted_peak_bytes"],
+        "trace": str(path) if args.trace else f"llama_70b n_layers={args.n_layers} (captured)",
+    }))
+
+
+if __name__ == "__main__":
+    main()
