@@ -111,8 +111,8 @@ def _full_rank(rank: int, files: list[str], init_file: str, out_dir: str,
 def full_peaks(files: list[str], allocs: tuple[str, ...]) -> list[dict]:
     """Per rank, the full-mode peaks (every rank of the trace, spawned with gloo)."""
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_full_rank, args=(files, os.path.join(tmp, "init"), tmp, allocs), nprocs=len(files),
-                 join=True)
+        mp.spawn(_full_rank, args=(files, os.path.join(tmp, "init"), tmp, allocs),
+                 nprocs=len(files), join=True)
         return [json.loads(Path(tmp, f"{r}.json").read_text()) for r in range(len(files))]
 
 

@@ -45,7 +45,8 @@ def capture(workload: str, world_size: int, out_dir: Path, *extra: str) -> float
         return None
     t0 = time.perf_counter()
     subprocess.run([str(BIN / "tracefleet-capture"), f"workload={workload}",
-                    f"world_size={world_size}", "workload.kind=llama_local", f"out_dir={out_dir}", *extra],
+                    f"world_size={world_size}", "workload.kind=llama_local", f"out_dir={out_dir}",
+                    *extra],
                    check=True, env=_env(), cwd=ROOT, timeout=TIMEOUT_S, capture_output=True)
     return time.perf_counter() - t0
 
