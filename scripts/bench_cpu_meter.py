@@ -10,6 +10,7 @@
   median over repeats (compute mode, lazy).
 
     python scripts/bench_cpu_meter.py [--traces demo/traces/gpt_dp_4] [--repeats 10]
+        [--quick]   # lazy allocation only, 2 repeats (one of each order): seconds
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ from actors.replay.process_groups import ProcessGroups, merge_group_tables  # no
 from actors.trace import load_trace  # noqa: E402
 
 MODES = ("lazy", "faithful", "pre_allocate")
+QUICK_MODES, QUICK_REPEATS = ("lazy",), 2
 MARK = "bench::measured_iteration"
 
 
@@ -79,13 +81,14 @@ def profiler_peak(make_engine, mode: str, alloc: str) -> int:
     return peak
 
 
-def peaks(make_engine, mode: str) -> dict:
-    """{allocation mode: {"counter": bytes, "profiler": bytes}}."""
+def peaks(make_engine, mode: str, allocs: tuple[str, ...]) -> dict:
+    """{allocation mode: {"counter": bytes, "profiler": bytes}} for each of ``allocs``."""
     return {alloc: {"counter": counter_peak(make_engine, mode, alloc),
-                    "profiler": profiler_peak(make_engine, mode, alloc)} for alloc in MODES}
+                    "profiler": profiler_peak(make_engine, mode, alloc)} for alloc in allocs}
 
 
-def _full_rank(rank: int, files: list[str], init_file: str, out_dir: str) -> None:
+def _full_rank(rank: int, files: list[str], init_file: str, out_dir: str,
+               allocs: tuple[str, ...]) -> None:
     """One rank of the full-mode replay: its peaks into out_dir/<rank>.json."""
     world = len(files)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
@@ -100,16 +103,16 @@ def _full_rank(rank: int, files: list[str], init_file: str, out_dir: str) -> Non
         def make_engine(cfg):
             comm = CollectiveReplayer(groups, torch.device("cpu"), ops=trace.ops)
             return ReplayEngine(trace, cfg, comm=comm, rank=rank)
-        Path(out_dir, f"{rank}.json").write_text(json.dumps(peaks(make_engine, "full")))
+        Path(out_dir, f"{rank}.json").write_text(json.dumps(peaks(make_engine, "full", allocs)))
     finally:
         dist.destroy_process_group()
 
 
-def full_peaks(files: list[str]) -> list[dict]:
+def full_peaks(files: list[str], allocs: tuple[str, ...]) -> list[dict]:
     """Per rank, the full-mode peaks (every rank of the trace, spawned with gloo)."""
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_full_rank, args=(files, os.path.join(tmp, "init"), tmp), nprocs=len(files),
-                 join=True)
+        mp.spawn(_full_rank, args=(files, os.path.join(tmp, "init"), tmp, allocs),
+                 nprocs=len(files), join=True)
         return [json.loads(Path(tmp, f"{r}.json").read_text()) for r in range(len(files))]
 
 
@@ -137,14 +140,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", default=str(ROOT / "demo" / "traces" / "gpt_dp_4"))
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--quick", action="store_true",
+                        help=f"allocation modes {QUICK_MODES} only, {QUICK_REPEATS} repeats: "
+                             "seconds, for the smoke test")
     args = parser.parse_args()
+    allocs, repeats = (QUICK_MODES, QUICK_REPEATS) if args.quick else (MODES, args.repeats)
     files = sorted(str(p) for p in Path(args.traces).glob("rank-*.et.json.gz"))
     torch.set_num_threads(1)
     rank0 = load_trace(files[0], rank=0)
-    out = {"traces": args.traces,
-           "compute_rank0": peaks(lambda cfg: ReplayEngine(rank0, cfg), "compute"),
-           "full": full_peaks(files),
-           "cost": counter_cost(files[0], args.repeats)}
+    out = {"traces": args.traces, "quick": args.quick,
+           "compute_rank0": peaks(lambda cfg: ReplayEngine(rank0, cfg), "compute", allocs),
+           "full": full_peaks(files, allocs),
+           "cost": counter_cost(files[0], repeats)}
     print(json.dumps(out))
 
 

@@ -1,5 +1,6 @@
 """Cost of the caching allocator model (actors/replay/cuda_allocator.py) per event, and its
-predictions on a meta dry run of a captured trace; prints one JSON line per measurement.
+predictions on a meta dry run of a captured trace; prints one JSON line (each measurement
+also goes to stderr as it finishes).
 
 The synthetic stream is training-shaped: request sizes drawn from a fixed menu (layers repeat
 their shapes), frees mostly of recent blocks, a few hundred blocks live. With ``--trace``, the
@@ -7,18 +8,24 @@ trace's rank replays on meta once per allocation mode, without and with the mode
 side in one process), on ``--target``.
 
     python scripts/bench_cuda_allocator.py [--events 2000000] [--trace rank-0.et.json.gz]
+        [--quick]   # 2,000 events, dry runs of demo/traces/gpt_dp_4 rank 0: seconds
 """
 from __future__ import annotations
 
 import argparse
 import json
 import random
+import sys
 import time
+from pathlib import Path
 
 from actors.replay.cuda_alloc_conf import AllocatorSettings, parse_alloc_conf
 from actors.replay.cuda_allocator import CachingAllocatorModel
 
 MiB = 1 << 20
+ROOT = Path(__file__).resolve().parents[1]
+QUICK_TRACE = ROOT / "demo" / "traces" / "gpt_dp_4" / "rank-0.et.json.gz"
+QUICK_EVENTS = 2_000
 
 
 def synthetic(num_events: int, conf: str) -> dict:
@@ -81,11 +88,21 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=2_000_000, help="0: no synthetic stream")
     parser.add_argument("--trace", help="a rank trace to dry-run on meta")
     parser.add_argument("--target", default="h200_141gb")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{QUICK_EVENTS} events and, without --trace, dry runs of the demo "
+                             "trace's rank 0: seconds, for the smoke test")
     args = parser.parse_args()
-    for conf in ("", "expandable_segments:True", "max_split_size_mb:128") if args.events else ():
-        print(json.dumps(synthetic(args.events, conf)), flush=True)
-    for row in dry_runs(args.trace, args.target) if args.trace else ():
-        print(json.dumps(row), flush=True)
+    events, trace = args.events, args.trace
+    if args.quick:
+        events, trace = min(events, QUICK_EVENTS) if events else 0, trace or str(QUICK_TRACE)
+    out = {"synthetic": [], "dry_run": []}
+    for conf in ("", "expandable_segments:True", "max_split_size_mb:128") if events else ():
+        out["synthetic"].append(synthetic(events, conf))
+        print(json.dumps(out["synthetic"][-1]), file=sys.stderr, flush=True)
+    for row in dry_runs(trace, args.target) if trace else ():
+        out["dry_run"].append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

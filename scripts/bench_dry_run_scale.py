@@ -11,6 +11,8 @@ driver's RSS is its own peak (``RUSAGE_SELF``): Ray's processes are not in it.
     python scripts/bench_dry_run_scale.py [--workload llama_70b] [--world-size 1024]
         [--iters 1] [--trace-dir ~/.cache/tracefleet/bench_dry_run/llama_70b-1024]
         [--compare-ranks 8]
+    python scripts/bench_dry_run_scale.py --quick   # llama_8b shapes, 2 layers, 8 ranks, in a
+                                                    # temporary folder: the same path, seconds
 """
 from __future__ import annotations
 
@@ -28,19 +30,23 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 TIMEOUT_S = 1800
 GIB = 1 << 30
+# --quick: a small preset cut to a few layers at a small world, captured afresh each run
+QUICK_WORKLOAD, QUICK_WORLD_SIZE, QUICK_LAYERS = "llama_8b", 8, 2
 
 
 def _env() -> dict:
     return {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
 
 
-def capture(workload: str, world_size: int, out_dir: Path) -> float | None:
-    """Capture the meta world into out_dir unless its last rank is there; seconds, or None."""
+def capture(workload: str, world_size: int, out_dir: Path, *extra: str) -> float | None:
+    """Capture the meta world into out_dir unless its last rank is there; seconds, or None.
+    ``extra``: more ``tracefleet-capture`` overrides (--quick's layer count)."""
     if any(out_dir.glob(f"rank-{world_size - 1}.et.json*")):
         return None
     t0 = time.perf_counter()
     subprocess.run([str(BIN / "tracefleet-capture"), f"workload={workload}",
-                    f"world_size={world_size}", "workload.kind=llama_local", f"out_dir={out_dir}"],
+                    f"world_size={world_size}", "workload.kind=llama_local", f"out_dir={out_dir}",
+                    *extra],
                    check=True, env=_env(), cwd=ROOT, timeout=TIMEOUT_S, capture_output=True)
     return time.perf_counter() - t0
 
@@ -81,16 +87,25 @@ def main() -> None:
     parser.add_argument("--compare-ranks", type=int, default=0,
                         help="also dry-run this many ranks of the folder (trace.ranks) with and "
                              "without experiment.dedup_identical_ranks, side by side")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"{QUICK_WORKLOAD} with {QUICK_LAYERS} layers at "
+                             f"{QUICK_WORLD_SIZE} ranks, captured into a temporary folder: "
+                             "seconds, for the smoke test")
     parser.add_argument("--drive", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args()
     if args.drive:
         drive(args.drive, rest)
         return
-    trace_dir = args.trace_dir or (Path.home() / ".cache" / "tracefleet" / "bench_dry_run" /
-                                   f"{args.workload}-{args.world_size}")
-    capture_s = capture(args.workload, args.world_size, trace_dir)
-    compare = {}
+    extra = []
+    if args.quick:
+        args.workload, args.world_size = QUICK_WORKLOAD, QUICK_WORLD_SIZE
+        extra = [f"workload.n_layers={QUICK_LAYERS}"]
     with tempfile.TemporaryDirectory(prefix="bench_dry_run_") as tmp:
+        trace_dir = args.trace_dir or (Path(tmp) / "traces" if args.quick else
+                                       Path.home() / ".cache" / "tracefleet" / "bench_dry_run" /
+                                       f"{args.workload}-{args.world_size}")
+        capture_s = capture(args.workload, args.world_size, trace_dir, *extra)
+        compare = {}
         run = dry_run(trace_dir, args.iters, Path(tmp) / "all")
         if args.compare_ranks:
             ranks = f"trace.ranks=[{','.join(map(str, range(args.compare_ranks)))}]"
@@ -104,7 +119,7 @@ def main() -> None:
     assert len(summary["ranks"]) == args.world_size
     n = args.world_size
     print(json.dumps({
-        "workload": args.workload, "world_size": n, "iters": args.iters,
+        "quick": args.quick, "workload": args.workload, "world_size": n, "iters": args.iters,
         "capture_s": capture_s,  # None: the traces were already there
         f"dry_run_{n}_s": round(run["wall_s"], 2),
         f"driver_rss_{n}_gib": round(run["rss_bytes"] / GIB, 3),

@@ -80,6 +80,40 @@ def test_bench_host_gaps():
     assert out["per_gap_us"]["busy_us"] == 50.0 and out["per_gap_us"]["recorded_gap_us"] > 0
 
 
+def test_bench_cpu_meter():
+    out = run_bench("cpu_meter")
+    assert out["quick"] and len(out["full"]) == 4  # every rank of demo/traces/gpt_dp_4
+    for row in (out["compute_rank0"], *out["full"]):
+        assert set(row) == {"lazy"} and _positive(row["lazy"]["counter"], row["lazy"]["profiler"])
+    cost = out["cost"]
+    assert cost["repeats"] == 2 and _positive(cost["iteration_s_with_counter"],
+                                              cost["iteration_s_without_counter"],
+                                              cost["with_over_without"])
+
+
+def test_bench_cuda_allocator():
+    out = run_bench("cuda_allocator")
+    assert [r["conf"] for r in out["synthetic"]] == ["default", "expandable_segments:True",
+                                                     "max_split_size_mb:128"]
+    for row in out["synthetic"]:  # a free follows at most each malloc
+        assert 1_000 <= row["num_events"] <= 2_000 and _positive(row["us_per_event"])
+        assert row["reserved_peak_mib"] >= row["allocated_peak_mib"] > 0
+    assert [r["mode"] for r in out["dry_run"]] == ["faithful", "lazy", "pre_allocate"]
+    for row in out["dry_run"]:
+        assert _positive(row["num_ops"], row["num_events"], row["accounted_peak_gib"])
+        assert (row["predicted_reserved_peak_gib"] >= row["predicted_allocated_peak_gib"]
+                >= row["accounted_peak_gib"])
+        assert row["num_ooms"] == 0
+
+
+def test_bench_dry_run_scale():
+    out = run_bench("dry_run_scale")
+    assert out["quick"] and out["workload"] == "llama_8b" and out["world_size"] == 8
+    assert out["num_replays"] == 1  # rank 0 hard-linked for every rank: one replay
+    assert _positive(out["capture_s"], out["dry_run_8_s"], out["driver_rss_8_gib"])
+    assert out["timings_s"]["replay_s"] >= 0
+
+
 @pytest.mark.slow
 def test_bench_fidelity():
     out = run_bench("fidelity")
@@ -114,3 +148,12 @@ def test_bench_distributed():
                                                                  "all_gather_into_tensor"}
     assert all(_positive(k["replay_busbw_gbps"], k["raw_busbw_gbps"], k["ratio"])
                for k in comms["kinds"].values())
+
+
+@pytest.mark.slow
+def test_bench_predict():
+    out = run_bench("predict")
+    row = out["configs"]["ddp_fp32"]
+    assert set(out["configs"]) == {"ddp_fp32"}
+    assert _positive(row["predicted"], row["measured"], row["ratio"])
+    assert isinstance(out["max_abs_error"], (int, float)) and out["max_abs_error"] >= 0
