@@ -63,7 +63,11 @@ def main() -> None:
     parser.add_argument("--n-layers", type=int, default=80)
     parser.add_argument("--iters", type=int, default=3, help="measured iterations (median)")
     parser.add_argument("--trace", help="a captured rank trace instead of capturing one")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: 2 layers, one measured iteration")
     args = parser.parse_args()
+    if args.quick:
+        args.n_layers, args.iters = 2, 1
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(args.trace) if args.trace else capture(Path(tmp), args.n_layers)
         t0 = time.perf_counter()

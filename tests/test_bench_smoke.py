@@ -157,3 +157,10 @@ def test_bench_predict():
     assert set(out["configs"]) == {"ddp_fp32"}
     assert _positive(row["predicted"], row["measured"], row["ratio"])
     assert isinstance(out["max_abs_error"], (int, float)) and out["max_abs_error"] >= 0
+
+
+def test_bench_meta_dry_run():
+    out = run_bench("meta_dry_run")
+    assert out["same_accounting"] is True and out["num_ops"] > 0
+    assert _positive(out["meta_us_per_op_70b_2l"], out["meta_us_per_op_70b_2l_kernels"],
+                     out["accounted_peak_bytes"])
