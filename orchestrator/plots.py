@@ -43,7 +43,7 @@ def timeline_points(timeline) -> list[tuple[int, int, int, int]]:
 
 def _held_at(timeline, tick: int) -> int:
     """Bytes held at op ``tick`` read off a (downsampled) step timeline."""
-    i = bisect_right([op for op, _ in timeline], tick) - 1
+    i = bisect_right([p[0] for p in timeline], tick) - 1
     return timeline[max(i, 0)][1]
 
 

@@ -50,7 +50,8 @@ def test_leaf_coalesced_across_two_nodes(two_node_cluster, tmp_path):
     # a quarter of each kept, as of AdamW's two states
     assert z["num_reduce_scatters_per_iteration"] == 1 and z["reduce_scatter_s"] > 0
     assert z["grad_shard_bytes"] == z["shard_bytes"]
-    assert z["optimizer_state_bytes"] == 2 * z["shard_bytes"]
+    # AdamW's two states and DeepSpeed's fp32 master copy of the partition (zero3.layout=deepspeed)
+    assert z["optimizer_state_bytes"] == 3 * z["shard_bytes"]
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk["zero3"]["num_allgathers_per_iteration"] == z["num_allgathers_per_iteration"]
 

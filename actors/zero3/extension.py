@@ -149,6 +149,8 @@ class Zero3Extension(ReplayExtension):
                "layout": cfg.layout.value,
                "deepspeed_buffers": self.buffers.as_dict() if self.buffers else None}
         out.update(self.runtime.metrics.summary())
+        if self.buffers is not None:  # the gradient shards live in DeepSpeed's partition buffer
+            out["grad_shard_bytes"] = self.buffers.grad_partition_bytes
         out["modules"] = module_report(z, cfg.module_granularity_threshold)
         return out
 
