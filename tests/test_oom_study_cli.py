@@ -47,11 +47,15 @@ def _tiny_overrides() -> str:
 @pytest.mark.slow
 def test_oom_study_runs_on_a_tiny_llama(tmp_path, ray_temp):  # noqa: F811
     cache = tmp_path / "cache"
-    folder = study_traces.cached_capture("llama_8b", TINY_LLAMA, 1, str(cache))
+    # the preset's recipe (its workload overrides merge under the tiny shapes) and ZeRO-3 knobs
+    preset = OmegaConf.load(CONF_DIR / "experiment" / "oom_study.yaml")
+    overrides = {**preset.experiment.oom_study.workload_overrides, **TINY_LLAMA}
+    folder = study_traces.cached_capture("llama_8b", overrides, 1, str(cache))
     trace = load_trace(folder / "rank-0.et.json.gz")
     peaks = {}  # what the preset's replay (ZeRO-3 per_module, 64 ranks emulated) holds
     for mode in ("lazy", "pre_allocate"):
-        zero3 = zero3_extensions(Zero3Config(strategy="per_module", world_size=64), trace)
+        zero3 = zero3_extensions(Zero3Config(strategy="per_module",
+                                             **OmegaConf.to_container(preset.zero3)), trace)
         peaks[mode] = ReplayEngine(trace, ReplayConfig(
             mode="compute", device="meta", iters=1, warmup_iters=1,
             allocation=AllocationConfig(mode=mode)), extensions=zero3).run().to_dict()[
