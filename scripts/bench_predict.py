@@ -131,7 +131,12 @@ def _tracker_rank(workload: dict, env: dict, out: str) -> None:
     with _shapes_only("fake", WORLD) as (device, mesh):
         wl = build_workload(cfg, 0, WORLD, device, mesh)
         wl.step(wl.next_batch())
-        tracker = FSDPMemTracker(wl.model, getattr(wl.step, "optimizer", None))
+        optimizer = getattr(wl.step, "optimizer", None)
+        if optimizer is None:  # a custom step keeps its optimizer: the tracker would miss it
+            Path(out).write_text("")
+            dist.destroy_process_group()
+            return
+        tracker = FSDPMemTracker(wl.model, optimizer)
         batch = wl.next_batch()
         tracker.track_inputs(batch)
         with tracker:
@@ -148,7 +153,9 @@ def _fsdp_mem_tracker(workload: dict, env: dict, tmp: Path) -> int | None:
     proc.join(900)
     if proc.is_alive():
         proc.kill()
-    return int(out.read_text()) if out.is_file() else None
+    text = out.read_text().strip() if out.is_file() else ""
+    out.unlink(missing_ok=True)  # never read a stale figure
+    return int(text) if text else None
 
 
 def run_config(name: str, model: dict, tmp: Path) -> dict:
