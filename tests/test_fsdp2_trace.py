@@ -95,3 +95,25 @@ def test_unsharded_parameters_live_from_their_all_gather_to_their_last_use(fsdp2
     full = 2 * (64 * 128 + 128 + 128 * 64 + 64)  # parameter elements of the model
     # AdamW's fp32 exp_avg and exp_avg_sq of this rank's half, held across iterations
     assert report["peak_breakdown"]["optimizer_state"] >= 2 * 4 * full // 2
+
+
+def test_a_reduce_scatter_input_lives_until_the_next_post_backward(fsdp2_trace):
+    """FSDP2 keeps a module's reduce-scatter input in its state until the next module's
+    post-backward: the replay holds it that long, not only to the reduce-scatter."""
+    from actors.trace.fsdp2_lifetimes import REDUCE_RANGE, hold_reduce_scatter_inputs
+
+    trace = fsdp2_trace
+    calls = [op for op in trace.ops if op.collective is not None
+             and op.collective.kind == "reduce_scatter_tensor"]
+    assert len(calls) >= 2 and all(op.module.startswith(REDUCE_RANGE) for op in calls)
+    live = compute_liveness(trace.ops, trace.num_storages)
+    inputs = [t.suid for t in calls[0].input_tensors()
+              if live.storage_last[t.suid] == calls[0].index]
+    assert inputs  # the flat input dies at its reduce-scatter in the trace
+    assert hold_reduce_scatter_inputs(trace.ops, live) >= len(calls) - 1
+    start = calls[1].index
+    while trace.ops[start - 1].module == calls[1].module:
+        start -= 1
+    for s in inputs:
+        assert live.storage_last[s] == start - 1 > calls[0].index
+        assert s in live.free_after[start - 1] and s not in live.free_after[calls[0].index]

@@ -30,6 +30,7 @@ from actors.replay.report import RankReport
 from actors.replay.tensor_store import TensorStore
 from actors.replay.timed_iterations import StopRule, world_max
 from actors.trace.categories import storage_categories
+from actors.trace.fsdp2_lifetimes import hold_reduce_scatter_inputs
 from actors.trace.liveness import compute_liveness
 from actors.trace.model import Trace
 
@@ -85,6 +86,7 @@ class ReplayEngine:
             raise ReplayError(f"replay.mode={cfg.mode} needs process groups; this engine has none "
                               "(use replay.mode=compute for a single-process replay)")
         self.liveness = live = compute_liveness(trace.ops, trace.num_storages)
+        hold_reduce_scatter_inputs(trace.ops, live)  # FSDP2 keeps them a module longer
         self.steps = [planning.compile_step(op, self.device, cfg.mode) for op in trace.ops]
         if all(s.reason == "out of scope" for s in self.steps):
             raise ReplayError(f"rank {rank}: {trace.path} has no op in scope for "
