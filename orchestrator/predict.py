@@ -31,9 +31,9 @@ from actors.replay.target import TargetConfig, TargetName
 log = logging.getLogger("tracefleet")
 
 PREDICTION_JSON = "prediction.json"
-# bench_predict's measured max |error| (2026-12-01: 0.126, FSDP2 bf16 with full activation
+# bench_predict's measured max |error| (2026-12-01: 0.059, FSDP2 bf16 with full activation
 # checkpointing; conf/predict.yaml says the same).
-DEFAULT_ERROR_BAND = 0.13
+DEFAULT_ERROR_BAND = 0.06
 DEFAULT_ERROR_BAND_SOURCE = "bench_predict max |error|, 2026-12-01"
 
 
