@@ -32,14 +32,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from actors.capture import kineto_file_name, trace_file_name
 from actors.capture.workload_config import WorkloadConfig, validate as validate_workload
-from orchestrator.config import Transfer
+from orchestrator.config import CONF_DIR, Transfer
 from actors.errors import ConfigError, TracefleetError
 from orchestrator.cli import run_app, user_errors
 from orchestrator.cluster import ClusterConfig
 from orchestrator.units import human_bytes
-
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
-
 
 @dataclass
 class CaptureConfig:

@@ -23,11 +23,9 @@ from actors.capture.workload_config import WorkloadConfig
 from actors.replay.config import ReplayConfig
 from actors.replay.target import TargetConfig
 from orchestrator.cli import run_app, user_errors
+from orchestrator.config import CONF_DIR
 from orchestrator.predict import PredictConfig, predict
 from orchestrator.predict_table import prediction_table
-
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
-
 
 def register_configs() -> None:
     """Register the predict schema and its groups' schemas in Hydra's ConfigStore."""
