@@ -155,12 +155,17 @@ def _retype(doc, nodes, rng):
     return f"node {n.get('id')} {path}/{key} = {str(value)[:30]}"
 
 
-def _huge_tensor(doc, nodes, rng):
+def _some_tensor_tuple(nodes, rng):
+    """A tensor tuple from one of up to 40 sampled nodes; None when they hold none."""
     tuples = [t for n in rng.sample(nodes, min(len(nodes), 40)) if isinstance(n, dict)
               for t in _tensor_tuples(n)]
-    if not tuples:
+    return rng.choice(tuples) if tuples else None
+
+
+def _huge_tensor(doc, nodes, rng):
+    t = _some_tensor_tuple(nodes, rng)
+    if t is None:
         return "no tensor"
-    t = rng.choice(tuples)
     field = rng.randrange(6)
     t[field] = rng.choice(HUGE + ["cpu", "cuda:99", "", 0.5])
     return f"tensor field {field} = {str(t[field])[:24]}"
@@ -211,11 +216,9 @@ def _duplicate(doc, nodes, rng):
 
 
 def _tensor_tuple_shape(doc, nodes, rng):
-    tuples = [t for n in rng.sample(nodes, min(len(nodes), 40)) if isinstance(n, dict)
-              for t in _tensor_tuples(n)]
-    if not tuples:
+    t = _some_tensor_tuple(nodes, rng)
+    if t is None:
         return "no tensor"
-    t = rng.choice(tuples)
     kind = rng.randrange(3)
     if kind == 0:
         t.pop()

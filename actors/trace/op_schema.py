@@ -130,10 +130,10 @@ def _is_identifier(text: str) -> bool:
     return bool(text) and text.replace("_", "a").isalnum()
 
 
-def _matching(s: str, open_at: int) -> int:
-    """Index of the bracket closing the one at ``open_at``, skipping quoted text."""
-    depth, i, n = 0, open_at, len(s)
-    while i < n:
+def _scan(s: str, start: int = 0):
+    """Yield (index, char, bracket depth after it) for each character outside quotes."""
+    depth, i = 0, start
+    while i < len(s):
         ch = s[i]
         if ch in "\"'":
             i = _skip_quoted(s, i)
@@ -142,11 +142,17 @@ def _matching(s: str, open_at: int) -> int:
             depth += 1
         elif ch in _CLOSE:
             depth -= 1
+        yield i, ch, depth
+        i += 1
+
+
+def _matching(s: str, open_at: int) -> int:
+    """Index of the bracket closing the one at ``open_at``, skipping quoted text."""
+    for i, ch, depth in _scan(s, open_at):
+        if depth <= 0 and ch in _CLOSE:
             if depth == 0:
                 return i
-            if depth < 0:
-                break
-        i += 1
+            break
     raise _Malformed(f"unbalanced bracket opened at offset {open_at}")
 
 
@@ -165,21 +171,12 @@ def _skip_quoted(s: str, i: int) -> int:
 
 def _top_level(s: str):
     """Yield (index, char) for each character outside brackets and quotes."""
-    depth, i = 0, 0
-    while i < len(s):
-        ch = s[i]
-        if ch in "\"'":
-            i = _skip_quoted(s, i)
-            continue
-        if ch in _OPEN:
-            depth += 1
-        elif ch in _CLOSE:
-            depth -= 1
-            if depth < 0:
-                raise _Malformed(f"unbalanced {ch!r} in {s!r}")
-        elif depth == 0:
+    depth = 0
+    for i, ch, depth in _scan(s):
+        if depth < 0:
+            raise _Malformed(f"unbalanced {ch!r} in {s!r}")
+        if depth == 0 and ch not in _CLOSE:
             yield i, ch
-        i += 1
     if depth != 0:
         raise _Malformed(f"unbalanced brackets in {s!r}")
 
