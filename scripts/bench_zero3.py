@@ -1,6 +1,6 @@
 """ZeRO-3 fetch/release: our replay's strategies against real DeepSpeed, on 2 ranks, one run.
 
-A fine-grained model (actors/zero3/finegrained.py: Linear stacks and an 8-expert MoE block)
+A fine-grained model (actors/capture/finegrained_model.py: Linear stacks and an 8-expert MoE block)
 is captured once with data parallel on 2 gloo ranks. Then, on 2 gloo ranks:
 
 * our replay of that trace (replay.mode=full) with zero3.strategy per_param, per_module,
@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 from actors.capture import trace_file_name  # noqa: E402
 from actors.rank_base import free_port  # noqa: E402
-from actors.zero3 import finegrained as fg  # noqa: E402
+from actors.capture import finegrained_model as fg  # noqa: E402
 
 OURS = ["per_param", "per_module", "bucketed", "leaf_coalesced"]
 BUCKET_NUMEL = 100_000  # bucketed: about a fifth of the model per all-gather

@@ -18,11 +18,11 @@ from actors.replay.extension import ReplayExtension
 from actors.zero3.config import GradAccumDtype, StatesLayout, Zero3Config
 from actors.zero3.deepspeed_layout import deepspeed_buffers, update_windows
 from actors.zero3.markers import read_backward_marks
-from actors.zero3.model_states import GRAD, STATE, TEMP, StatesPlan, find_model_states, \
+from actors.zero3.states_plan import GRAD, STATE, TEMP, StatesPlan, find_model_states, \
     plan_states, views_of
 from actors.zero3.modules import UPDATE, phases
-from actors.zero3.planning import Zero3Plan, build_plan, module_report
-from actors.zero3.runtime import Zero3Runtime
+from actors.zero3.fetch_plan import Zero3Plan, build_plan, module_report
+from actors.zero3.fetch_runtime import Zero3Runtime
 from actors.zero3.states_runtime import ModelStatesRuntime
 
 
