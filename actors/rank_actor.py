@@ -14,13 +14,13 @@ import torch.distributed as dist
 from actors.errors import TracefleetError, describe
 from actors.machine import machine_info
 from actors.rank_base import RankWorkerBase
-from actors.replay.collectives import CollectiveReplayer
+from actors.replay.comm.replayer import CollectiveReplayer
 from actors.replay.config import ReplayConfig
 from actors.replay.engine import ReplayEngine, pick_device
-from actors.replay.memory import OutOfMemory
-from actors.replay.process_groups import ProcessGroups
-from actors.replay.reserved_model import reserved_model_extensions
-from actors.replay.target import TargetConfig
+from actors.replay.memory.accounting import OutOfMemory
+from actors.replay.comm.process_groups import ProcessGroups
+from actors.replay.memory.reserved_model import reserved_model_extensions
+from actors.replay.memory.target import TargetConfig
 from actors.trace import load_trace
 from actors.zero3.config import Zero3Config
 from actors.zero3.extension import zero3_extensions

@@ -74,10 +74,10 @@ def _init(rank: int, port: int) -> None:
 # --- our replay --------------------------------------------------------------------------
 def _ours_rank(rank: int, port: int, trace_dir: str, steps: int, warmup: int, out: str) -> None:
     _quiet_child()
-    from actors.replay.collectives import CollectiveReplayer
+    from actors.replay.comm.replayer import CollectiveReplayer
     from actors.replay.config import ReplayConfig
     from actors.replay.engine import ReplayEngine
-    from actors.replay.process_groups import ProcessGroups
+    from actors.replay.comm.process_groups import ProcessGroups
     from actors.trace import load_trace
     from actors.zero3.config import Zero3Config
     from actors.zero3.extension import zero3_extensions

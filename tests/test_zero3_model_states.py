@@ -10,7 +10,7 @@ import torch
 
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
-from actors.replay.tensor_store import FLOAT_FILL
+from actors.replay.memory.tensor_store import FLOAT_FILL
 from actors.trace import load_trace
 from actors.zero3.config import Zero3Config
 from actors.zero3.extension import zero3_extensions

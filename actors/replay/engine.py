@@ -1,6 +1,6 @@
 """The op loop of one rank: iterations, memory (policy, guard, flush, OOM), timing, report.
 
-The loop runs a precomputed sequence (actors/replay/sequence.py): compiled ops, extension
+The loop runs a precomputed sequence (actors/replay/iteration_sequence.py): compiled ops, extension
 hooks (ZeRO-3 fetch/release, host gaps, async collectives' completion) and the allocation
 policy's frees after each op. It never branches on the allocation mode or on an extension:
 they are planned into the sequence once.
@@ -15,19 +15,20 @@ import torch
 
 from actors.errors import ReplayError
 from actors.gc_pause import gc_paused
-from actors.replay import plan as planning
-from actors.replay import resolve, sequence, standins
-from actors.replay.allocation import make_policy
+from actors.replay import iteration_sequence as sequence
+from actors.replay import steps as planning
+from actors.replay.ops import resolve, standins
+from actors.replay.memory.policies import make_policy
 from actors.replay.config import AllocationMode, ReplayConfig, parse_bytes
 from actors.replay.host_gaps import HostGaps
-from actors.replay.nested_memory import NestedMemory
-from actors.replay.memory import (MemoryTracker, OutOfMemory, device_capacity,
+from actors.replay.memory.nested_memory import NestedMemory
+from actors.replay.memory.accounting import (MemoryTracker, OutOfMemory, device_capacity,
                                   is_allocation_failure, sample_points)
-from actors.replay.meta_outputs import RecordedOutputs
-from actors.replay.meters import make_meter
-from actors.replay.op_call import OpCaller
+from actors.replay.ops.meta_outputs import RecordedOutputs
+from actors.replay.memory.meters import make_meter
+from actors.replay.ops.op_call import OpCaller
 from actors.replay.report import RankReport
-from actors.replay.tensor_store import TensorStore
+from actors.replay.memory.tensor_store import TensorStore
 from actors.replay.timed_iterations import StopRule, world_max
 from actors.trace.categories import storage_categories
 from actors.trace.fsdp2_lifetimes import hold_reduce_scatter_inputs

@@ -21,9 +21,9 @@ import time
 
 import torch
 
-from actors.replay.collective_calls import AG_ONE
-from actors.replay.resolve import torch_dtype
-from actors.replay.tensor_store import FLOAT_FILL
+from actors.replay.comm.calls import AG_ONE
+from actors.replay.ops.resolve import torch_dtype
+from actors.replay.memory.tensor_store import FLOAT_FILL
 from actors.trace.categories import COMMUNICATION, PARAMETERS, TEMPORARIES
 from actors.zero3.metrics import Zero3Metrics
 from actors.zero3.params import Param

@@ -17,9 +17,9 @@ import time
 
 import torch
 
-from actors.replay.collective_calls import RS_ONE
-from actors.replay.resolve import torch_dtype
-from actors.replay.tensor_store import FLOAT_FILL
+from actors.replay.comm.calls import RS_ONE
+from actors.replay.ops.resolve import torch_dtype
+from actors.replay.memory.tensor_store import FLOAT_FILL
 from actors.trace.categories import COMMUNICATION, GRADIENTS, OPTIMIZER_STATE, TEMPORARIES
 from actors.zero3.deepspeed_layout import DeepSpeedBuffers
 from actors.zero3.metrics import Zero3Metrics

@@ -11,7 +11,7 @@ from operator import itemgetter
 
 import torch
 
-from actors.replay import index_safety, resolve, standins, translate
+from actors.replay.ops import index_safety, resolve, standins, translate
 from actors.trace.model import Arg, Op, TensorArg
 
 _TYPE_CONVERTERS = {

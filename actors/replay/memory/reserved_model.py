@@ -10,9 +10,9 @@ as PyTorch keeps it per handle and stream.
 """
 from __future__ import annotations
 
-from actors.replay.cuda_allocator import CachingAllocatorModel
+from actors.replay.memory.cuda_allocator import CachingAllocatorModel
 from actors.replay.extension import ReplayExtension
-from actors.replay.target import TargetConfig
+from actors.replay.memory.target import TargetConfig
 
 HEADLINE = ("predicted_reserved_peak_bytes", "predicted_allocated_peak_bytes", "num_alloc_retries",
             "num_predicted_ooms")

@@ -1,0 +1,1 @@
+"""Memory: accounting, measuring meters, allocation policies, the tensor store, the CUDA allocator model."""
