@@ -120,7 +120,8 @@ class RunConfig:
     trace: TraceConfig = field(default_factory=TraceConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     zero3: Zero3Config = field(default_factory=Zero3Config)
-    # The CUDA device to predict reserved memory for (actors/replay/memory/target.py); none: no model.
+    # The CUDA device to predict reserved memory for (actors/replay/memory/target.py); none:
+    # no model.
     target: TargetConfig = field(default_factory=TargetConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
 

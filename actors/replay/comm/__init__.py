@@ -1,1 +1,1 @@
-"""Collectives: rebuilt process groups, the async plan, the replayer, its size and bandwidth math."""
+"""Collectives: rebuilt process groups, async plan, replayer, size and bandwidth math."""

@@ -7,7 +7,7 @@ largest message, so a replay allocates only when a bigger message shows up.
 
 Semantics kept from the trace: sizes, dtype, uneven all_to_all splits, root/peer (a group
 rank, as c10d records it), group, and which calls run async and where they complete
-(comm/async_plan.py); every call completes at ``wait_all`` at the latest. Reductions use SUM for floating dtypes and MAX
+(async_plan.py); every call completes at ``wait_all`` at the latest. Reductions use SUM for floating dtypes and MAX
 for integer/bool ones so index tensors stay in range. gloo (torch 2.13) natively supports
 every kind here, reduce_scatter included (internally built on all_reduce); the one gap,
 all_to_all with unequal list entries, is run as an all_to_all_single over packed buffers.
@@ -86,7 +86,7 @@ class CollectiveReplayer:
 
     # --- planning -----------------------------------------------------------------------
     def plan(self, ops: Sequence[Op]) -> None:
-        """Which calls run ``async_op=True`` and where each completes (collective_plan).
+        """Which calls run ``async_op=True`` and where each completes (async_plan).
         Without a plan every call is synchronous."""
         p = plan_async(ops)
         self._waited, self._async, self._complete_before = p.waited, p.calls, p.complete_before

@@ -1,1 +1,1 @@
-"""Memory: accounting, measuring meters, allocation policies, the tensor store, the CUDA allocator model."""
+"""Memory: accounting, meters, allocation policies, tensor store, CUDA allocator model."""
