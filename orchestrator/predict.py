@@ -160,14 +160,11 @@ def _distinct_traces(sources: dict) -> dict[bytes, list[int]]:
 def _dry_run(source, rank: int, cfg: PredictConfig, zero3) -> dict:
     """One rank's meta dry run with the allocator model (and the ZeRO-3 emulation)."""
     from actors.replay.engine import ReplayEngine
-    from actors.replay.memory.reserved_model import reserved_model_extensions
     from actors.trace import load_trace
-    from actors.zero3.extension import zero3_extensions
 
     trace = load_trace(source, rank=rank)
-    # the allocator model first: it sees what the ZeRO-3 emulation charges
-    extensions = reserved_model_extensions(cfg.target) + zero3_extensions(zero3, trace)
-    engine = ReplayEngine(trace, cfg.replay, rank=rank, extensions=extensions)
+    # the extensions (the allocator model, the ZeRO-3 emulation): actors/replay/extensions.py
+    engine = ReplayEngine(trace, cfg.replay, rank=rank, zero3=zero3, target=cfg.target)
     try:
         report = engine.run().to_dict()
     finally:

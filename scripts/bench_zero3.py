@@ -80,7 +80,6 @@ def _ours_rank(rank: int, port: int, trace_dir: str, steps: int, warmup: int, ou
     from actors.replay.comm.process_groups import ProcessGroups
     from actors.trace import load_trace
     from actors.zero3.config import Zero3Config
-    from actors.zero3.extension import zero3_extensions
 
     _init(rank, port)
     trace = load_trace(Path(trace_dir) / trace_file_name(rank), rank=rank)
@@ -91,8 +90,7 @@ def _ours_rank(rank: int, port: int, trace_dir: str, steps: int, warmup: int, ou
     for s in OURS:
         z = Zero3Config(strategy=s, param_persistence_threshold=0, prefetch=False,
                         leaf_modules=fg.LEAF_PATTERNS, prefetch_bucket_size=BUCKET_NUMEL)
-        engines[s] = ReplayEngine(trace, cfg, comm=comm, rank=rank,
-                                  extensions=zero3_extensions(z, trace))
+        engines[s] = ReplayEngine(trace, cfg, comm=comm, rank=rank, zero3=z)
     step_s = {s: [] for s in OURS}
     for k in range(warmup + steps):
         for s, engine in engines.items():  # alternate: load changes hit every strategy alike
@@ -103,7 +101,8 @@ def _ours_rank(rank: int, port: int, trace_dir: str, steps: int, warmup: int, ou
                 step_s[s].append(report["iteration_time_s"])
     result = {}
     for s, engine in engines.items():
-        its = engine.extensions[0].runtime.metrics.iterations[warmup:]
+        zero3 = next(e for e in engine.extensions if e.name == "zero3")
+        its = zero3.runtime.metrics.iterations[warmup:]
         result[s] = {"allgathers": its[-1]["num_allgathers"],
                      "host_s": statistics.median(i["fetch_host_s"] + i["release_host_s"] for i in its),
                      "steps_s": step_s[s]}

@@ -170,8 +170,6 @@ class _ObservedHeld(list):
             self._observer.released(suid)
 
 
-def sample_points(num_ops: int, max_points: int) -> range:
-    """Op indices after which the first iteration's timeline samples (about ``max_points``)."""
 def sample_points(num_ops: int, max_points: int) -> list[int]:
     """Op indices after which the first iteration's timeline samples (about ``max_points``),
     the last op always among them: every op falls in some point's bucket."""
