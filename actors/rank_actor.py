@@ -14,16 +14,14 @@ import torch.distributed as dist
 from actors.errors import TracefleetError, describe
 from actors.machine import machine_info
 from actors.rank_base import RankWorkerBase
-from actors.replay.collectives import CollectiveReplayer
+from actors.replay.comm.replayer import CollectiveReplayer
 from actors.replay.config import ReplayConfig
 from actors.replay.engine import ReplayEngine, pick_device
-from actors.replay.memory import OutOfMemory
-from actors.replay.process_groups import ProcessGroups
-from actors.replay.reserved_model import reserved_model_extensions
-from actors.replay.target import TargetConfig
+from actors.replay.memory.accounting import OutOfMemory
+from actors.replay.comm.process_groups import ProcessGroups
+from actors.replay.memory.target import TargetConfig
 from actors.trace import load_trace
 from actors.zero3.config import Zero3Config
-from actors.zero3.extension import zero3_extensions
 
 
 class RankActor(RankWorkerBase):
@@ -59,11 +57,8 @@ class RankActor(RankWorkerBase):
                                           cuda_sync_timing=cfg.cuda_sync_collectives)
             t2 = time.perf_counter()
             phase = "compile"  # the engine's plan, and its extensions' (a ZeRO-3 plan)
-            # the allocator model first: it sees what the other extensions charge
-            extensions = reserved_model_extensions(target) + \
-                zero3_extensions(zero3, trace, trace_bytes)
-            engine = ReplayEngine(trace, cfg, device=device, comm=comm, rank=rank,
-                                  extensions=extensions)
+            engine = ReplayEngine(trace, cfg, device=device, comm=comm, rank=rank, zero3=zero3,
+                                  target=target, trace_data=trace_bytes)
             phase = "iteration"
             try:
                 if profile_dir:

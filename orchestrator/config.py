@@ -15,7 +15,7 @@ from hydra.core.config_store import ConfigStore
 from actors.choices import Choice
 from actors.errors import ConfigError
 from actors.replay.config import ReplayConfig, parse_bytes
-from actors.replay.target import TargetConfig
+from actors.replay.memory.target import TargetConfig
 from actors.zero3.config import Zero3Config, Zero3Strategy  # noqa: F401 (composed here)
 from orchestrator.cluster import ClusterConfig
 from orchestrator.min_memory import MinMemoryConfig
@@ -120,7 +120,8 @@ class RunConfig:
     trace: TraceConfig = field(default_factory=TraceConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     zero3: Zero3Config = field(default_factory=Zero3Config)
-    # The CUDA device to predict reserved memory for (actors/replay/target.py); none: no model.
+    # The CUDA device to predict reserved memory for (actors/replay/memory/target.py); none:
+    # no model.
     target: TargetConfig = field(default_factory=TargetConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
 

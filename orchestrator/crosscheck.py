@@ -15,7 +15,7 @@ Every check raises ConfigError naming the ranks, the group and the position.
 from __future__ import annotations
 
 from actors.errors import ConfigError
-from actors.replay.process_groups import DEFAULT_PG, group_members, merge_group_tables
+from actors.replay.comm.process_groups import DEFAULT_PG, group_members, merge_group_tables
 from actors.trace import ProcessGroupInfo
 from actors.trace.collectives import KINDS
 from actors.trace.source import TraceSource

@@ -4,7 +4,7 @@
 hash: orchestrator/study_traces.py), dry-runs it in this process (no Ray: one engine per
 distinct rank trace; on meta and fake every rank's trace is rank 0's, so one replay stands
 for the whole job) with faithful allocation, the target's caching allocator model
-(actors/replay/reserved_model.py) and, when the workload preset asks for it, the ZeRO-3
+(actors/replay/memory/reserved_model.py) and, when the workload preset asks for it, the ZeRO-3
 emulation at the job's world size. The verdict compares the predicted reserved peak with the
 target's usable capacity: ``oom`` when it does not fit, ``too_close`` when the headroom is
 inside the prediction's error band, ``fits`` otherwise.
@@ -26,7 +26,7 @@ from actors.capture.workload_config import (ModelName, Parallel, Precision, Work
 from actors.choices import Choice
 from actors.errors import ConfigError, TracefleetError
 from actors.replay.config import AllocationConfig, AllocationMode, ReplayConfig, parse_bytes
-from actors.replay.target import TargetConfig, TargetName
+from actors.replay.memory.target import TargetConfig, TargetName
 
 log = logging.getLogger("tracefleet")
 
@@ -160,14 +160,11 @@ def _distinct_traces(sources: dict) -> dict[bytes, list[int]]:
 def _dry_run(source, rank: int, cfg: PredictConfig, zero3) -> dict:
     """One rank's meta dry run with the allocator model (and the ZeRO-3 emulation)."""
     from actors.replay.engine import ReplayEngine
-    from actors.replay.reserved_model import reserved_model_extensions
     from actors.trace import load_trace
-    from actors.zero3.extension import zero3_extensions
 
     trace = load_trace(source, rank=rank)
-    # the allocator model first: it sees what the ZeRO-3 emulation charges
-    extensions = reserved_model_extensions(cfg.target) + zero3_extensions(zero3, trace)
-    engine = ReplayEngine(trace, cfg.replay, rank=rank, extensions=extensions)
+    # the extensions (the allocator model, the ZeRO-3 emulation): actors/replay/extensions.py
+    engine = ReplayEngine(trace, cfg.replay, rank=rank, zero3=zero3, target=cfg.target)
     try:
         report = engine.run().to_dict()
     finally:

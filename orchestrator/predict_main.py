@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from actors.capture.workload_config import WorkloadConfig
 from actors.replay.config import ReplayConfig
-from actors.replay.target import TargetConfig
+from actors.replay.memory.target import TargetConfig
 from orchestrator.cli import run_app, user_errors
 from orchestrator.config import CONF_DIR
 from orchestrator.predict import PredictConfig, predict

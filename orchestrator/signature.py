@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from actors.errors import TraceError
-from actors.replay.process_groups import resolve_pg_name
+from actors.replay.comm.process_groups import resolve_pg_name
 from actors.trace import Op, ProcessGroupInfo, Trace, load_trace
 from actors.trace.source import TraceSource
 

@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from actors import cpu_counter  # noqa: E402
-from actors.replay.collectives import CollectiveReplayer  # noqa: E402
+from actors.replay.comm.replayer import CollectiveReplayer  # noqa: E402
 from actors.replay.config import AllocationConfig, ReplayConfig  # noqa: E402
 from actors.replay.engine import ReplayEngine  # noqa: E402
-from actors.replay.process_groups import ProcessGroups, merge_group_tables  # noqa: E402
+from actors.replay.comm.process_groups import ProcessGroups, merge_group_tables  # noqa: E402
 from actors.trace import load_trace  # noqa: E402
 
 MODES = ("lazy", "faithful", "pre_allocate")

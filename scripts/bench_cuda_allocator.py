@@ -1,4 +1,4 @@
-"""Cost of the caching allocator model (actors/replay/cuda_allocator.py) per event, and its
+"""Cost of the caching allocator model (actors/replay/memory/cuda_allocator.py) per event, and its
 predictions on a meta dry run of a captured trace; prints one JSON line (each measurement
 also goes to stderr as it finishes).
 
@@ -19,8 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from actors.replay.cuda_alloc_conf import AllocatorSettings, parse_alloc_conf
-from actors.replay.cuda_allocator import CachingAllocatorModel
+from actors.replay.memory.cuda_alloc_conf import AllocatorSettings, parse_alloc_conf
+from actors.replay.memory.cuda_allocator import CachingAllocatorModel
 
 MiB = 1 << 20
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,8 +54,8 @@ def dry_runs(path: str, target_name: str) -> list[dict]:
     """Accounted vs predicted peaks of a meta replay of ``path`` per allocation mode."""
     from actors.replay.config import AllocationConfig, ReplayConfig
     from actors.replay.engine import ReplayEngine
-    from actors.replay.reserved_model import ReservedMemoryModel
-    from actors.replay.target import TargetConfig
+    from actors.replay.memory.reserved_model import ReservedMemoryModel
+    from actors.replay.memory.target import TargetConfig
     from actors.trace import load_trace
 
     trace = load_trace(path)

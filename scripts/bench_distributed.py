@@ -37,12 +37,12 @@ sys.path.insert(0, str(ROOT))
 
 from actors.rank_actor import RankActor  # noqa: E402
 from actors.rank_base import free_port  # noqa: E402
-from actors.replay.collectives import CollectiveReplayer  # noqa: E402
-from actors.replay.comm_metrics import CommStats, message_bytes  # noqa: E402
+from actors.replay.comm.replayer import CollectiveReplayer  # noqa: E402
+from actors.replay.comm.metrics import CommStats, message_bytes  # noqa: E402
 from actors.replay.config import ReplayConfig  # noqa: E402
 from actors.replay.engine import ReplayEngine  # noqa: E402
-from actors.replay.process_groups import ProcessGroups  # noqa: E402
-from actors.replay.resolve import torch_dtype_or_none  # noqa: E402
+from actors.replay.comm.process_groups import ProcessGroups  # noqa: E402
+from actors.replay.ops.resolve import torch_dtype_or_none  # noqa: E402
 from orchestrator.cluster import ClusterConfig  # noqa: E402
 from orchestrator.config import DEMO_TRACES, ExperimentConfig, RunConfig, TraceConfig  # noqa: E402
 from orchestrator.launch import run_replay  # noqa: E402

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from actors.replay.config import AllocationConfig, ReplayConfig  # noqa: E402
 from actors.replay.engine import ReplayEngine  # noqa: E402
-from actors.replay.translate import TRANSLATIONS  # noqa: E402
+from actors.replay.ops.translate import TRANSLATIONS  # noqa: E402
 from actors.trace import load_trace  # noqa: E402
 from actors.trace.source import discover  # noqa: E402
 

@@ -1,6 +1,6 @@
 """ZeRO-3 fetch/release: our replay's strategies against real DeepSpeed, on 2 ranks, one run.
 
-A fine-grained model (actors/zero3/finegrained.py: Linear stacks and an 8-expert MoE block)
+A fine-grained model (actors/capture/finegrained_model.py: Linear stacks and an 8-expert MoE block)
 is captured once with data parallel on 2 gloo ranks. Then, on 2 gloo ranks:
 
 * our replay of that trace (replay.mode=full) with zero3.strategy per_param, per_module,
@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 from actors.capture import trace_file_name  # noqa: E402
 from actors.rank_base import free_port  # noqa: E402
-from actors.zero3 import finegrained as fg  # noqa: E402
+from actors.capture import finegrained_model as fg  # noqa: E402
 
 OURS = ["per_param", "per_module", "bucketed", "leaf_coalesced"]
 BUCKET_NUMEL = 100_000  # bucketed: about a fifth of the model per all-gather
@@ -74,13 +74,12 @@ def _init(rank: int, port: int) -> None:
 # --- our replay --------------------------------------------------------------------------
 def _ours_rank(rank: int, port: int, trace_dir: str, steps: int, warmup: int, out: str) -> None:
     _quiet_child()
-    from actors.replay.collectives import CollectiveReplayer
+    from actors.replay.comm.replayer import CollectiveReplayer
     from actors.replay.config import ReplayConfig
     from actors.replay.engine import ReplayEngine
-    from actors.replay.process_groups import ProcessGroups
+    from actors.replay.comm.process_groups import ProcessGroups
     from actors.trace import load_trace
     from actors.zero3.config import Zero3Config
-    from actors.zero3.extension import zero3_extensions
 
     _init(rank, port)
     trace = load_trace(Path(trace_dir) / trace_file_name(rank), rank=rank)
@@ -91,8 +90,7 @@ def _ours_rank(rank: int, port: int, trace_dir: str, steps: int, warmup: int, ou
     for s in OURS:
         z = Zero3Config(strategy=s, param_persistence_threshold=0, prefetch=False,
                         leaf_modules=fg.LEAF_PATTERNS, prefetch_bucket_size=BUCKET_NUMEL)
-        engines[s] = ReplayEngine(trace, cfg, comm=comm, rank=rank,
-                                  extensions=zero3_extensions(z, trace))
+        engines[s] = ReplayEngine(trace, cfg, comm=comm, rank=rank, zero3=z)
     step_s = {s: [] for s in OURS}
     for k in range(warmup + steps):
         for s, engine in engines.items():  # alternate: load changes hit every strategy alike
@@ -103,7 +101,8 @@ def _ours_rank(rank: int, port: int, trace_dir: str, steps: int, warmup: int, ou
                 step_s[s].append(report["iteration_time_s"])
     result = {}
     for s, engine in engines.items():
-        its = engine.extensions[0].runtime.metrics.iterations[warmup:]
+        zero3 = next(e for e in engine.extensions if e.name == "zero3")
+        its = zero3.runtime.metrics.iterations[warmup:]
         result[s] = {"allgathers": its[-1]["num_allgathers"],
                      "host_s": statistics.median(i["fetch_host_s"] + i["release_host_s"] for i in its),
                      "steps_s": step_s[s]}

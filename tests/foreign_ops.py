@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ExecutionTraceObserver
 
-from actors.replay import resolve
+from actors.replay.ops import resolve
 from actors.trace import load_trace
 from actors.trace.model import TensorArg
 from tests import et_json

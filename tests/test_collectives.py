@@ -1,4 +1,4 @@
-"""Collective replay (actors.replay.collectives), process groups and bandwidth math.
+"""Collective replay (actors.replay.comm.replayer), process groups and bandwidth math.
 
 Multi-rank tests use gloo through torch.multiprocessing spawn (no Ray): every rank replays a
 hand-built list of collective Ops in full mode (dict-backed registry, results checked) and in
@@ -15,11 +15,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from actors.errors import ConfigError, ReplayError
-from actors.replay.collective_plan import plan_async
+from actors.replay.comm.async_plan import plan_async
 from actors.trace.op_schema import is_view_op
-from actors.replay.collectives import CollectiveReplayer
-from actors.replay.comm_metrics import CommStats, bus_bandwidth, bus_factor, message_bytes
-from actors.replay.process_groups import ProcessGroups, merge_group_tables, resolve_pg_name
+from actors.replay.comm.replayer import CollectiveReplayer
+from actors.replay.comm.metrics import CommStats, bus_bandwidth, bus_factor, message_bytes
+from actors.replay.comm.process_groups import ProcessGroups, merge_group_tables, resolve_pg_name
 from actors.trace.model import Arg, Collective, Op, ProcessGroupInfo, TensorArg
 
 ITEMSIZE = {"float32": 4, "int64": 8}

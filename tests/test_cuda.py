@@ -52,8 +52,8 @@ def test_allocator_model_predicts_max_memory_reserved(mode):
     ``max_memory_reserved`` of the same replay (reserved_model.py; 3% is the target)."""
     import os
 
-    from actors.replay.reserved_model import ReservedMemoryModel
-    from actors.replay.target import TargetConfig
+    from actors.replay.memory.reserved_model import ReservedMemoryModel
+    from actors.replay.memory.target import TargetConfig
 
     props = torch.cuda.get_device_properties(0)
     workspace = os.environ.get("CUBLAS_WORKSPACE_CONFIG") or \

@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 
 from actors.errors import ConfigError
-from actors.replay.cuda_alloc_conf import (AllocatorSettings, parse_alloc_conf, round_size,
+from actors.replay.memory.cuda_alloc_conf import (AllocatorSettings, parse_alloc_conf, round_size,
                                            segment_size)
-from actors.replay.cuda_allocator import ADDR_BITS, CachingAllocatorModel
+from actors.replay.memory.cuda_allocator import ADDR_BITS, CachingAllocatorModel
 
 MiB = 1 << 20
 

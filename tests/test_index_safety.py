@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from actors.replay.index_safety import (DEFAULT_INT_RANGE, fill_int_tensor, int_fill_range,
+from actors.replay.ops.index_safety import (DEFAULT_INT_RANGE, fill_int_tensor, int_fill_range,
                                         is_monotonic_input, safe_int_bounds)
-from actors.replay.resolve import ResolvedOp, resolve_op
+from actors.replay.ops.resolve import ResolvedOp, resolve_op
 
 aten = torch.ops.aten
 GARBAGE = (-(10**9), 10**12)  # what an uninitialized output buffer's recorded range looks like

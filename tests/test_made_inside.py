@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from actors.replay.allocation import make_policy
+from actors.replay.memory.policies import make_policy
 from actors.trace import compute_liveness, load_trace
 from actors.trace.stats import param_like_storages
 from tests.et_json import ADD, ADD_, EMPTY, RELU, node, step_node, tensor, write_trace

@@ -1,4 +1,4 @@
-"""Meta dry runs with recorded outputs (actors/replay/meta_outputs.py) account exactly as the
+"""Meta dry runs with recorded outputs (actors/replay/ops/meta_outputs.py) account exactly as the
 meta kernels do: same peak, breakdown, peak op, flushes, materializations, coverage and
 timeline, on the demo traces and on a meta-captured llama under ZeRO-3 emulation; views and
 metadata-changing ops keep their kernels; a recipe refuses an input a flush dropped."""
@@ -12,8 +12,8 @@ import torch
 
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
-from actors.replay.meta_outputs import RecordedOutputs
-from actors.replay.plan import Step
+from actors.replay.ops.meta_outputs import RecordedOutputs
+from actors.replay.steps import Step
 from actors.trace import load_trace
 from actors.zero3.config import Zero3Config
 from actors.zero3.extension import zero3_extensions

@@ -6,7 +6,7 @@ import torch
 
 from actors.errors import ReplayError
 from actors.trace.op_schema import fresh_return_positions, parse_schema
-from actors.replay.resolve import (COLLECTIVE, SKIPPED, UNRESOLVED, ResolvedOp, Unresolved,
+from actors.replay.ops.resolve import (COLLECTIVE, SKIPPED, UNRESOLVED, ResolvedOp, Unresolved,
                                    resolve_op, skip_reason, to_device, to_dtype, to_layout,
                                    to_memory_format, torch_dtype)
 from actors.trace.dtypes import (DTYPE_BY_CODE, ET_TYPE_TO_DTYPE, dtype_from_et_type,

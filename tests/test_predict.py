@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 
 from actors.capture.workload_config import validate as validate_workload
 from actors.errors import ConfigError
-from actors.replay.target import TargetConfig
+from actors.replay.memory.target import TargetConfig
 from orchestrator.config import CONF_DIR
 from orchestrator.predict import PredictConfig, capture_workload, predict, verdict
 from orchestrator.predict_main import predict_config

@@ -110,12 +110,11 @@ def test_leaf_patterns_on_a_trace_without_ranges_point_to_zero3_modules(actor, l
 def test_an_empty_exception_is_reported_with_its_type_and_phase(actor, monkeypatch):
     """``KeyError('')`` printed as ``''`` told the user nothing: the report and the run's
     error name the type, the phase and the code that raised."""
-    import actors.rank_actor as rank_actor
     from orchestrator import metrics
 
     def broken(*_):
         raise KeyError("")
-    monkeypatch.setattr(rank_actor, "zero3_extensions", broken)
+    monkeypatch.setattr("actors.replay.extensions.zero3_extensions", broken)
     report = actor.replay(str(DEMO / "rank-0.et.json.gz"), None, ReplayConfig(**DRY_RUN), [])
     assert report["status"] == "failed" and report["phase"] == "compile"
     assert report["error"].startswith("rank 0: KeyError: '' (phase compile) [")

@@ -9,9 +9,9 @@ import pytest
 from actors.errors import ConfigError
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
-from actors.replay.memory import MemoryTracker
-from actors.replay.reserved_model import ReservedMemoryModel, reserved_model_extensions
-from actors.replay.target import CudaAllocatorConfig, TargetConfig, cublas_workspace_bytes
+from actors.replay.memory.accounting import MemoryTracker
+from actors.replay.memory.reserved_model import ReservedMemoryModel, reserved_model_extensions
+from actors.replay.memory.target import CudaAllocatorConfig, TargetConfig, cublas_workspace_bytes
 from actors.trace import load_trace
 
 MiB = 1 << 20

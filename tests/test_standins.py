@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actors.replay import plan, standins
+from actors.replay import steps as plan
+from actors.replay.ops import standins
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
 from actors.trace import load_trace

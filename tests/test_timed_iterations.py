@@ -139,9 +139,9 @@ class _Jitter(ReplayExtension):
 
 
 def _rank(rank, world, init_file, trace_dir, out_dir, cases):
-    from actors.replay.collectives import CollectiveReplayer
+    from actors.replay.comm.replayer import CollectiveReplayer
     from actors.replay.engine import ReplayEngine
-    from actors.replay.process_groups import ProcessGroups, merge_group_tables
+    from actors.replay.comm.process_groups import ProcessGroups, merge_group_tables
     from actors.trace import load_trace
 
     torch.set_num_threads(1)

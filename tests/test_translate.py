@@ -7,7 +7,8 @@ import copy
 import pytest
 import torch
 
-from actors.replay import plan, translate
+from actors.replay import steps as plan
+from actors.replay.ops import translate
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
 from actors.trace import load_trace

@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as Fn
 
-from actors.replay import plan, translate
+from actors.replay import steps as plan
+from actors.replay.ops import translate
 from actors.trace.op_schema import parse_schema
 from tests import foreign_ops as F
 

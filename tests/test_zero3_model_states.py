@@ -10,11 +10,11 @@ import torch
 
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
-from actors.replay.tensor_store import FLOAT_FILL
+from actors.replay.memory.tensor_store import FLOAT_FILL
 from actors.trace import load_trace
 from actors.zero3.config import Zero3Config
 from actors.zero3.extension import zero3_extensions
-from actors.zero3.model_states import GRAD, STATE, TEMP
+from actors.zero3.states_plan import GRAD, STATE, TEMP
 from actors.zero3.partition import shard_numel
 from orchestrator import study_traces
 from tests.test_oom_study import TINY_LLAMA

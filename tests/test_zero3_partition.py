@@ -15,11 +15,11 @@ import torch.multiprocessing as mp
 from actors.rank_base import free_port
 from actors.trace.model import TensorArg
 from actors.zero3.metrics import Zero3Metrics
-from actors.zero3.model_states import GRAD, Bucket, ModelState, StatesPlan
+from actors.zero3.states_plan import GRAD, Bucket, ModelState, StatesPlan
 from actors.zero3.params import Param
 from actors.zero3.partition import aligned_numel, flat_offsets, shard_numel
-from actors.zero3.plan import Gather, Home
-from actors.zero3.runtime import Zero3Runtime
+from actors.zero3.fetch_schedule import Gather, Home
+from actors.zero3.fetch_runtime import Zero3Runtime
 from actors.zero3.states_runtime import ModelStatesRuntime
 
 # (shape, stride, storage offset) of each parameter's view; numels 7, 12, 1, 30 and 5 (a view

@@ -12,12 +12,12 @@ import torch
 from actors.capture import trace_file_name
 from actors.errors import ConfigError
 from actors.trace import compute_liveness, load_trace
-from actors.zero3 import finegrained as fg
+from actors.capture import finegrained_model as fg
 from actors.zero3.config import Zero3Config
 from actors.zero3.leaves import granularities
 from actors.zero3.markers import read_backward_marks
 from actors.zero3.modules import BWD, FWD, phases
-from actors.zero3.planning import build_plan
+from actors.zero3.fetch_plan import build_plan
 
 DEMO = Path(__file__).resolve().parents[1] / "demo" / "traces"
 MODEL = fg.FineGrainedConfig(d_model=16, num_blocks=2, linears_per_block=3, num_experts=8,

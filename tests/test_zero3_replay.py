@@ -12,7 +12,7 @@ from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
 from actors.trace import load_trace
 from actors.trace.liveness import compute_liveness
-from actors.zero3 import finegrained as fg
+from actors.capture import finegrained_model as fg
 from actors.zero3.config import Zero3Config
 from actors.zero3.extension import Zero3Extension
 from actors.zero3.markers import read_backward_marks

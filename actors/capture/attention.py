@@ -9,7 +9,7 @@
   only), each with its logsumexp and philox seed/offset. On meta, SDPA itself would fall back
   to the unfused math path (``bmm``, softmax, a seq x seq score matrix kept for backward). The
   trace then replays natively on CUDA; elsewhere the replay translates it to the CPU kernel
-  (actors/replay/translate_attention.py);
+  (actors/replay/ops/translate_attention.py);
 * cpu: CPU's flash kernel ``_scaled_dot_product_flash_attention_for_cpu``, directly.
 
 ``math`` is Meta's reference ``softmax(q k^T / sqrt(d) + mask) v``, which keeps the scores.

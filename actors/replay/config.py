@@ -100,7 +100,7 @@ class ReplayConfig:
     # meta: the first iteration runs every op's meta kernel; later ones rebuild the outputs
     # it saw (fresh tensors of the same shapes and strides, or the input an in-place op
     # returns) without the kernel, 10-100x cheaper; views and ops that change an input's
-    # metadata keep their kernel (actors/replay/meta_outputs.py). Accounting is unchanged.
+    # metadata keep their kernel (actors/replay/ops/meta_outputs.py). Accounting is unchanged.
     meta_recorded_outputs: bool = True
     # Turn output shape/dtype mismatches into errors instead of counting them.
     strict: bool = False

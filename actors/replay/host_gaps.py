@@ -44,7 +44,7 @@ from functools import partial
 from pathlib import Path
 
 from actors.errors import ReplayError, TraceError
-from actors.replay.extension import ReplayExtension
+from actors.replay.extension import ReplayContext, ReplayExtension
 from actors.trace.kineto import HostTimes, host_times, kineto_path_for
 from actors.trace.meta_file import meta_path_of, rank_seconds, read_meta
 
@@ -131,9 +131,9 @@ class HostGaps(ReplayExtension):
             raise ReplayError(f"replay.host_gaps=true: {e}") from None
         return cls(host.gaps_s, str(path), host.op_s, calibration)
 
-    def attach(self, engine) -> None:
-        self._collectives = {op.index for op in engine.trace.ops if op.collective is not None}
-        self._comm = engine.comm
+    def attach(self, ctx: ReplayContext) -> None:
+        self._collectives = {op.index for op in ctx.trace.ops if op.collective is not None}
+        self._comm = ctx.comm
 
     def waits_s(self) -> dict[int, float]:
         """Op index -> seconds of recorded gaps to spend right before it (merged; module doc)."""

@@ -73,8 +73,7 @@ class RankReport:
         op = engine.last_op
         self.last_op = f"node {op.node_id} {op.name}" if op is not None else None
         med = statistics.median
-        memory, meter = engine.memory, engine.meter
-        measured = meter.peak_bytes
+        memory = engine.memory
         self.data = {
             "num_ops": len(engine.steps), "num_in_scope": in_scope, "num_replayed": replayed,
             "num_skipped": in_scope - replayed, "skipped_reasons": dict(reasons),
@@ -88,26 +87,27 @@ class RankReport:
             "timing_stop_reason": engine.stop_rule.reason if engine.stop_rule else None,
             "compute_time_s": med(self.compute_times_s) if self.compute_times_s else None,
             "comm_time_s": med(self.comm_times_s) if self.comm_times_s else None,
-            "measured_peak_bytes": measured,
+            "measured_peak_bytes": None,  # these five: the memory meter's, if it measured
             "accounted_peak_bytes": memory.peak_bytes,
             "peak_breakdown": breakdown(memory.peak_category_bytes),
             "peak_op": peak_op(engine, memory.peak_step),
-            "peak_memory_bytes": measured if measured is not None else memory.peak_bytes,
-            "peak_memory_source": "measured" if measured is not None else "accounted",
-            "memory_measure_method": meter.method,
-            "memory_measure": meter.details(),
+            "peak_memory_bytes": memory.peak_bytes,
+            "peak_memory_source": "accounted",
+            "memory_measure_method": None,
+            "memory_measure": None,
             "persistent_bytes": engine.policy.persistent_bytes(engine.liveness.storage_bytes),
             "liveness_lower_bound_bytes": lower_bound_bytes(engine),
             "device_memory_capacity_bytes": memory.capacity_bytes,
             "device_memory_threshold": engine.cfg.allocation.device_memory_threshold,
-            "num_flushes": engine.num_flushes, "flushed_bytes": engine.flushed_bytes,
+            "num_flushes": engine.room.num_flushes,
+            "flushed_bytes": engine.room.flushed_bytes,
             "flush_ticks": list(memory.flush_ticks),
             "num_materialized": engine.store.num_materialized,
             "memory_timeline": [list(p) for p in memory.timeline],
             "top_ops": top_ops(engine.steps, len(self.iteration_times_s)),
-            "collectives": engine.comm.stats_dict() if engine.comm is not None else {},
+            "collectives": {},  # the collectives extension's, if any
         }
-        for ext in engine.extensions:
+        for ext in engine.extensions:  # a key above keeps its place when an extension sets it
             self.data[ext.name] = ext.report()
             self.data.update(ext.headline())
         return self

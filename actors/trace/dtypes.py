@@ -1,7 +1,7 @@
 """Dtype names as an Execution Trace spells them, mapped to torch dtype *names* (no torch import).
 
 The trace loader must stay torch-free, so everything here is plain data keyed by the names
-``torch.<name>`` carries (``"float32"``, ``"int64"``, ...); ``actors.replay.resolve`` turns a
+``torch.<name>`` carries (``"float32"``, ``"int64"``, ...); ``actors.replay.ops.resolve`` turns a
 name into a ``torch.dtype``. Three spellings occur in traces:
 
 * ``Tensor(<c++ type>)`` in ``inputs.types``: the demangled C++ element type, which depends

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from actors.zero3.model_states import STATE, ModelState
+from actors.zero3.states_plan import STATE, ModelState
 from actors.zero3.params import Param
 from actors.zero3.partition import shard_numel
 

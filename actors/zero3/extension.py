@@ -1,8 +1,8 @@
 """ZeRO-3 as a replay extension: partitioned parameters fetched and released around the ops,
 their gradients reduce-scattered to shards and their optimizer state held as shards.
 
-The rank actor builds one when ``zero3.strategy`` is not ``none`` and hands it to the engine
-(``ReplayEngine(..., extensions=[...])``). It plans once against the compiled engine, owns
+actors/replay/extensions.py builds one when ``zero3.strategy`` is not ``none``
+(``ReplayEngine(..., zero3=cfg)``). It plans once against the compiled steps, owns
 every parameter storage and every model state of a partitioned parameter (gradients,
 optimizer state, update temporaries: the allocation policy leaves them alone), and turns each
 boundary's events into one hook.
@@ -14,15 +14,15 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from actors.errors import ConfigError
-from actors.replay.extension import ReplayExtension
+from actors.replay.extension import ReplayContext, ReplayExtension
 from actors.zero3.config import GradAccumDtype, StatesLayout, Zero3Config
 from actors.zero3.deepspeed_layout import deepspeed_buffers, update_windows
 from actors.zero3.markers import read_backward_marks
-from actors.zero3.model_states import GRAD, STATE, TEMP, StatesPlan, find_model_states, \
+from actors.zero3.states_plan import GRAD, STATE, TEMP, StatesPlan, find_model_states, \
     plan_states, views_of
 from actors.zero3.modules import UPDATE, phases
-from actors.zero3.planning import Zero3Plan, build_plan, module_report
-from actors.zero3.runtime import Zero3Runtime
+from actors.zero3.fetch_plan import Zero3Plan, build_plan, module_report
+from actors.zero3.fetch_runtime import Zero3Runtime
 from actors.zero3.states_runtime import ModelStatesRuntime
 
 
@@ -38,33 +38,33 @@ class Zero3Extension(ReplayExtension):
         self.runtime: Zero3Runtime | None = None
         self.states: StatesPlan | None = None
         self.states_runtime: ModelStatesRuntime | None = None
-        self.engine = None
+        self.engine: ReplayContext | None = None  # the replay's facilities, set by attach
 
-    def attach(self, engine) -> None:
+    def attach(self, ctx: ReplayContext) -> None:
         group = None
         if self.cfg.world_size is not None:
             world = self.cfg.world_size  # emulated: no communication
-        elif engine.comm is not None:
-            group = engine.comm.groups.handle("0")
+        elif ctx.comm is not None:
+            group = ctx.comm.groups.handle("0")
             world = group.size()
         else:  # compute mode: the trace's world, emulated
-            world = trace_world_size(engine.trace)
+            world = trace_world_size(ctx.trace)
         hpz = self.cfg.hpz_partition_size
         if world % hpz:
             raise ConfigError(f"zero3.hpz_partition_size={hpz} does not divide the world size "
                               f"{world}; expected the ranks per node (e.g. GPUs per node)")
-        self.z = build_plan(engine.trace, engine.liveness, self.cfg, world, self.marks)
-        hpz_group = _node_group(engine.rank, world, hpz, engine.cfg.collective_timeout_s) \
+        self.z = build_plan(ctx.trace, ctx.liveness, self.cfg, world, self.marks)
+        hpz_group = _node_group(ctx.rank, world, hpz, ctx.cfg.collective_timeout_s) \
             if group is not None and hpz > 1 else None
-        self.runtime = Zero3Runtime(self.z.plan.homes, world, engine.rank % world, engine.device,
-                                    engine.store, engine.memory, group, hpz=hpz,
+        self.runtime = Zero3Runtime(self.z.plan.homes, world, ctx.rank % world, ctx.device,
+                                    ctx.store, ctx.memory, group, hpz=hpz,
                                     hpz_group=hpz_group)
-        self.engine = engine
+        self.engine = ctx
         partitioned = [p for p in self.z.params if not self.z.home_of[p.suid].persistent]
         deepspeed = self.cfg.layout == StatesLayout.deepspeed
-        phase = phases(engine.trace)
-        found = find_model_states(engine.trace, engine.liveness, partitioned, phase)
-        self.states = plan_states(engine.trace, found, self.cfg.reduce_bucket_size,
+        phase = phases(ctx.trace)
+        found = find_model_states(ctx.trace, ctx.liveness, partitioned, phase)
+        self.states = plan_states(ctx.trace, found, self.cfg.reduce_bucket_size,
                                   contiguous=deepspeed)
         self.buffers = None
         if deepspeed and partitioned:
@@ -76,13 +76,13 @@ class Zero3Extension(ReplayExtension):
                 self.states.late.setdefault(first, []).append(("update_begin", None))
                 self.states.early.setdefault(end, []).insert(0, ("update_end", None))
         self.states_runtime = ModelStatesRuntime(
-            self.states, world, engine.rank % world, engine.device, engine.store, engine.memory,
-            self.runtime.metrics, views_of(engine.trace, {m.suid for m in found}), group,
+            self.states, world, ctx.rank % world, ctx.device, ctx.store, ctx.memory,
+            self.runtime.metrics, views_of(ctx.trace, {m.suid for m in found}), group,
             self.buffers)
 
     def allocate(self) -> None:
         """Parameter shards (persistent parameters whole) and optimizer-state shards: held
-        for the whole replay, allocated where the memory meter sees them (engine._prepare)."""
+        for the whole replay, allocated where the memory meter sees them (ReplayEngine._prepare)."""
         self.runtime.allocate()
         self.states_runtime.allocate()
 

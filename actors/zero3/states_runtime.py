@@ -1,4 +1,4 @@
-"""Executes the model-state events of one rank (actors/zero3/model_states.py): optimizer-state
+"""Executes the model-state events of one rank (actors/zero3/states_plan.py): optimizer-state
 shards, full gradients turned into shards by reduce-scatter, shard-sized update temporaries.
 
 Every model state is a storage the ZeRO-3 extension owns: the engine neither accounts nor
@@ -17,14 +17,14 @@ import time
 
 import torch
 
-from actors.replay.collective_calls import RS_ONE
-from actors.replay.resolve import torch_dtype
-from actors.replay.tensor_store import FLOAT_FILL
+from actors.replay.comm.calls import RS_ONE
+from actors.replay.ops.resolve import torch_dtype
+from actors.replay.memory.tensor_store import FLOAT_FILL
 from actors.trace.categories import COMMUNICATION, GRADIENTS, OPTIMIZER_STATE, TEMPORARIES
 from actors.zero3.deepspeed_layout import DeepSpeedBuffers
 from actors.zero3.metrics import Zero3Metrics
-from actors.zero3.model_states import GRAD, STATE, Bucket, ModelState, StatesPlan
-from actors.zero3.runtime import view_stride
+from actors.zero3.states_plan import GRAD, STATE, Bucket, ModelState, StatesPlan
+from actors.zero3.fetch_runtime import view_stride
 
 # torch 2.13 renamed reduce_scatter_tensor (the old name warns on every call)
 

@@ -7,7 +7,7 @@ largest message, so a replay allocates only when a bigger message shows up.
 
 Semantics kept from the trace: sizes, dtype, uneven all_to_all splits, root/peer (a group
 rank, as c10d records it), group, and which calls run async and where they complete
-(actors/replay/collective_plan.py); every call completes at ``wait_all`` at the latest. Reductions use SUM for floating dtypes and MAX
+(async_plan.py); every call completes at ``wait_all`` at the latest. Reductions use SUM for floating dtypes and MAX
 for integer/bool ones so index tensors stay in range. gloo (torch 2.13) natively supports
 every kind here, reduce_scatter included (internally built on all_reduce); the one gap,
 all_to_all with unequal list entries, is run as an all_to_all_single over packed buffers.
@@ -25,13 +25,13 @@ import torch
 import torch.distributed as dist
 
 from actors.errors import ReplayError
-from actors.replay.collective_calls import (CALLS, COALESCED_PART, Ctx, all_to_all_list,
+from actors.replay.comm.calls import (CALLS, COALESCED_PART, Ctx, all_to_all_list,
                                             all_to_all_rows)
-from actors.replay.collective_plan import plan_async
-from actors.replay.comm_metrics import (CommStats, buffer_sizes, check_group_fit, element_splits,
+from actors.replay.comm.async_plan import plan_async
+from actors.replay.comm.metrics import (CommStats, buffer_sizes, check_group_fit, element_splits,
                                         message_bytes)
-from actors.replay.process_groups import ProcessGroups
-from actors.replay.resolve import torch_dtype_or_none
+from actors.replay.comm.process_groups import ProcessGroups
+from actors.replay.ops.resolve import torch_dtype_or_none
 from actors.trace.model import Arg, Op, TensorArg
 
 # c10d ops whose first argument is the output (list) and second the input (list).
@@ -86,7 +86,7 @@ class CollectiveReplayer:
 
     # --- planning -----------------------------------------------------------------------
     def plan(self, ops: Sequence[Op]) -> None:
-        """Which calls run ``async_op=True`` and where each completes (collective_plan).
+        """Which calls run ``async_op=True`` and where each completes (async_plan).
         Without a plan every call is synchronous."""
         p = plan_async(ops)
         self._waited, self._async, self._complete_before = p.waited, p.calls, p.complete_before

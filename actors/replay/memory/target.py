@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from actors.choices import Choice
 from actors.errors import ConfigError
 from actors.replay.config import parse_bytes
-from actors.replay.cuda_alloc_conf import AllocatorSettings, parse_alloc_conf
+from actors.replay.memory.cuda_alloc_conf import AllocatorSettings, parse_alloc_conf
 
 
 class TargetName(Choice):

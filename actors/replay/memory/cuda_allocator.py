@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
-from actors.replay.cuda_alloc_conf import (LARGE_BUFFER, SMALL_SIZE, AllocatorSettings,
+from actors.replay.memory.cuda_alloc_conf import (LARGE_BUFFER, SMALL_SIZE, AllocatorSettings,
                                            MIN_BLOCK, round_size, segment_size)
-from actors.replay.cuda_expandable import ExpandableSegments
+from actors.replay.memory.cuda_expandable import ExpandableSegments
 
 ADDR_BITS = 64  # addresses are counters below 2**64: keys order by size, then address
 

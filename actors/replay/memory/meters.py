@@ -1,7 +1,8 @@
 """Measured memory: what the device's allocator really handed out, op temporaries included.
 
-One meter per device kind. The engine opens it before it allocates anything (before
-extensions such as ZeRO-3 allocate their shards), ``start``/``stop`` wrap every timed
+One meter per device kind, joined to the replay as an extension (``MemoryMeter``, the first
+of the list): it opens in ``attach``, before anything of the replay is allocated (before
+other extensions such as ZeRO-3 allocate their shards), ``start``/``stop`` wrap every timed
 iteration, and it is closed by ``engine.close()`` (or when the engine is collected):
 
 * cpu: a counter of the CPU allocator's live bytes (actors/cpu_counter.py), installed as
@@ -22,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from actors import cpu_counter
+from actors.replay.extension import ReplayContext, ReplayExtension
 
 CPU_METHOD = "cpu_allocator_counter"
 CUDA_METHOD = "cuda_allocator_stats"
@@ -131,3 +133,35 @@ def make_meter(device: torch.device, enabled: bool) -> NoMeter:
     if device.type == "cpu":
         return CpuCounterMeter()
     return NoMeter()
+
+
+class MemoryMeter(ReplayExtension):
+    """The device's meter as a replay extension: its window is every timed iteration; the
+    report's ``memory_measure`` section and its top-level measured figures are its own."""
+
+    name = "memory_measure"
+
+    def __init__(self, meter: NoMeter):
+        self.meter = meter
+
+    def attach(self, ctx: ReplayContext) -> None:
+        self.meter.open()
+
+    def start_measuring(self) -> None:
+        self.meter.start()
+
+    def stop_measuring(self) -> None:
+        self.meter.stop()
+
+    def report(self) -> dict | None:
+        return self.meter.details()
+
+    def headline(self) -> dict:
+        measured = self.meter.peak_bytes
+        out = {"measured_peak_bytes": measured, "memory_measure_method": self.meter.method}
+        if measured is not None:  # else the accounted peak stands alone
+            out.update(peak_memory_bytes=measured, peak_memory_source="measured")
+        return out
+
+    def close(self) -> None:
+        self.meter.close()

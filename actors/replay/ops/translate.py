@@ -18,10 +18,10 @@ from typing import Callable
 
 import torch
 
-from actors.replay import resolve
-from actors.replay import translate_attention as attention
-from actors.replay import translate_optim as optim
-from actors.replay.recorded import Outputs, binding, input_arg, schema_of
+from actors.replay.ops import resolve
+from actors.replay.ops import translate_attention as attention
+from actors.replay.ops import translate_optim as optim
+from actors.replay.ops.recorded import Outputs, binding, input_arg, schema_of
 from actors.trace.model import Op, TensorArg
 from actors.trace.op_schema import OpSchema
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from actors.replay import resolve
-from actors.replay.recorded import Outputs, binding, schema_of
+from actors.replay.ops import resolve
+from actors.replay.ops.recorded import Outputs, binding, schema_of
 from actors.trace.model import Arg, Op
 
 # ops whose result needs the input's values: a scalar, or an output shape set by the data

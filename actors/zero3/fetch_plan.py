@@ -11,8 +11,8 @@ from actors.zero3.leaves import granularities
 from actors.zero3.markers import backward_windows
 from actors.zero3.modules import BWD, UPDATE, ModuleTree, build_tree, op_module, phases
 from actors.zero3.params import Param, discover_params, params_by_ref
-from actors.zero3.plan import Home, Plan, add_prefetch, simulate, uncovered_uses
-from actors.zero3.strategies import STRATEGIES, Context, orphan_windows
+from actors.zero3.fetch_schedule import Home, Plan, add_prefetch, simulate, uncovered_uses
+from actors.zero3.fetch_strategies import STRATEGIES, Context, orphan_windows
 
 
 @dataclass

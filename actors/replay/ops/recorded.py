@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from actors.errors import ReplayError
-from actors.replay import resolve
+from actors.replay.ops import resolve
 from actors.trace.model import Arg, Op, TensorArg
 from actors.trace.op_schema import OpSchema, parse_schema
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from bisect import insort
 
-from actors.replay.cuda_alloc_conf import LARGE_BUFFER, SMALL_BUFFER
+from actors.replay.memory.cuda_alloc_conf import LARGE_BUFFER, SMALL_BUFFER
 
 
 def _by_addr(block) -> int:

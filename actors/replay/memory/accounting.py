@@ -3,7 +3,7 @@ threshold flushing decisions and a bounded timeline.
 
 "Accounted" means computed from the trace: a storage counts with the bytes its recorded views
 reach. What the device really allocated (op temporaries, workspaces, allocator rounding) is
-measured separately (actors/replay/meters.py). Accounting drives the OOM and flush decisions
+measured separately (actors/replay/memory/meters.py). Accounting drives the OOM and flush decisions
 because it can tell *before* an op runs what the op will need.
 """
 from __future__ import annotations
@@ -84,7 +84,7 @@ class MemoryTracker:
         self.observer = None  # sees every allocation and free (observe)
 
     def observe(self, observer) -> None:
-        """Tell ``observer`` (an allocator model: actors/replay/reserved_model.py) of every
+        """Tell ``observer`` (an allocator model: actors/replay/memory/reserved_model.py) of every
         storage held and released, ``held(suid, nbytes)`` / ``released(suid)``, and of every
         extension charge, ``charged(nbytes)`` / ``discharged(nbytes)``. The op loop writes
         ``held`` directly, so the list itself reports its transitions."""
@@ -170,8 +170,6 @@ class _ObservedHeld(list):
             self._observer.released(suid)
 
 
-def sample_points(num_ops: int, max_points: int) -> range:
-    """Op indices after which the first iteration's timeline samples (about ``max_points``)."""
 def sample_points(num_ops: int, max_points: int) -> list[int]:
     """Op indices after which the first iteration's timeline samples (about ``max_points``),
     the last op always among them: every op falls in some point's bucket."""

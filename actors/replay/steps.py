@@ -11,7 +11,7 @@ from operator import itemgetter
 
 import torch
 
-from actors.replay import index_safety, resolve, standins, translate
+from actors.replay.ops import index_safety, resolve, standins, translate
 from actors.trace.model import Arg, Op, TensorArg
 
 _TYPE_CONVERTERS = {
@@ -29,7 +29,9 @@ class Step:
     op: Op | None
     kind: str
     reason: str = ""  # why skipped or failed
-    fn: object = None  # the overload's C++ callable (skips OpOverload.__call__'s frame)
+    # the overload's C++ callable (skips OpOverload.__call__'s frame); a collective: the
+    # callable of the extension that replays it (ReplayExtension.runs); a hook: the hook
+    fn: object = None
     template: list = None  # positional argument values, tensors left as None
     kwargs: dict = None  # constant keyword arguments (recorded values equal to defaults dropped)
     tensor_slots: tuple = ()  # (position, TensorArg) to fill from the registry

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from actors.replay.plan import Step
+from actors.replay.steps import Step
 
 _META = torch.device("meta")
 _empty_strided = torch.empty_strided

@@ -10,9 +10,9 @@ as PyTorch keeps it per handle and stream.
 """
 from __future__ import annotations
 
-from actors.replay.cuda_allocator import CachingAllocatorModel
-from actors.replay.extension import ReplayExtension
-from actors.replay.target import TargetConfig
+from actors.replay.memory.cuda_allocator import CachingAllocatorModel
+from actors.replay.extension import ReplayContext, ReplayExtension
+from actors.replay.memory.target import TargetConfig
 
 HEADLINE = ("predicted_reserved_peak_bytes", "predicted_allocated_peak_bytes", "num_alloc_retries",
             "num_predicted_ooms")
@@ -32,11 +32,11 @@ class ReservedMemoryModel(ReplayExtension):
         self._charges: dict[int, list] = {}  # charged size -> blocks, latest last
         self.num_unmatched_discharges = 0
 
-    def attach(self, engine) -> None:
-        """Observe the engine's memory; serve the cuBLAS workspace first."""
+    def attach(self, ctx: ReplayContext) -> None:
+        """Observe the replay's memory; serve the cuBLAS workspace first."""
         if self.figures["cublas_workspace_bytes"]:
             self.model.malloc(self.figures["cublas_workspace_bytes"])
-        engine.memory.observe(self)
+        ctx.memory.observe(self)
 
     # --- the MemoryTracker observer ------------------------------------------------------
     def held(self, suid: int, nbytes: int) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from actors.replay.recorded import Outputs, fit, input_arg, recorded_value
+from actors.replay.ops.recorded import Outputs, fit, input_arg, recorded_value
 from actors.trace.model import Op, TensorArg
 from actors.trace.op_schema import OpSchema
 

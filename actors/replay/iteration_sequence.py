@@ -1,6 +1,6 @@
 """The op loop's sequence: what one iteration runs, in order, as flat tuples.
 
-An entry is ``fast tuple + (frees, step)``: the step's fast tuple (``plan.set_fast_path``;
+An entry is ``fast tuple + (frees, step)``: the step's fast tuple (``steps.set_fast_path``;
 Nones for a step off the fast path), the storages the allocation policy frees right after it,
 and the step. Extension hooks become entries of their own around the op they are planned
 next to; the first iteration also samples the memory timeline through hook entries, so later
@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from functools import partial
 
-from actors.replay.plan import Step
+from actors.replay.memory.accounting import sample_points
+from actors.replay.steps import Step
 
 NOT_FAST = (None,) * 7  # the fast tuple's slots of an entry off the fast path
 
@@ -59,3 +60,27 @@ def build(steps: list[Step], free_lists: list[tuple], hooks: tuple[dict, dict],
         if i in samples:
             seq.append(hook_entry(partial(sample, i), i))
     return seq
+
+
+class Sequences:
+    """An iteration's entries per variant, built on first use and rebuilt after ``clear``
+    (a step changed: a stand-in, a failure, recorded outputs installed)."""
+
+    def __init__(self, steps: list[Step], free_lists: list[tuple], hooks: tuple[dict, dict],
+                 memory, gather):
+        self.steps, self.free_lists, self.hooks = steps, free_lists, hooks
+        self.memory, self.gather = memory, gather
+        self._built: dict[tuple[bool, bool], list] = {}  # (sampled, checked) -> entries
+
+    def get(self, sampled: bool, checked: bool) -> list[tuple]:
+        """The entries of an iteration (``build``): ``sampled`` records the memory timeline."""
+        key = (sampled, checked)
+        if key not in self._built:
+            samples = set(sample_points(len(self.steps), self.memory.max_points)) \
+                if sampled else set()
+            self._built[key] = build(self.steps, self.free_lists, self.hooks, samples,
+                                     self.memory.sample, checked, self.gather)
+        return self._built[key]
+
+    def clear(self) -> None:
+        self._built.clear()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from actors.replay.extension import ReplayExtension
+from actors.replay.extension import ReplayContext, ReplayExtension
 from actors.trace.categories import MADE_INSIDE
 
 
@@ -26,9 +26,9 @@ class NestedMemory(ReplayExtension):
         self.device = None
         self.peak_held_bytes = 0
 
-    def attach(self, engine) -> None:
-        self.memory, self.device = engine.memory, engine.device
-        owned = set().union(*(e.owned_storages() for e in engine.extensions if e is not self))
+    def attach(self, ctx: ReplayContext) -> None:
+        self.memory, self.device = ctx.memory, ctx.device
+        owned = set().union(*(e.owned_storages() for e in ctx.extensions if e is not self))
         self.lifetimes = tuple(lt for lt in self.lifetimes if lt[0] not in owned)
 
     def hooks(self):

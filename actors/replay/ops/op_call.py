@@ -1,23 +1,74 @@
 """Calling one op off the loop's fast path: arguments from the registry (tensor lists,
-tensors passed by keyword, index guards), outputs registered, and the first iteration's check
-of output shapes and dtypes against the trace."""
+tensors passed by keyword, index guards), outputs registered, the first iteration's check
+of output shapes and dtypes against the trace, and what happens when an op raises."""
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
 from actors.errors import ReplayError
+from actors.replay.memory.accounting import OutOfMemory, is_allocation_failure
+from actors.replay.ops import standins
 from actors.trace.model import TensorArg
+
+# What a replayed op may raise on synthetic data; the op is then skipped with its reason
+# (unless it is the device refusing memory: that is an OOM).
+OP_ERRORS = (RuntimeError, TypeError, ValueError, IndexError, NotImplementedError)
 
 
 class OpCaller:
-    """Calls steps with arguments from ``store`` and registers what they return."""
+    """Calls steps with arguments from ``store`` and registers what they return.
+    ``replanned`` is called when a step changes (a stand-in, a failure): the loop's
+    sequences, which hold its fast tuple, must be rebuilt."""
 
-    def __init__(self, store, owned: set[int], strict: bool, rank: int):
+    def __init__(self, store, owned: set[int], strict: bool, rank: int, memory=None,
+                 meta: bool = False, replanned: Callable[[], None] = lambda: None):
         self.store = store
         self.owned = owned  # extensions' storages: their shapes are the extension's (ZeRO-3 shards)
         self.strict = strict
         self.rank = rank
+        self.memory = memory  # a MemoryTracker: its figures go into an OOM
+        self.meta = meta  # on meta, an op that needs values gets a stand-in
+        self.replanned = replanned
         self.num_shape_mismatches = 0
+
+    def run(self, step, check: bool) -> None:
+        """An op off the fast path (tensor lists, keyword tensors, index guards, several
+        outputs): call it, register its outputs."""
+        try:
+            out = self.call(step)
+        except OP_ERRORS as e:
+            out = self.failed(step, e)
+        if out is not None:
+            self.register(step.op, out, check)
+
+    def failed(self, step, e: Exception):
+        """An op raised. An input a flush dropped (the fast path passes it as None, which a
+        required argument refuses) is re-materialized and the op retried; the device refusing
+        memory is an OOM; on meta, an op that needs values returns its recorded outputs from
+        now on (a stand-in); anything else skips the op from now on, with its reason counted.
+        Returns the op's outputs when the retry or the stand-in ran."""
+        tensors = self.store.tensors
+        if step.fast is not None and any(tensors[t.uid] is None for _, t in step.tensor_slots):
+            try:
+                return self.call(step)
+            except OP_ERRORS as again:
+                e = again
+        if is_allocation_failure(e):
+            raise OutOfMemory(self.memory.held_bytes, 0, self.memory.capacity_bytes,
+                              f"{type(e).__name__}: {str(e).splitlines()[0][:300]}") from None
+        standin = standins.fallback(step, e) if self.meta else None
+        if standin is not None:  # needs values meta tensors do not have: the trace's outputs
+            step.fn, step.fast = standin, None
+            step.standin = f"needs values on meta: {str(e).splitlines()[0][:120]}"
+            self.replanned()
+            return self.call(step)
+        step.kind = "failed"
+        step.fast = None
+        step.reason = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        self.replanned()  # rebuilt without its fast tuple before the next iteration
+        return None
 
     def call(self, step):
         """Call ``step`` with every argument from the registry (materializing what is missing)."""

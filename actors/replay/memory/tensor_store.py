@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from actors.replay.index_safety import DEFAULT_INT_RANGE, fill_int_tensor
+from actors.replay.ops.index_safety import DEFAULT_INT_RANGE, fill_int_tensor
 from actors.errors import ReplayError, describe
-from actors.replay.memory import MemoryTracker, is_allocation_failure
+from actors.replay.memory.accounting import MemoryTracker, is_allocation_failure
 from actors.trace.liveness import Liveness
 from actors.trace.model import TensorArg
 

@@ -21,14 +21,14 @@ import time
 
 import torch
 
-from actors.replay.collective_calls import AG_ONE
-from actors.replay.resolve import torch_dtype
-from actors.replay.tensor_store import FLOAT_FILL
+from actors.replay.comm.calls import AG_ONE
+from actors.replay.ops.resolve import torch_dtype
+from actors.replay.memory.tensor_store import FLOAT_FILL
 from actors.trace.categories import COMMUNICATION, PARAMETERS, TEMPORARIES
 from actors.zero3.metrics import Zero3Metrics
 from actors.zero3.params import Param
 from actors.zero3.partition import flat_offsets, flat_shard, param_shard, reassemble, shard_numel
-from actors.zero3.plan import Gather, Home
+from actors.zero3.fetch_schedule import Gather, Home
 
 
 # torch 2.13 renamed all_gather_into_tensor (the old name warns on every call)

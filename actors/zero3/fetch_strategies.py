@@ -1,7 +1,7 @@
 """One class per ``zero3.strategy``: which homes hold the shards and which windows need them.
 
 Every strategy answers the same three questions (``homes``, ``windows``, ``split``); the plan
-(actors/zero3/plan.py) and the runtime do the rest. Parameter uses no strategy window covers
+(fetch_schedule.py) and the runtime do the rest. Parameter uses no strategy window covers
 (a weight tied across modules, a trace without module ranges) get a window of their own per
 phase: an all-gather at first use in forward and in backward, the shard bound in the update
 phase (``orphan_windows``).
@@ -14,7 +14,7 @@ from actors.zero3.config import Zero3Config, Zero3Strategy
 from actors.zero3.leaves import select_leaves
 from actors.zero3.modules import BWD, FWD, UPDATE, Module, ModuleTree, ancestors
 from actors.zero3.params import Param
-from actors.zero3.plan import Home, Window, split_by_layout
+from actors.zero3.fetch_schedule import Home, Window, split_by_layout
 
 
 class Context:

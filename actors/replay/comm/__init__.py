@@ -1,0 +1,1 @@
+"""Collectives: rebuilt process groups, async plan, replayer, size and bandwidth math."""

@@ -1,0 +1,1 @@
+"""Memory: accounting, meters, allocation policies, tensor store, CUDA allocator model."""

@@ -1,0 +1,1 @@
+"""Ops: how a trace op becomes a callable (resolve, translate, stand-ins, recorded outputs)."""
