@@ -30,7 +30,8 @@ from actors.replay.report import RankReport
 from actors.replay.tensor_store import TensorStore
 from actors.replay.timed_iterations import StopRule, world_max
 from actors.trace.categories import storage_categories
-from actors.trace.fsdp2_lifetimes import hold_reduce_scatter_inputs
+from actors.trace.autograd_lifetimes import hold_checkpoint_inputs, hold_node_inputs
+from actors.trace.fsdp2_lifetimes import hold_reduce_scatter_inputs, hold_unsharded_parameters
 from actors.trace.liveness import compute_liveness
 from actors.trace.model import Trace
 
@@ -86,7 +87,11 @@ class ReplayEngine:
             raise ReplayError(f"replay.mode={cfg.mode} needs process groups; this engine has none "
                               "(use replay.mode=compute for a single-process replay)")
         self.liveness = live = compute_liveness(trace.ops, trace.num_storages)
+        # storages the original held past their last use in the trace
         hold_reduce_scatter_inputs(trace.ops, live)  # FSDP2 keeps them a module longer
+        hold_unsharded_parameters(trace.ops, live)  # FSDP2 frees them when it reshards
+        hold_checkpoint_inputs(trace.ops, live)  # the checkpoint frame keeps them
+        hold_node_inputs(trace.ops, live)  # a backward node releases them when it returns
         self.steps = [planning.compile_step(op, self.device, cfg.mode) for op in trace.ops]
         if all(s.reason == "out of scope" for s in self.steps):
             raise ReplayError(f"rank {rank}: {trace.path} has no op in scope for "
