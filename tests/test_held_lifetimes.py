@@ -16,7 +16,9 @@ from actors.replay.engine import ReplayEngine
 from actors.trace import load_trace
 from actors.trace.autograd_lifetimes import (_gradient_ops, _recomputes, hold_checkpoint_inputs,
                                              hold_node_inputs, is_backward_node)
-from actors.trace.fsdp2_lifetimes import REDUCE_RANGE, hold_unsharded_parameters
+from actors.trace.fsdp2_lifetimes import (COPY_OUT_RANGE, REDUCE_RANGE,
+                                          hold_forward_all_gather_outputs,
+                                          hold_unsharded_parameters)
 from actors.trace.liveness import compute_liveness
 from tests.trace_factory import run_rank_script
 
@@ -35,7 +37,8 @@ with open(os.path.join(out, f"facts-{rank}.json"), "w") as f:
     json.dump({"peak_memory_bytes": facts["peak_memory_bytes"]}, f)
 os._exit(0)  # torch sometimes aborts in static destructors after gloo + ET (trace_factory)
 '''
-RULES = ("hold_unsharded_parameters", "hold_checkpoint_inputs", "hold_node_inputs")
+RULES = ("hold_unsharded_parameters", "hold_forward_all_gather_outputs", "hold_checkpoint_inputs",
+         "hold_node_inputs")
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +80,24 @@ def test_unsharded_parameters_live_until_their_module_reshards(trace):
             assert trace.ops[end + 1].module == REDUCE_RANGE + suffix != trace.ops[end].module
             checked += 1
     assert checked >= 3 * 9  # every block's 9 parameters, gathered again for its backward
+
+
+def test_a_forward_all_gather_output_lives_until_the_next_copy_out(trace):
+    """In forward FSDP2 keeps the flat all-gather output until the next module's copy-out (the
+    last one until the root's post-forward); the trace's last use is its own copy-out."""
+    live = compute_liveness(trace.ops, trace.num_storages)
+    backward = next(op.index for op in trace.ops if is_backward_node(op.module))
+    copies = [op for op in trace.ops if op.name == "fsdp::split_with_sizes_copy"
+              and op.index < backward]
+    assert len(copies) == 1 + WORKLOAD["n_layers"]  # the root, then every block
+    flats = [op.input_tensors()[0].suid for op in copies]
+    assert all(live.storage_last[s] == op.index for s, op in zip(flats, copies))
+    assert hold_forward_all_gather_outputs(trace.ops, live) == len(copies)
+    for flat, nxt in zip(flats, copies[1:]):
+        end = live.storage_last[flat]
+        assert trace.ops[end + 1].module.startswith(COPY_OUT_RANGE)
+        assert trace.ops[end].module != trace.ops[end + 1].module == nxt.module
+    assert copies[-1].index < live.storage_last[flats[-1]] < backward
 
 
 def test_a_backward_node_holds_its_inputs_until_it_returns(trace):
@@ -135,14 +156,15 @@ def _accounted_peak(path: Path) -> int:
 
 
 def test_dry_run_peak_matches_the_measured_peak(capture, monkeypatch):
-    """With the rules the faithful dry run's peak is the measured one (within 1%); without
-    them it misses by more than the bench's 3% target."""
+    """With the rules the faithful dry run's peak is the measured one (within 2%: gloo's
+    worker thread frees at its own pace, the measured peak moves by ~1% between runs);
+    without them it is ~6% short."""
     measured = max(json.loads((capture / f"facts-{r}.json").read_text())["peak_memory_bytes"]
                    for r in range(2))
     paths = [capture / trace_file_name(r) for r in range(2)]
     ratio = max(_accounted_peak(p) for p in paths) / measured
-    assert 0.99 <= ratio <= 1.01, ratio
+    assert 0.98 <= ratio <= 1.02, ratio
     for name in RULES:
         monkeypatch.setattr(engine_module, name, lambda ops, live: 0)
     without = max(_accounted_peak(p) for p in paths) / measured
-    assert without < 0.97, without
+    assert without < 0.96 and ratio - without > 0.04, (ratio, without)

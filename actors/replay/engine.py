@@ -31,7 +31,8 @@ from actors.replay.tensor_store import TensorStore
 from actors.replay.timed_iterations import StopRule, world_max
 from actors.trace.categories import storage_categories
 from actors.trace.autograd_lifetimes import hold_checkpoint_inputs, hold_node_inputs
-from actors.trace.fsdp2_lifetimes import hold_reduce_scatter_inputs, hold_unsharded_parameters
+from actors.trace.fsdp2_lifetimes import (hold_forward_all_gather_outputs, hold_reduce_scatter_inputs,
+                                          hold_unsharded_parameters)
 from actors.trace.liveness import compute_liveness
 from actors.trace.model import Trace
 
@@ -90,6 +91,7 @@ class ReplayEngine:
         # storages the original held past their last use in the trace
         hold_reduce_scatter_inputs(trace.ops, live)  # FSDP2 keeps them a module longer
         hold_unsharded_parameters(trace.ops, live)  # FSDP2 frees them when it reshards
+        hold_forward_all_gather_outputs(trace.ops, live)  # ... until the next copy-out
         hold_checkpoint_inputs(trace.ops, live)  # the checkpoint frame keeps them
         hold_node_inputs(trace.ops, live)  # a backward node releases them when it returns
         self.steps = [planning.compile_step(op, self.device, cfg.mode) for op in trace.ops]

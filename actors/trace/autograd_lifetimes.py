@@ -100,9 +100,20 @@ def _recomputes(ops: list[Op], own: list[bool], backward_start: int) -> list[tup
     return [(a, b if b >= 0 else len(ops) - 1) for a, b in spans]
 
 
+def _backward_end(ops: list[Op], own: list[bool], after: int, stop: int) -> int:
+    """Where the block's backward ends: at the first op after ``after`` (and before ``stop``,
+    the next recompute) in a range that is neither a node's nor a module's (FSDP2's
+    post-backward reduce-scatter runs there, after the block's last node)."""
+    for op in ops[after + 1:stop]:
+        if op.module and not own[op.index] and not is_backward_node(op.module) \
+                and not _MODULE_RANGE.match(op.module):
+            return op.index
+    return stop
+
+
 def hold_checkpoint_inputs(ops: list[Op], live: Liveness) -> int:
     """Extend, in ``live``, the inputs of every recomputed (checkpointed) block to the block's
-    last backward node op before the next recompute; returns how many storages moved.
+    last backward node op (see :func:`_backward_end`); returns how many storages moved.
 
     A recompute's inputs are the storages it reads last that existed before the block's
     forward began (the block: the modules the recompute runs, their common dotted prefix).
@@ -120,7 +131,7 @@ def hold_checkpoint_inputs(ops: list[Op], live: Liveness) -> int:
         inside = (f"## module:{block} ##", f"## module:{block}.")
         forward_start = next((op.index for op in ops[:node_ops[0]]
                               if op.module.startswith(inside)), None)
-        stop = spans[k + 1][0] if k + 1 < len(spans) else len(ops)
+        stop = _backward_end(ops, own, last, spans[k + 1][0] if k + 1 < len(spans) else len(ops))
         end = max((j for j in node_ops if last < j < stop), default=None)
         if not block or forward_start is None or end is None:
             continue
