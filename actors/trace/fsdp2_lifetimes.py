@@ -100,8 +100,10 @@ def hold_forward_all_gather_outputs(ops: list[Op], live: Liveness) -> int:
     the root module's last forward op; returns how many storages moved."""
     backward_start = next((op.index for op in ops if is_backward_node(op.module)), len(ops))
     forward = [op for op in _copy_outs(ops) if op.index < backward_start]
-    root_end = max((op.index for op in ops[:backward_start]
-                    if op.module == "## module:<root> ##"), default=backward_start - 1)
+    # the root's post-forward: after the last op inside a module range (a loss computed
+    # outside the model runs after it)
+    root_end = max((op.index for op in ops[:backward_start] if op.module.startswith("## module:")),
+                   default=backward_start - 1)
     moved = 0
     for cur, nxt in zip(forward, [*forward[1:], None]):
         end = _range_start(ops, nxt.index) - 1 if nxt is not None else root_end
