@@ -168,3 +168,17 @@ def test_dry_run_peak_matches_the_measured_peak(capture, monkeypatch):
         monkeypatch.setattr(engine_module, name, lambda ops, live: 0)
     without = max(_accounted_peak(p) for p in paths) / measured
     assert without < 0.96 and ratio - without > 0.04, (ratio, without)
+
+
+def test_only_faithful_holds_storages_longer(trace):
+    """lazy stays the trace's liveness bound: every storage freed at its last use."""
+    plain = compute_liveness(trace.ops, trace.num_storages).storage_last
+    held = {}
+    for mode in ("lazy", "faithful"):
+        engine = ReplayEngine(trace, ReplayConfig(
+            mode="compute", device="meta", iters=1, warmup_iters=0, measure_memory=False,
+            allocation=AllocationConfig(mode=mode)))
+        held[mode] = engine.liveness.storage_last
+        engine.close()
+    assert held["lazy"] == plain
+    assert sum(a > b for a, b in zip(held["faithful"], plain)) > 0

@@ -88,12 +88,14 @@ class ReplayEngine:
             raise ReplayError(f"replay.mode={cfg.mode} needs process groups; this engine has none "
                               "(use replay.mode=compute for a single-process replay)")
         self.liveness = live = compute_liveness(trace.ops, trace.num_storages)
-        # storages the original held past their last use in the trace
-        hold_reduce_scatter_inputs(trace.ops, live)  # FSDP2 keeps them a module longer
-        hold_unsharded_parameters(trace.ops, live)  # FSDP2 frees them when it reshards
-        hold_forward_all_gather_outputs(trace.ops, live)  # ... until the next copy-out
-        hold_checkpoint_inputs(trace.ops, live)  # the checkpoint frame keeps them
-        hold_node_inputs(trace.ops, live)  # a backward node releases them when it returns
+        if cfg.allocation.mode == AllocationMode.faithful:
+            # storages the original held past their last use in the trace (lazy stays the
+            # trace's liveness bound)
+            hold_reduce_scatter_inputs(trace.ops, live)  # FSDP2 keeps them a module longer
+            hold_unsharded_parameters(trace.ops, live)  # FSDP2 frees them when it reshards
+            hold_forward_all_gather_outputs(trace.ops, live)  # ... until the next copy-out
+            hold_checkpoint_inputs(trace.ops, live)  # the checkpoint frame keeps them
+            hold_node_inputs(trace.ops, live)  # a backward node releases them when it returns
         self.steps = [planning.compile_step(op, self.device, cfg.mode) for op in trace.ops]
         if all(s.reason == "out of scope" for s in self.steps):
             raise ReplayError(f"rank {rank}: {trace.path} has no op in scope for "
