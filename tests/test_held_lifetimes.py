@@ -68,8 +68,8 @@ def test_unsharded_parameters_live_until_their_module_reshards(trace):
     checked = 0
     for op in copies:
         suffix = op.module[op.module.index(" ("):] if " (" in op.module else ""
-        reduce_at = next((o.index for o in trace.ops[op.index:] if o.module == REDUCE_RANGE + suffix),
-                         None)
+        reduce_at = next((o.index for o in trace.ops[op.index:]
+                          if o.module == REDUCE_RANGE + suffix), None)
         regather = next((o.index for o in trace.ops[op.index + 1:]
                          if o.module == op.module), None)
         if reduce_at is None or (regather is not None and regather < reduce_at):

@@ -29,10 +29,10 @@ from actors.replay.op_call import OpCaller
 from actors.replay.report import RankReport
 from actors.replay.tensor_store import TensorStore
 from actors.replay.timed_iterations import StopRule, world_max
-from actors.trace.categories import storage_categories
 from actors.trace.autograd_lifetimes import hold_checkpoint_inputs, hold_node_inputs
-from actors.trace.fsdp2_lifetimes import (hold_forward_all_gather_outputs, hold_reduce_scatter_inputs,
-                                          hold_unsharded_parameters)
+from actors.trace.categories import storage_categories
+from actors.trace.fsdp2_lifetimes import (hold_forward_all_gather_outputs,
+                                          hold_reduce_scatter_inputs, hold_unsharded_parameters)
 from actors.trace.liveness import compute_liveness
 from actors.trace.model import Trace
 

@@ -69,7 +69,8 @@ def hold_node_inputs(ops: list[Op], live: Liveness) -> int:
             for op in node_ops:
                 for t in op.input_tensors():
                     s = t.suid
-                    if s >= 0 and live.storage_last[s] == op.index and live.storage_first[s] < begin:
+                    if s >= 0 and live.storage_last[s] == op.index \
+                            and live.storage_first[s] < begin:
                         moved += live.hold_until(s, end)
         i = end + 1
     return moved
