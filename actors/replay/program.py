@@ -17,7 +17,7 @@ import torch
 from actors.errors import ReplayError
 from actors.replay import iteration_sequence as sequence
 from actors.replay import steps as planning
-from actors.replay.config import ReplayConfig, parse_bytes
+from actors.replay.config import AllocationMode, ReplayConfig, parse_bytes
 from actors.replay.extension import ReplayContext, ReplayExtension
 from actors.replay.memory.accounting import MemoryTracker, device_capacity
 from actors.replay.memory.policies import make_policy
@@ -27,8 +27,10 @@ from actors.replay.ops import resolve
 from actors.replay.ops.meta_outputs import RecordedOutputs
 from actors.replay.ops.op_call import OpCaller
 from actors.replay.steps import Step
+from actors.trace.autograd_lifetimes import hold_checkpoint_inputs, hold_node_inputs
 from actors.trace.categories import storage_categories
-from actors.trace.fsdp2_lifetimes import hold_reduce_scatter_inputs
+from actors.trace.fsdp2_lifetimes import (hold_forward_all_gather_outputs,
+                                          hold_reduce_scatter_inputs, hold_unsharded_parameters)
 from actors.trace.liveness import compute_liveness
 from actors.trace.model import Trace
 
@@ -67,7 +69,14 @@ def compile_program(trace: Trace, cfg: ReplayConfig, device: torch.device, rank:
         # by 100x and would distort timings; the original run's real data has none.
         torch.set_flush_denormal(True)
     live = compute_liveness(trace.ops, trace.num_storages)
-    hold_reduce_scatter_inputs(trace.ops, live)  # FSDP2 keeps them a module longer
+    if cfg.allocation.mode == AllocationMode.faithful:
+        # storages the original held past their last use in the trace (lazy stays the
+        # trace's liveness bound)
+        hold_reduce_scatter_inputs(trace.ops, live)  # FSDP2 keeps them a module longer
+        hold_unsharded_parameters(trace.ops, live)  # FSDP2 frees them when it reshards
+        hold_forward_all_gather_outputs(trace.ops, live)  # ... until the next copy-out
+        hold_checkpoint_inputs(trace.ops, live)  # the checkpoint frame keeps them
+        hold_node_inputs(trace.ops, live)  # a backward node releases them when it returns
     steps = [planning.compile_step(op, device, cfg.mode) for op in trace.ops]
     if all(s.reason == "out of scope" for s in steps):
         raise ReplayError(f"rank {rank}: {trace.path} has no op in scope for "

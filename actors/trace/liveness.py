@@ -27,6 +27,18 @@ class Liveness:
     def external_bytes(self) -> int:
         return sum(b for b, ext in zip(self.storage_bytes, self.storage_external) if ext)
 
+    def hold_until(self, suid: int, end: int) -> bool:
+        """Free storage ``suid`` after op ``end`` instead of after its last use, when that is
+        later (a rule of actors/trace/*_lifetimes.py: the original held it longer than its
+        last use); whether it moved. ``live_bytes`` (the lower bound) is not recomputed."""
+        last = self.storage_last[suid]
+        if end <= last or suid not in self.free_after[last]:
+            return False
+        self.free_after[last].remove(suid)
+        self.free_after[end].append(suid)
+        self.storage_last[suid] = end
+        return True
+
 
 def compute_liveness(ops: list[Op], num_storages: int) -> Liveness:
     """One sweep over ``ops`` (every op's inputs and outputs count as uses)."""
