@@ -17,9 +17,9 @@ from actors.errors import ConfigError
 from actors.replay.config import ReplayConfig, parse_bytes
 from actors.replay.target import TargetConfig
 from actors.zero3.config import Zero3Config, Zero3Strategy  # noqa: F401 (composed here)
-from orchestrator.cluster import ClusterConfig
-from orchestrator.min_memory import MinMemoryConfig
-from orchestrator.oom_study import OomStudyConfig
+from orchestrator.cluster.connect import ClusterConfig
+from orchestrator.studies.min_memory import MinMemoryConfig
+from orchestrator.studies.oom_study import OomStudyConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
@@ -71,8 +71,8 @@ class Search(Choice):
     """What one run of ``tracefleet`` does."""
 
     none = "none"  # one replay
-    min_memory = "min_memory"  # bisection over the device capacity (orchestrator/min_memory.py)
-    oom_study = "oom_study"  # modes on a device, minimums, flushing, estimate (orchestrator/oom_study.py)
+    min_memory = "min_memory"  # bisection over the device capacity (orchestrator/studies/min_memory.py)
+    oom_study = "oom_study"  # modes on a device, minimums, flushing, estimate (orchestrator/studies/oom_study.py)
 
 
 @dataclass
@@ -104,7 +104,7 @@ class ExperimentConfig:
     # Run pre-flight only (no actors): write preflight.json and summary.json, then stop.
     preflight_only: bool = False
     # replay.mode=compute: ranks with byte-identical traces replay once, each rank's row being
-    # its group's report marked replayed_as_rank (orchestrator/dedup.py). false: every rank
+    # its group's report marked replayed_as_rank (orchestrator/preflight/dedup.py). false: every rank
     # replays (e.g. to see the run-to-run spread of compute times across actors).
     dedup_identical_ranks: bool = True
 

@@ -25,8 +25,8 @@ from actors.errors import ConfigError
 from actors.trace import compute_liveness, load_trace
 from actors.trace.kineto import host_gaps_s, host_times, kineto_path_for, read_kineto
 from actors.trace.stats import trace_stats
-from orchestrator.capture_main import CaptureConfig, prepare_out_dir, run_capture_job
-from orchestrator.cluster import ClusterConfig
+from orchestrator.run.capture import CaptureConfig, prepare_out_dir, run_capture_job
+from orchestrator.cluster.connect import ClusterConfig
 from tests.test_capture_meta import SMALL_LLAMA, meta_capture
 
 REPO = Path(__file__).resolve().parents[1]
@@ -127,7 +127,7 @@ def test_dp_capture_writes_rank_traces_and_meta(dp_capture):
 def test_the_original_is_timed_again_from_its_meta(dp_capture):
     """bench_fidelity's reference: the capture workload rebuilt from meta.json alone, trained
     on round after round, timed as capture times it (slowest rank per iteration)."""
-    from orchestrator.original import OriginalWorkload
+    from orchestrator.run.original import OriginalWorkload
 
     out_dir, _ = dp_capture
     meta = json.loads((out_dir / "meta.json").read_text())
@@ -289,7 +289,7 @@ def test_config_errors_are_precise():
 
 def _cli(tmp_path, *overrides):
     return subprocess.run(
-        [sys.executable, "-m", "orchestrator.capture_main", *overrides,
+        [sys.executable, "-m", "orchestrator.cli.capture", *overrides,
          f"out_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path / 'hydra'}"],
         capture_output=True, text=True, timeout=120, cwd=REPO)
 

@@ -22,8 +22,8 @@ from actors.capture.custom import build_custom, load_build
 from actors.capture.workloads import WorkloadConfig
 from actors.errors import ConfigError
 from actors.trace import load_trace
-from orchestrator.capture_main import CaptureConfig, run_capture_job
-from orchestrator.cluster import ClusterConfig
+from orchestrator.run.capture import CaptureConfig, run_capture_job
+from orchestrator.cluster.connect import ClusterConfig
 from tests.test_capture_fake import DDP_EXAMPLE, FSDP2_EXAMPLE, fake_capture
 
 REPO = Path(__file__).resolve().parents[1]
@@ -165,7 +165,7 @@ def test_config_errors_before_any_work(tmp_path):
         CaptureConfig(workload=WorkloadConfig(model="custom", entrypoint=DDP_EXAMPLE,
                                               device="meta")).validate()
     proc = subprocess.run(  # the preset, with the entrypoint forgotten
-        [sys.executable, "-m", "orchestrator.capture_main", "workload=custom",
+        [sys.executable, "-m", "orchestrator.cli.capture", "workload=custom",
          f"out_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path / 'hydra'}"],
         capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 2, proc.stderr
@@ -196,7 +196,7 @@ def test_fake_trace_replays_like_the_real_one(real_captures, tmp_path):
 
 def test_cli_captures_a_custom_step_on_fake(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "orchestrator.capture_main", "workload=custom",
+        [sys.executable, "-m", "orchestrator.cli.capture", "workload=custom",
          "workload.entrypoint=examples/fsdp2_llama_step.py:build", "workload.device=fake",
          "world_size=3", f"out_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path / 'hydra'}"],
         capture_output=True, text=True, timeout=300, cwd=REPO)

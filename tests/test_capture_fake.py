@@ -21,7 +21,7 @@ from actors.capture.meta_storage import unique_meta_storages
 from actors.capture.workloads import WorkloadConfig
 from actors.errors import ConfigError
 from actors.trace import load_trace
-from orchestrator.capture_main import CaptureConfig, run_capture_job
+from orchestrator.run.capture import CaptureConfig, run_capture_job
 from tests.test_capture_meta import SMALL_LLAMA, meta_capture
 
 REPO = Path(__file__).resolve().parents[1]

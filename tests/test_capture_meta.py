@@ -23,8 +23,9 @@ from actors.capture.workloads import WorkloadConfig, build_model
 from actors.errors import ConfigError
 from actors.trace import load_trace
 from actors.trace.stats import trace_stats
-from orchestrator.capture_main import CONF_DIR, CaptureConfig, run_capture_job
-from orchestrator.validate import preflight
+from orchestrator.config import CONF_DIR
+from orchestrator.run.capture import CaptureConfig, run_capture_job
+from orchestrator.preflight.validate import preflight
 
 SMALL_LLAMA = dict(kind="llama_dp", vocab=96, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
                    ffn_dim=64, seq_len=16, batch_size=2, dp_bucket_numel=3000)
@@ -166,9 +167,9 @@ def test_comms_replay_of_a_meta_capture(tmp_path):
     import ray
 
     from actors.replay.config import ReplayConfig
-    from orchestrator.cluster import ClusterConfig
+    from orchestrator.cluster.connect import ClusterConfig
     from orchestrator.config import ExperimentConfig, RunConfig, TraceConfig
-    from orchestrator.launch import run_replay
+    from orchestrator.run.launch import run_replay
 
     traces = tmp_path / "traces"
     meta = meta_capture(traces, 2, dtype="bfloat16")

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 
-ENTRY = [sys.executable, "-c", "from orchestrator.main import main; main()"]
+ENTRY = [sys.executable, "-c", "from orchestrator.cli.main import main; main()"]
 
 
 def _run(tmp_path, *overrides):

@@ -12,8 +12,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from orchestrator.html_report import PLOTS_DIR, REPORT_NAME, map_axes, write_report
-from orchestrator.report_cli import main as report_main
+from orchestrator.reports.html_report import PLOTS_DIR, REPORT_NAME, map_axes, write_report
+from orchestrator.cli.report import main as report_main
 from orchestrator.results import ResultsStore, make_row, point_key
 
 MiB = 1 << 20

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from actors.trace import compute_liveness, load_trace, read_json
-from orchestrator.inspect_cli import main
+from orchestrator.cli.inspect import main
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_DP = REPO / "demo" / "traces" / "gpt_dp_4"
@@ -133,7 +133,7 @@ def test_console_script_json(tmp_path):
     plain = tmp_path / "rank-0.json"
     plain.write_bytes(gzip.decompress((DEMO_DP / "rank-0.et.json.gz").read_bytes()))
     script = shutil.which("tracefleet-inspect", path=str(Path(sys.executable).parent))
-    cmd = [script] if script else [sys.executable, "-m", "orchestrator.inspect_cli"]
+    cmd = [script] if script else [sys.executable, "-m", "orchestrator.cli.inspect"]
     proc = subprocess.run([*cmd, str(plain), "--json", "--top", "2"], capture_output=True, text=True,
                           timeout=120, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr
@@ -182,7 +182,7 @@ def test_debug_shows_the_traceback(capsys, tmp_path):
 
 def test_error_in_a_subprocess(tmp_path):
     path = _cut_trace(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.inspect_cli", str(path)],
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli.inspect", str(path)],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith(f"tracefleet-inspect: error: {path}: truncated JSON")

@@ -6,7 +6,7 @@ import json
 from rich.console import Console
 
 from actors.machine import machine_info, replay_machine_warnings
-from orchestrator.report import print_summary
+from orchestrator.reports.run_report import print_summary
 
 HERE = {"cpu_model": "Xeon X", "num_cpus": 2, "num_threads": 1, "gpu": None}
 

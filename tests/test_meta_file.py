@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from actors.errors import TraceError
-from orchestrator import study_traces
+from orchestrator.studies import study_traces
 
 
 @pytest.mark.parametrize("text, field", [

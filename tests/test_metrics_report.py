@@ -1,4 +1,4 @@
-"""Driver-side aggregation (orchestrator.metrics) and run outputs (orchestrator.report)."""
+"""Driver-side aggregation (orchestrator.run.metrics) and run outputs (orchestrator.reports.run_report)."""
 import time
 
 import numpy as np
@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from orchestrator.metrics import aggregate, worst_status
-from orchestrator.report import (flatten_rank, human_bytes, print_summary, timeline_scale,
+from orchestrator.run.metrics import aggregate, worst_status
+from orchestrator.reports.run_report import (flatten_rank, human_bytes, print_summary, timeline_scale,
                                  write_run_outputs)
 
 MiB = 1 << 20
@@ -199,8 +199,8 @@ def test_write_run_outputs_round_trip(tmp_path):
 def test_timeline_extremes_reach_the_csv_and_the_plot(tmp_path, monkeypatch):
     """A downsampled point's extremes (most, fewest held since the previous point) go to
     memory/rank-<r>.csv and back; the plot's line reaches the peak, which it marks."""
-    from orchestrator import plots
-    from orchestrator.html_report import load_run
+    from orchestrator.reports import plots
+    from orchestrator.reports.html_report import load_run
     report = ok_report(0, 0.1)
     # after-op values stay at 2 MiB; the peak (5 MiB) lived between two points
     report["memory_timeline"] = [[i, 2 * MiB, (5 if i == 29 else 3) * MiB, MiB]
@@ -332,7 +332,7 @@ def test_print_summary_says_when_zero3_partitioned_nothing():
 
 def test_a_long_rank_error_keeps_its_place():
     """The run's error cuts a long rank message, never the node, phase and code it names."""
-    from orchestrator.metrics import MAX_RANK_ERROR_CHARS
+    from orchestrator.run.metrics import MAX_RANK_ERROR_CHARS
 
     place = " at node 42 aten::linear (phase iteration) [replay/engine.py:12 in _run]"
     report = {"rank": 0, "status": "failed", "error": "rank 0: KeyError: " + "x" * 400 + place}

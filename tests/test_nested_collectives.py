@@ -17,9 +17,9 @@ import pytest
 from actors.errors import ConfigError
 from actors.replay.config import ReplayConfig
 from actors.trace import load_trace
-from orchestrator.cluster import ClusterConfig
+from orchestrator.cluster.connect import ClusterConfig
 from orchestrator.config import ExperimentConfig, RunConfig, TraceConfig
-from orchestrator.validate import preflight
+from orchestrator.preflight.validate import preflight
 from tests.trace_factory import run_rank_script
 
 CAPTURE_TIMEOUT_S = 180
@@ -141,7 +141,7 @@ def _cfg(trace_dir, **replay) -> RunConfig:
 
 @pytest.mark.slow
 def test_nested_trace_replays_in_full_mode_on_two_ranks(ray_session, ddp_traces, tmp_path):
-    from orchestrator.launch import run_replay
+    from orchestrator.run.launch import run_replay
 
     _, nested = ddp_traces
     summary = run_replay(_cfg(nested, mode="full", device="cpu"), tmp_path)
@@ -159,7 +159,7 @@ def test_nested_trace_replays_in_full_mode_on_two_ranks(ray_session, ddp_traces,
 
 @pytest.mark.slow
 def test_compute_mode_puts_the_mismatch_into_the_summary(ray_session, ddp_traces, tmp_path):
-    from orchestrator.launch import run_replay
+    from orchestrator.run.launch import run_replay
 
     bad = _mismatched(ddp_traces, tmp_path)
     summary = run_replay(_cfg(bad, mode="compute", device="meta"), tmp_path / "out")

@@ -15,13 +15,13 @@ from actors.errors import ConfigError
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
 from actors.trace import load_trace
-from orchestrator import study_traces
+from orchestrator.studies import study_traces
 from orchestrator.config import ExperimentConfig, RunConfig, TraceConfig
-from orchestrator.min_memory import MinMemoryConfig
-from orchestrator.oom_study import OomStudyConfig, study
-from orchestrator.oom_study_report import markdown, study_table
+from orchestrator.studies.min_memory import MinMemoryConfig
+from orchestrator.studies.oom_study import OomStudyConfig, study
+from orchestrator.reports.oom_study_table import markdown, study_table
 from orchestrator.results import CSV_NAME
-from orchestrator.zero3_estimate import nodes_of, param_counts, zero3_estimates
+from orchestrator.studies.zero3_estimate import nodes_of, param_counts, zero3_estimates
 
 N = 1024  # float32 elements per tensor: 4096 B each
 T = 4 * N
@@ -212,7 +212,7 @@ def test_capture_is_cached_and_its_model_rebuilt(tmp_path, monkeypatch):
 
     def no_capture(*args, **kwargs):
         raise AssertionError("captured again")
-    monkeypatch.setattr("orchestrator.capture_main.run_capture_job", no_capture)
+    monkeypatch.setattr("orchestrator.run.capture.run_capture_job", no_capture)
     assert study_traces.cached_capture("llama_8b", TINY_LLAMA, 1, str(tmp_path)) == folder
     other = dict(TINY_LLAMA, seq_len=32)
     with pytest.raises(AssertionError, match="captured again"):  # another workload: new capture
@@ -226,7 +226,7 @@ def test_capture_is_cached_and_its_model_rebuilt(tmp_path, monkeypatch):
 
 
 def test_the_report_shows_the_study(idle_trace, tmp_path):
-    from orchestrator.html_report import PLOTS_DIR, write_report
+    from orchestrator.reports.html_report import PLOTS_DIR, write_report
 
     replay, _ = _in_process(idle_trace)
     study(_cfg(idle_trace.parent, device_memory_capacity=str(4 * T)), tmp_path, replay)

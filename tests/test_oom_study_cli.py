@@ -15,7 +15,7 @@ from actors.replay.engine import ReplayEngine
 from actors.trace import load_trace
 from actors.zero3.config import Zero3Config
 from actors.zero3.extension import zero3_extensions
-from orchestrator import study_traces
+from orchestrator.studies import study_traces
 from orchestrator.config import CONF_DIR, DEMO_TRACES, register_configs
 from orchestrator.results import CSV_NAME
 from tests.test_oom_study import TINY_LLAMA

@@ -16,11 +16,11 @@ from actors.capture.workload_config import validate as validate_workload
 from actors.errors import ConfigError
 from actors.replay.target import TargetConfig
 from orchestrator.config import CONF_DIR
-from orchestrator.predict import PredictConfig, capture_workload, predict, verdict
-from orchestrator.predict_main import predict_config
-from orchestrator.predict_table import prediction_table
+from orchestrator.studies.predict import PredictConfig, capture_workload, predict, verdict
+from orchestrator.cli.predict import predict_config
+from orchestrator.reports.predict_table import prediction_table
 
-import orchestrator.capture_main  # noqa: F401  (registers the capture schemas)
+import orchestrator.cli.capture  # noqa: F401  (registers the capture schemas)
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(vocab=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, seq_len=32)
@@ -162,7 +162,7 @@ def test_identical_rank_traces_replay_once(tmp_path):
 
 
 def test_capture_key_follows_what_changes_the_trace(tmp_path):
-    from orchestrator.study_traces import capture_key
+    from orchestrator.studies.study_traces import capture_key
 
     wl = capture_workload(_compose("workload=llama3_8b", "world_size=8").workload)
     key = capture_key(wl, 8, True)
@@ -192,7 +192,7 @@ def test_user_errors_are_config_errors():
 
 def _cli(*args, cwd):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "orchestrator.predict_main", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli.predict", *args], cwd=cwd,
                           env=env, capture_output=True, text=True, timeout=240)
 
 

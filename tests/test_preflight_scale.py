@@ -11,11 +11,11 @@ import pytest
 from actors.errors import ConfigError, TraceError
 from actors.replay.config import ReplayConfig
 from actors.trace.source import discover
-from orchestrator.cluster import ClusterConfig
+from orchestrator.cluster.connect import ClusterConfig
 from orchestrator.config import ExperimentConfig, RunConfig, TraceConfig
-from orchestrator.signature import rank_signature
-from orchestrator.signature_pool import collect, pick_executor
-from orchestrator.validate import preflight
+from orchestrator.preflight.signature import rank_signature
+from orchestrator.preflight.signature_pool import collect, pick_executor
+from orchestrator.preflight.validate import preflight
 from scripts.bench_preflight import write_rank_files
 
 LAYERS = 40
@@ -48,7 +48,7 @@ def test_executors_agree(world16):
 def test_preflight_only_writes_its_result_and_starts_nothing(world16, tmp_path):
     import ray
 
-    from orchestrator.launch import run_replay
+    from orchestrator.run.launch import run_replay
 
     cfg = RunConfig(trace=TraceConfig(dir=str(world16)),
                     experiment=ExperimentConfig(preflight_only=True))
@@ -89,7 +89,7 @@ def _cfg(trace_dir, **trace) -> RunConfig:
 @pytest.mark.parametrize("transfer", ["path", "object_store"])
 def test_two_ranks_of_the_dlrm_archive_replay_in_compute_mode(ray_session, public_trace_dir,
                                                               tmp_path, transfer):
-    from orchestrator.launch import run_replay
+    from orchestrator.run.launch import run_replay
 
     archive = public_trace_dir / "dlrm_pytorch_et.tar.gz"
     summary = run_replay(_cfg(archive, ranks=[0, 3], transfer=transfer), tmp_path, quiet=True)
@@ -104,7 +104,7 @@ def test_two_ranks_of_the_dlrm_archive_replay_in_compute_mode(ray_session, publi
 
 @pytest.mark.slow
 def test_one_file_of_a_two_gpu_job_replays_in_compute_mode(ray_session, public_trace_dir, tmp_path):
-    from orchestrator.launch import run_replay
+    from orchestrator.run.launch import run_replay
 
     summary = run_replay(_cfg(public_trace_dir / "resnet_2gpu_et.json.gz"), tmp_path, quiet=True)
     assert summary["status"] == "ok", summary["error"]

@@ -111,7 +111,7 @@ def test_an_empty_exception_is_reported_with_its_type_and_phase(actor, monkeypat
     """``KeyError('')`` printed as ``''`` told the user nothing: the report and the run's
     error name the type, the phase and the code that raised."""
     import actors.rank_actor as rank_actor
-    from orchestrator import metrics
+    from orchestrator.run import metrics
 
     def broken(*_):
         raise KeyError("")

@@ -136,8 +136,8 @@ def test_bad_target_values_are_config_errors():
 def test_summary_and_console_carry_the_prediction():
     from rich.console import Console
 
-    from orchestrator.metrics import aggregate
-    from orchestrator.report import print_summary
+    from orchestrator.run.metrics import aggregate
+    from orchestrator.reports.run_report import print_summary
     from tests.test_metrics_report import ok_report
 
     reports = [ok_report(0, 0.1), ok_report(1, 0.2)]
@@ -210,7 +210,7 @@ def test_tracefleet_dry_run_with_a_target_reports_reserved(tmp_path):
     ray_dir = tempfile.mkdtemp(prefix="tf-ca-", dir="/tmp")  # Ray's socket paths must be short
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", "from orchestrator.main import main; main()", "replay=dry_run",
+            [sys.executable, "-c", "from orchestrator.cli.main import main; main()", "replay=dry_run",
              "target=a100_40gb", "trace.ranks=[0]", f"hydra.run.dir={tmp_path}/run",
              f"cluster.temp_dir={ray_dir}", "target.allocator.max_split_size_mb=64"],
             capture_output=True, text=True, timeout=300, cwd=tmp_path,

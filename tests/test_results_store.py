@@ -8,7 +8,7 @@ import pandas as pd
 
 from orchestrator.results import (CSV_NAME, PARQUET_NAME, ResultsStore, make_row,
                                   override_columns, point_key, summary_columns)
-from orchestrator.sweep import exit_code, with_sweep_dir
+from orchestrator.studies.sweep import exit_code, with_sweep_dir
 
 
 def test_point_key_ignores_override_order():

@@ -1,8 +1,8 @@
 """ReplaySession's reuse decision (no Ray needed for the paths that drop the actors)."""
 from __future__ import annotations
 
-from orchestrator.session import ReplaySession
-from orchestrator.worker_group import Result
+from orchestrator.run.session import ReplaySession
+from orchestrator.cluster.worker_group import Result
 
 
 class _Group:

@@ -1,5 +1,5 @@
 """The record of a sweep's embedded Ray cluster, and stopping what a killed sweep left running
-(orchestrator/stale_cluster.py), with plain processes standing in for Ray's."""
+(orchestrator/cluster/stale_cluster.py), with plain processes standing in for Ray's."""
 from __future__ import annotations
 
 import subprocess
@@ -9,7 +9,7 @@ import orjson
 import psutil
 import pytest
 
-from orchestrator import stale_cluster
+from orchestrator.cluster import stale_cluster
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from tests.chain_trace import TENSOR_BYTES, capture_chain
 
 pytestmark = pytest.mark.slow
 
-ENTRY = [sys.executable, "-c", "from orchestrator.main import main; main()"]
+ENTRY = [sys.executable, "-c", "from orchestrator.cli.main import main; main()"]
 REPO = Path(__file__).resolve().parents[1]
 # faithful (the default) holds the demo's 8 MiB of parameters before the first op: 1MiB is an OOM
 # before any collective, 1GiB fits.

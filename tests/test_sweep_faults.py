@@ -26,7 +26,7 @@ from ray_nodes import WORKER_IP, kill_node, ray_two_node_cluster, wait_for_title
 
 from orchestrator.config import DEMO_TRACES
 from orchestrator.results import CSV_NAME, PARQUET_NAME, ROWS_DIR
-from orchestrator.stale_cluster import RECORD_NAME
+from orchestrator.cluster.stale_cluster import RECORD_NAME
 from tests.test_sweep_cli import ENTRY, ray_temp  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ from tests.ray_nodes import ray_two_node_cluster
 
 pytestmark = pytest.mark.slow
 
-ENTRY = [sys.executable, "-c", "from orchestrator.main import main; main()"]
+ENTRY = [sys.executable, "-c", "from orchestrator.cli.main import main; main()"]
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -1,4 +1,4 @@
-"""Driver pre-flight (orchestrator.validate) on captured gloo traces and public NCCL traces:
+"""Driver pre-flight (orchestrator.preflight.validate) on captured gloo traces and public NCCL traces:
 layouts, the recorded world, subsets per mode, mismatches refused or warned per mode."""
 import json
 import shutil
@@ -10,7 +10,7 @@ import pytest
 from actors.errors import ConfigError, TraceError
 from actors.trace import Trace
 from actors.trace.source import discover
-from orchestrator.validate import preflight
+from orchestrator.preflight.validate import preflight
 
 
 

@@ -11,9 +11,9 @@ from ray_nodes import WORKER_IP, two_node_cluster  # noqa: F401 (fixture)
 
 from actors.replay.config import ReplayConfig
 from actors.zero3.config import Zero3Config
-from orchestrator.cluster import ClusterConfig
+from orchestrator.cluster.connect import ClusterConfig
 from orchestrator.config import DEMO_TRACES, ExperimentConfig, RunConfig, TraceConfig
-from orchestrator.launch import run_replay
+from orchestrator.run.launch import run_replay
 
 pytestmark = pytest.mark.slow
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

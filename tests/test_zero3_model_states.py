@@ -16,7 +16,7 @@ from actors.zero3.config import Zero3Config
 from actors.zero3.extension import zero3_extensions
 from actors.zero3.model_states import GRAD, STATE, TEMP
 from actors.zero3.partition import shard_numel
-from orchestrator import study_traces
+from orchestrator.studies import study_traces
 from tests.test_oom_study import TINY_LLAMA
 
 BF16 = 2  # bytes per element: the tiny Llama is traced in bfloat16

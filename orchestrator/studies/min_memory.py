@@ -220,7 +220,7 @@ def run_min_memory(cfg, out_dir: Path, config_yaml: str | None, session=None) ->
     """``tracefleet experiment=min_memory``: the search on one ``ReplaySession`` (the given one,
     or one started and stopped here), its rows and ``report.html`` in ``out_dir``; returns the
     search summary and prints one line per answer."""
-    from orchestrator.launch import quiet_replays
+    from orchestrator.run.launch import quiet_replays
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -235,6 +235,6 @@ def run_min_memory(cfg, out_dir: Path, config_yaml: str | None, session=None) ->
               f"{a['replay.allocation.device_memory_threshold']:g}: {found}, {a['num_steps']} "
               f"replays, {a['search_s']:.1f} s" + (f"; {a['reason']}" if a["reason"] else ""))
     if cfg.experiment.report:
-        from orchestrator.html_report import write_report
+        from orchestrator.reports.html_report import write_report
         print(f"report: {write_report(out_dir)}")
     return summary

@@ -13,7 +13,7 @@ import ray
 from ray.exceptions import RayError
 
 if TYPE_CHECKING:
-    from orchestrator.worker_group import Result
+    from orchestrator.cluster.worker_group import Result
 
 
 def lost_nodes(results: list[Result]) -> str | None:

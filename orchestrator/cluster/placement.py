@@ -16,7 +16,7 @@ from ray.exceptions import RayError
 from ray.util.placement_group import placement_group, remove_placement_group
 
 from orchestrator.errors import ClusterError
-from orchestrator.node_state import dead_nodes_text
+from orchestrator.cluster.node_state import dead_nodes_text
 
 _POLL_S = 1.0  # how often a pending placement is checked against the alive nodes
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import ray
 
 from orchestrator.errors import ClusterError
-from orchestrator.validate import PreflightResult
-from orchestrator.worker_group import WorkerGroup, rank_envs
+from orchestrator.preflight.validate import PreflightResult
+from orchestrator.cluster.worker_group import WorkerGroup, rank_envs
 
 
 def replayed_actors(pre: PreflightResult, mode: str, enabled: bool) -> list[int]:

@@ -9,11 +9,11 @@ by file version), so a later point skips the load as well.
 Reuse is only safe from a known state: the actors are reused only when every rank returned a
 report of a clean end (ok or oom) and then released their process groups; otherwise the
 group is killed and the next replay starts a new one on the same cluster (on the nodes still
-alive when a node was lost: orchestrator/placement.py bounds that wait).
+alive when a node was lost: orchestrator/cluster/placement.py bounds that wait).
 
 With ``processes_record`` the processes of an embedded cluster started here are written to
 that file while it runs, so a later run can stop them if this driver is killed
-(orchestrator/stale_cluster.py).
+(orchestrator/cluster/stale_cluster.py).
 """
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ import orjson
 import ray
 
 from actors.trace.source import as_source
-from orchestrator import stale_cluster
-from orchestrator.cluster import ClusterConfig, ClusterHandle, connect, cuda_available_in_cluster
-from orchestrator.validate import PreflightResult, preflight
-from orchestrator.worker_group import WorkerGroup, rank_envs
+from orchestrator.cluster import stale_cluster
+from orchestrator.cluster.connect import ClusterConfig, ClusterHandle, connect, cuda_available_in_cluster
+from orchestrator.preflight.validate import PreflightResult, preflight
+from orchestrator.cluster.worker_group import WorkerGroup, rank_envs
 
 log = logging.getLogger("tracefleet")
 

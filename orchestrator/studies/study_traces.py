@@ -88,7 +88,7 @@ def capture_cached(workload, world_size: int, cache_dir: str, label: str,
         if (done / META_JSON).is_file():
             return done, True
     folder = root / f"{label}-{key}"
-    from orchestrator.capture_main import CaptureConfig, run_capture_job  # ray: only to capture
+    from orchestrator.run.capture import CaptureConfig, run_capture_job  # ray: only to capture
 
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{folder.name}.{os.getpid()}.tmp"

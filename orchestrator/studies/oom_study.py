@@ -4,7 +4,7 @@ allocation mode, what a flush threshold buys, and what the field's estimator say
 On one ``ReplaySession`` (one Ray cluster, one set of rank actors, traces loaded once):
 
 1. Traces: ``trace.dir``, or with ``experiment.oom_study.workload`` a capture workload preset
-   traced on meta into a cache folder (orchestrator/study_traces.py).
+   traced on meta into a cache folder (orchestrator/studies/study_traces.py).
 2. Device: one replay per allocation mode at ``device_memory_capacity``, no flushing
    (``study`` rows, ``study_part=device``).
 3. Minimum capacity per mode: ``experiment.min_memory``'s search (``probe`` and ``min_memory``
@@ -14,9 +14,9 @@ On one ``ReplaySession`` (one Ray cluster, one set of rank actors, traces loaded
    minimum capacity with the first flush threshold (one more search): it completes there,
    and when flushing buys anything it is below the minimum without one, hence OOM.
 5. Estimate: DeepSpeed's ZeRO-3 model-state figures for the traced model, when the trace
-   folder's ``meta.json`` names it (``estimate`` rows, orchestrator/zero3_estimate.py).
+   folder's ``meta.json`` names it (``estimate`` rows, orchestrator/studies/zero3_estimate.py).
 
-Every row lands in the run dir's results table; orchestrator/oom_study_report.py turns them
+Every row lands in the run dir's results table; orchestrator/reports/oom_study_table.py turns them
 into the compact table printed on the console (markdown) and shown in the report.
 """
 from __future__ import annotations
@@ -124,8 +124,8 @@ class _Study:
         return row
 
     def estimates(self) -> list[dict]:
-        from orchestrator.study_traces import traced_model
-        from orchestrator.zero3_estimate import zero3_estimates
+        from orchestrator.studies.study_traces import traced_model
+        from orchestrator.studies.zero3_estimate import zero3_estimates
 
         traced = traced_model(self.cfg.trace.dir)
         if traced is None:
@@ -177,7 +177,7 @@ def study(cfg, out_dir: Path, replay: Callable) -> dict:
 
 def _search(cfg, out_dir: Path, replay: Callable, modes: list[str], threshold: float) -> dict:
     """``experiment.min_memory``'s search over ``modes`` at one flush threshold."""
-    from orchestrator.min_memory import search
+    from orchestrator.studies.min_memory import search
 
     cfg = copy.deepcopy(cfg)
     cfg.experiment.min_memory.allocation_modes = [AllocationMode(m) for m in modes]
@@ -202,15 +202,15 @@ def run_oom_study(cfg, out_dir: Path, config_yaml: str | None, session=None) -> 
     """``tracefleet experiment=oom_study``: traces captured when asked, the study on one
     ``ReplaySession``, rows and ``report.html`` in ``out_dir``; prints the table and returns
     the study's summary."""
-    from orchestrator.launch import quiet_replays
-    from orchestrator.oom_study_report import markdown, study_table
+    from orchestrator.run.launch import quiet_replays
+    from orchestrator.reports.oom_study_table import markdown, study_table
 
     osc = cfg.experiment.oom_study
     osc.validate()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if osc.workload is not None:
-        from orchestrator.study_traces import cached_capture
+        from orchestrator.studies.study_traces import cached_capture
         cfg.trace.dir = str(cached_capture(osc.workload, osc.workload_overrides,
                                            osc.capture_world_size, osc.trace_cache_dir))
         log.info("oom_study: traces of workload %s in %s", osc.workload, cfg.trace.dir)
@@ -231,6 +231,6 @@ def run_oom_study(cfg, out_dir: Path, config_yaml: str | None, session=None) -> 
     if summary["error"]:
         print(f"oom_study: {summary['error']}")
     if cfg.experiment.report:
-        from orchestrator.html_report import write_report
+        from orchestrator.reports.html_report import write_report
         print(f"report: {write_report(out_dir)}")
     return summary

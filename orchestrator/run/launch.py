@@ -11,10 +11,12 @@ import orjson
 from actors.machine import replay_machine_warnings
 from actors.rank_actor import RankActor
 from actors.zero3 import metrics as zero3_metrics
-from orchestrator import dedup, metrics, report
+from orchestrator.preflight import dedup
+from orchestrator.reports import run_report as report
+from orchestrator.run import metrics
 from orchestrator.config import RunConfig
-from orchestrator.node_state import lost_nodes
-from orchestrator.session import ReplaySession
+from orchestrator.cluster.node_state import lost_nodes
+from orchestrator.run.session import ReplaySession
 
 log = logging.getLogger("tracefleet")
 

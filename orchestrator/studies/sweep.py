@@ -14,7 +14,7 @@ the exit code summarises the sweep.
   ``ClusterError``, after at most ``cluster.timeout_s``) is ``failed`` too, not ``invalid``:
   the point's config was not refused. A sweep whose driver was killed loses only the running
   point; the same command resumes, and first stops what the killed driver's embedded Ray left
-  running (orchestrator/stale_cluster.py).
+  running (orchestrator/cluster/stale_cluster.py).
 - Exit code, from every row at the sweep root: 2 if a point was invalid, else 1 if a point
   is not ``ok``, else 0. At the end the HTML report is written (``experiment.report``).
 """
@@ -34,7 +34,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from actors.errors import TracefleetError
-from orchestrator import cli, stale_cluster
+from orchestrator.cli import app as cli
+from orchestrator.cluster import stale_cluster
 from orchestrator.errors import ClusterError
 from orchestrator.results import INVALID, REPLAY_STATUSES, ResultsStore, make_row, point_key, \
     summary_columns
@@ -84,7 +85,7 @@ def shared_session(root: Path):
     if HydraConfig.get().runtime.choices.get("hydra/launcher") != "basic":
         return None
     if _session is None:
-        from orchestrator.session import ReplaySession  # Ray: only once a point runs
+        from orchestrator.run.session import ReplaySession  # Ray: only once a point runs
         record = root / stale_cluster.RECORD_NAME
         stale_cluster.reap(record)
         _session = ReplaySession(processes_record=record)
@@ -160,7 +161,7 @@ def finish(root: Path, write_report: bool) -> int:
     if rows:
         store.write_tables()
     if write_report and rows:
-        from orchestrator.html_report import write_report as write_html  # matplotlib: lazily
+        from orchestrator.reports.html_report import write_report as write_html  # matplotlib: lazily
         try:
             log.info("report: %s", write_html(root))
         except Exception:  # noqa: BLE001 (the results are safe; the report can be redone)

@@ -1,4 +1,4 @@
-"""The table ``tracefleet-predict`` prints: one prediction (orchestrator/predict.py) for people."""
+"""The table ``tracefleet-predict`` prints: one prediction (orchestrator/studies/predict.py) for people."""
 from __future__ import annotations
 
 from orchestrator.units import human_bytes

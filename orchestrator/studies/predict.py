@@ -1,7 +1,7 @@
 """``tracefleet-predict``'s work: does a training job fit a GPU? One answer from one command.
 
 ``predict(cfg)`` captures the workload on meta or fake (shapes only; cached by the config's
-hash: orchestrator/study_traces.py), dry-runs it in this process (no Ray: one engine per
+hash: orchestrator/studies/study_traces.py), dry-runs it in this process (no Ray: one engine per
 distinct rank trace; on meta and fake every rank's trace is rank 0's, so one replay stands
 for the whole job) with faithful allocation, the target's caching allocator model
 (actors/replay/reserved_model.py) and, when the workload preset asks for it, the ZeRO-3
@@ -132,7 +132,7 @@ def capture_workload(workload: WorkloadConfig) -> WorkloadConfig:
 
 def _capture(cfg: PredictConfig, name: str) -> tuple[Path, dict]:
     """The cached (or new) capture of the workload; ``(folder, facts about it)``."""
-    from orchestrator.study_traces import capture_cached
+    from orchestrator.studies.study_traces import capture_cached
 
     wl = capture_workload(cfg.workload)
     # every rank of a local workload trains alone: its trace does not depend on the world

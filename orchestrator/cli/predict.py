@@ -1,6 +1,6 @@
 """`tracefleet-predict`: does a training job fit a GPU? Captures the workload on meta or fake
 (cached), dry-runs it with the target's caching allocator model and prints one table; writes
-``prediction.json`` into the run dir (orchestrator/predict.py). Exit 0 with any verdict (fits,
+``prediction.json`` into the run dir (orchestrator/studies/predict.py). Exit 0 with any verdict (fits,
 too_close, oom: a verdict is a result), 2 on a user error. Examples::
 
     tracefleet-predict workload=llama3_8b world_size=8 target=h100_80gb
@@ -22,10 +22,10 @@ from omegaconf import DictConfig, OmegaConf
 from actors.capture.workload_config import WorkloadConfig
 from actors.replay.config import ReplayConfig
 from actors.replay.target import TargetConfig
-from orchestrator.cli import run_app, user_errors
+from orchestrator.cli.app import run_app, user_errors
 from orchestrator.config import CONF_DIR
-from orchestrator.predict import PredictConfig, predict
-from orchestrator.predict_table import prediction_table
+from orchestrator.studies.predict import PredictConfig, predict
+from orchestrator.reports.predict_table import prediction_table
 
 def register_configs() -> None:
     """Register the predict schema and its groups' schemas in Hydra's ConfigStore."""

@@ -11,10 +11,10 @@ import ray
 
 from actors.capture.eager import EagerActor
 from actors.errors import ConfigError
-from orchestrator.cluster import ClusterConfig
+from orchestrator.cluster.connect import ClusterConfig
 from orchestrator.errors import ClusterError
-from orchestrator.metrics import slowest_series_s
-from orchestrator.worker_group import WorkerGroup
+from orchestrator.run.metrics import slowest_series_s
+from orchestrator.cluster.worker_group import WorkerGroup
 
 BUILD_TIMEOUT_S = 600.0  # a cold DeepSpeed start included
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from orchestrator.oom_study import CAPACITY, DEVICE, ESTIMATE, MODE, STUDY, THRESHOLD
-from orchestrator.plots import STATUS_COLORS
+from orchestrator.studies.oom_study import CAPACITY, DEVICE, ESTIMATE, MODE, STUDY, THRESHOLD
+from orchestrator.reports.plots import STATUS_COLORS
 from orchestrator.units import byte_unit, human_bytes
 
 _ESTIMATE_COLOR = "#7f7f7f"

@@ -19,7 +19,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from actors.errors import ConfigError
-from orchestrator import plots
+from orchestrator.reports import plots
 from orchestrator.results import ResultsStore
 from orchestrator.units import human_bytes
 
@@ -163,7 +163,7 @@ def _table_report(root: Path, rows: pd.DataFrame) -> str:
 
 def _oom_study(root: Path, rows: pd.DataFrame, out: Path) -> list[str]:
     """experiment=oom_study: its table, its plot and the memory timeline of each replay."""
-    from orchestrator.oom_study_report import plot_oom_study, study_table
+    from orchestrator.reports.oom_study_table import plot_oom_study, study_table
 
     table = pd.DataFrame(study_table(rows.to_dict("records")))
     parts = ["<h2>OOM study</h2>", _frame_html(table)]

@@ -18,9 +18,9 @@ from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.errors import describe
-from orchestrator.cluster import ClusterConfig
+from orchestrator.cluster.connect import ClusterConfig
 from orchestrator.errors import ClusterError
-from orchestrator.placement import reserve_bundles
+from orchestrator.cluster.placement import reserve_bundles
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from concurrent.futures import ProcessPoolExecutor, wait
 
 from actors.errors import TraceError, TracefleetError
 from actors.trace.source import TraceSource, json_bytes_estimate
-from orchestrator.signature import RankSignature, rank_signature
+from orchestrator.preflight.signature import RankSignature, rank_signature
 
 EXECUTORS = ("inline", "processes", "ray")
 IN_PROCESS_BYTES = 8 << 20  # total JSON bytes reduced in-process without workers

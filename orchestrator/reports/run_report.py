@@ -25,8 +25,8 @@ from rich.console import Console
 from rich.table import Table
 
 from actors.hardlink import link_or_copy
-from orchestrator.plots import plot_iteration_times, plot_memory_timeline, timeline_points
-from orchestrator.plots import timeline_scale  # noqa: F401 (re-exported)
+from orchestrator.reports.plots import plot_iteration_times, plot_memory_timeline, timeline_points
+from orchestrator.reports.plots import timeline_scale  # noqa: F401 (re-exported)
 from orchestrator.units import human_bytes
 
 _MiB = 1 << 20
@@ -132,9 +132,9 @@ def write_run_outputs(summary: dict, rank_reports: list[dict], out_dir: Path,
     """Write every file of a run directory (see the module docstring); returns name -> path.
 
     ``rank_reports`` are the raw reports (with ``memory_timeline``); ``summary`` comes from
-    ``orchestrator.metrics.aggregate``. Plots without data are skipped, all of them with
+    ``orchestrator.run.metrics.aggregate``. Plots without data are skipped, all of them with
     ``plots=False``; they draw the ranks that replayed (not the copies of a deduplicated run:
-    orchestrator/dedup.py), and copies' memory timelines are hard links of their original's.
+    orchestrator/preflight/dedup.py), and copies' memory timelines are hard links of their original's.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ import sys
 import traceback
 
 from actors.errors import TracefleetError
-from orchestrator.cli import USER_ERROR_EXIT
+from orchestrator.cli.app import USER_ERROR_EXIT
 
 _EPILOG = """DIR is a run dir (with summary.json), a sweep root (multirun/sweep-<id>, with
 results.csv) or a min_memory run dir. Writes DIR/report.html (images embedded) and the PNGs
@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dir", help="a run dir, a sweep root or a min_memory run dir")
     parser.add_argument("--debug", action="store_true", help="show the traceback of errors")
     args = parser.parse_args(argv)
-    from orchestrator.html_report import PLOTS_DIR, write_report  # matplotlib: after --help
+    from orchestrator.reports.html_report import PLOTS_DIR, write_report  # matplotlib: after --help
 
     try:
         page = write_report(args.dir)

@@ -1,7 +1,7 @@
 """Cross-rank checks of the collective signatures: groups, group_map, sequences, splits.
 
 Per process group, the member ranks must issue the same collective sequence, position by
-position (`orchestrator.signature.comparable`); all_to_all with split sizes is also
+position (`orchestrator.preflight.signature.comparable`); all_to_all with split sizes is also
 cross-checked: what group rank i sends to j is what j expects from i.
 
 gloo traces do not name the group of a ``c10d::*`` collective (``pg_name`` None). Such
@@ -19,7 +19,7 @@ from actors.replay.process_groups import DEFAULT_PG, group_members, merge_group_
 from actors.trace import ProcessGroupInfo
 from actors.trace.collectives import KINDS
 from actors.trace.source import TraceSource
-from orchestrator.signature import RankSignature, group_calls
+from orchestrator.preflight.signature import RankSignature, group_calls
 
 
 def cross_check(sigs: dict[int, RankSignature], sources: dict[int, TraceSource], world_size: int,

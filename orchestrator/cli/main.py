@@ -3,7 +3,7 @@
 One run replays once (or searches the minimum memory, ``experiment.search=min_memory``, or
 runs the OOM study, ``experiment.search=oom_study``) and
 exits 0 when its status is ok, 1 otherwise, 2 on a user error. With ``--multirun`` every
-point runs and is recorded (orchestrator/sweep.py), and the exit code summarises the sweep.
+point runs and is recorded (orchestrator/studies/sweep.py), and the exit code summarises the sweep.
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from orchestrator import sweep
-from orchestrator.cli import run_app, user_errors
+from orchestrator.studies import sweep
+from orchestrator.cli.app import run_app, user_errors
 from orchestrator.config import CONF_DIR, register_configs
 
 register_configs()
@@ -23,13 +23,13 @@ register_configs()
 
 def run(run_cfg, out_dir: Path, config_yaml: str | None, session=None) -> dict:
     """One run of ``run_cfg`` (a RunConfig) into ``out_dir``; returns its summary."""
-    from orchestrator.launch import run_replay  # keeps `--help` fast
+    from orchestrator.run.launch import run_replay  # keeps `--help` fast
 
     if run_cfg.experiment.search == "min_memory":
-        from orchestrator.min_memory import run_min_memory
+        from orchestrator.studies.min_memory import run_min_memory
         return run_min_memory(run_cfg, out_dir, config_yaml, session)
     if run_cfg.experiment.search == "oom_study":
-        from orchestrator.oom_study import run_oom_study
+        from orchestrator.studies.oom_study import run_oom_study
         return run_oom_study(run_cfg, out_dir, config_yaml, session)
     return run_replay(run_cfg, out_dir, config_yaml, session=session)
 

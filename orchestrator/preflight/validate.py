@@ -3,15 +3,15 @@
 1. Find the rank traces of ``trace.dir``: a folder, a ``.tar[.gz]`` archive or one file
    (`actors.trace.source.discover`; the rank-from-name rule is in `actors.trace.archive`),
    and select ``trace.ranks`` (default: all of them).
-2. Group the selected ranks by trace content (`orchestrator.trace_identity`: hard links by
+2. Group the selected ranks by trace content (`orchestrator.preflight.trace_identity`: hard links by
    inode, then size and hash) and reduce one trace per group to its collective signature
-   where it is (`orchestrator.signature_pool`); the other ranks of a group share it. The
+   where it is (`orchestrator.preflight.signature_pool`); the other ranks of a group share it. The
    driver never holds full traces. In compute mode the launch replays one actor per group
    (``same_as``).
 3. Check the world: the recorded world size (process group "0") bounds the ranks; ``full``
    and ``comms`` replay collectives, so they need every rank of the recorded world;
    ``compute`` replays any subset (one file of a 2-GPU job, ``trace.ranks=[0,3]``).
-4. Cross-check the collective sequences per process group (`orchestrator.crosscheck`).
+4. Cross-check the collective sequences per process group (`orchestrator.preflight.crosscheck`).
    ``full``/``comms`` refuse a mismatch, naming ranks, group and position; ``compute``
    replays no collective, so a mismatch there is a warning (logged and returned, for
    ``summary.json``'s ``preflight_warnings``).
@@ -29,10 +29,10 @@ from actors.trace import ProcessGroupInfo
 from actors.trace.model import MAX_WORLD_SIZE
 from actors.trace.archive import DEFAULT_MAX_DECOMPRESSED_BYTES, rank_from_name
 from actors.trace.source import TraceSource, discover
-from orchestrator.crosscheck import cross_check
-from orchestrator.signature import RankSignature
-from orchestrator.signature_pool import collect
-from orchestrator.trace_identity import identical_groups, representatives
+from orchestrator.preflight.crosscheck import cross_check
+from orchestrator.preflight.signature import RankSignature
+from orchestrator.preflight.signature_pool import collect
+from orchestrator.preflight.trace_identity import identical_groups, representatives
 
 log = logging.getLogger("tracefleet")
 _COLLECTIVE_MODES = ("full", "comms")
@@ -82,7 +82,7 @@ def preflight(trace_dir, world_size_requested: int | None = None,
               load_timeout_s: float = 3600.0) -> PreflightResult:
     """Discover, select, reduce and cross-check the rank traces of ``trace_dir`` (module doc).
 
-    ``executor``/``num_workers``: see `orchestrator.signature_pool.collect` (None: automatic).
+    ``executor``/``num_workers``: see `orchestrator.preflight.signature_pool.collect` (None: automatic).
     Raises ConfigError (layout, world size, selection, groups, sequences) or TraceError
     (an unreadable trace).
     """
