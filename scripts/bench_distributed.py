@@ -43,8 +43,7 @@ from actors.replay.config import ReplayConfig  # noqa: E402
 from actors.replay.engine import ReplayEngine  # noqa: E402
 from actors.replay.process_groups import ProcessGroups  # noqa: E402
 from actors.replay.resolve import torch_dtype_or_none  # noqa: E402
-from orchestrator.cluster.connect import ClusterConfig  # noqa: E402
-from orchestrator.config import DEMO_TRACES, ExperimentConfig, RunConfig, TraceConfig  # noqa: E402
+from orchestrator.config import DEMO_TRACES, ClusterConfig, ExperimentConfig, RunConfig, TraceConfig  # noqa: E402
 from orchestrator.run.launch import run_replay  # noqa: E402
 
 COMM_WORLD_SIZE = 4

@@ -26,7 +26,7 @@ from actors.trace import compute_liveness, load_trace
 from actors.trace.kineto import host_gaps_s, host_times, kineto_path_for, read_kineto
 from actors.trace.stats import trace_stats
 from orchestrator.run.capture import CaptureConfig, prepare_out_dir, run_capture_job
-from orchestrator.cluster.connect import ClusterConfig
+from orchestrator.config import ClusterConfig
 from tests.test_capture_meta import SMALL_LLAMA, meta_capture
 
 REPO = Path(__file__).resolve().parents[1]

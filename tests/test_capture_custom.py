@@ -23,7 +23,7 @@ from actors.capture.workloads import WorkloadConfig
 from actors.errors import ConfigError
 from actors.trace import load_trace
 from orchestrator.run.capture import CaptureConfig, run_capture_job
-from orchestrator.cluster.connect import ClusterConfig
+from orchestrator.config import ClusterConfig
 from tests.test_capture_fake import DDP_EXAMPLE, FSDP2_EXAMPLE, fake_capture
 
 REPO = Path(__file__).resolve().parents[1]

@@ -167,8 +167,7 @@ def test_comms_replay_of_a_meta_capture(tmp_path):
     import ray
 
     from actors.replay.config import ReplayConfig
-    from orchestrator.cluster.connect import ClusterConfig
-    from orchestrator.config import ExperimentConfig, RunConfig, TraceConfig
+    from orchestrator.config import ClusterConfig, ExperimentConfig, RunConfig, TraceConfig
     from orchestrator.run.launch import run_replay
 
     traces = tmp_path / "traces"

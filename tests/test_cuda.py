@@ -81,8 +81,7 @@ def test_allocator_model_predicts_max_memory_reserved(mode):
 def test_two_rank_nccl_replay(tmp_path):
     import ray
 
-    from orchestrator.cluster.connect import ClusterConfig
-    from orchestrator.config import RunConfig, TraceConfig
+    from orchestrator.config import ClusterConfig, RunConfig, TraceConfig
     from orchestrator.run.launch import run_replay
     from tests.trace_factory import capture_ranks
 

@@ -14,8 +14,7 @@ from actors import hardlink
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.trace.source import discover
 from orchestrator.preflight import trace_identity, validate
-from orchestrator.cluster.connect import ClusterConfig
-from orchestrator.config import ExperimentConfig, RunConfig, TraceConfig
+from orchestrator.config import ClusterConfig, ExperimentConfig, RunConfig, TraceConfig
 from orchestrator.preflight.dedup import expand_reports
 from orchestrator.run.launch import run_replay
 from tests.trace_factory import capture_ranks

@@ -17,8 +17,7 @@ from actors.errors import ConfigError
 from actors.rank_actor import RankActor
 from actors.trace import load_trace
 from actors.replay.config import AllocationConfig, ReplayConfig
-from orchestrator.cluster.connect import ClusterConfig
-from orchestrator.config import ExperimentConfig, RunConfig, TraceConfig
+from orchestrator.config import ClusterConfig, ExperimentConfig, RunConfig, TraceConfig
 from orchestrator.run.launch import run_replay
 from tests.trace_factory import capture_ranks
 

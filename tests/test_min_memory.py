@@ -11,7 +11,8 @@ from actors.replay.engine import ReplayEngine
 from actors.trace import load_trace
 from actors.replay.config import AllocationConfig, ReplayConfig
 from orchestrator.config import ExperimentConfig, RunConfig, TraceConfig
-from orchestrator.studies.min_memory import MinMemoryConfig, bisect, combos, search
+from orchestrator.studies.min_memory import bisect, combos, search
+from orchestrator.study_config import MinMemoryConfig
 from orchestrator.results import CSV_NAME
 from tests.chain_trace import N, capture_chain
 

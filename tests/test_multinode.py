@@ -11,8 +11,8 @@ from ray_nodes import WORKER_IP, GlooProbe, two_node_cluster  # noqa: F401 (fixt
 from actors.rank_actor import RankActor
 from actors.replay.config import ReplayConfig
 from actors.trace import load_trace
-from orchestrator.cluster.connect import ClusterConfig, connect
-from orchestrator.config import DEMO_TRACES, ExperimentConfig, RunConfig, TraceConfig
+from orchestrator.config import DEMO_TRACES, ClusterConfig, ExperimentConfig, RunConfig, TraceConfig
+from orchestrator.cluster.connect import connect
 from orchestrator.run.launch import run_replay
 from orchestrator.cluster.worker_group import WorkerGroup
 

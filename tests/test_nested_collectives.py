@@ -17,8 +17,7 @@ import pytest
 from actors.errors import ConfigError
 from actors.replay.config import ReplayConfig
 from actors.trace import load_trace
-from orchestrator.cluster.connect import ClusterConfig
-from orchestrator.config import ExperimentConfig, RunConfig, TraceConfig
+from orchestrator.config import ClusterConfig, ExperimentConfig, RunConfig, TraceConfig
 from orchestrator.preflight.validate import preflight
 from tests.trace_factory import run_rank_script
 

@@ -17,8 +17,8 @@ from actors.replay.engine import ReplayEngine
 from actors.trace import load_trace
 from orchestrator.studies import study_traces
 from orchestrator.config import ExperimentConfig, RunConfig, TraceConfig
-from orchestrator.studies.min_memory import MinMemoryConfig
-from orchestrator.studies.oom_study import OomStudyConfig, study
+from orchestrator.study_config import MinMemoryConfig, OomStudyConfig
+from orchestrator.studies.oom_study import study
 from orchestrator.reports.oom_study_table import markdown, study_table
 from orchestrator.results import CSV_NAME
 from orchestrator.studies.zero3_estimate import nodes_of, param_counts, zero3_estimates

@@ -11,8 +11,7 @@ import pytest
 from actors.errors import ConfigError, TraceError
 from actors.replay.config import ReplayConfig
 from actors.trace.source import discover
-from orchestrator.cluster.connect import ClusterConfig
-from orchestrator.config import ExperimentConfig, RunConfig, TraceConfig
+from orchestrator.config import ClusterConfig, ExperimentConfig, RunConfig, TraceConfig
 from orchestrator.preflight.signature import rank_signature
 from orchestrator.preflight.signature_pool import collect, pick_executor
 from orchestrator.preflight.validate import preflight

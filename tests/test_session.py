@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from orchestrator.run.session import ReplaySession
-from orchestrator.cluster.worker_group import Result
+from orchestrator.cluster.rank_result import Result
 
 
 class _Group:

@@ -16,12 +16,14 @@ from ray_nodes import GlooProbe
 
 from actors.errors import ConfigError
 from actors.rank_base import RankWorkerBase
-from orchestrator.cluster.connect import ClusterConfig, connect
+from orchestrator.config import ClusterConfig
+from orchestrator.cluster.connect import connect
 from orchestrator.errors import ClusterError
 from orchestrator.cluster.node_state import lost_nodes
 from orchestrator.run.session import ReplaySession
-from orchestrator.cluster.worker_group import (Result, WorkerGroup, rank_envs, rank_order,
-                                       shared_visible_devices)
+from orchestrator.cluster.rank_result import Result
+from orchestrator.cluster.worker_group import WorkerGroup, rank_envs, rank_order, \
+    shared_visible_devices
 
 NUM_CPUS = 4
 
@@ -44,7 +46,8 @@ def cluster_cfg():
 _UNREACHABLE = """
 import socket, sys, time
 import ray
-from orchestrator.cluster.connect import ClusterConfig, connect
+from orchestrator.config import ClusterConfig
+from orchestrator.cluster.connect import connect
 from orchestrator.errors import ClusterError
 with socket.socket() as sock:
     sock.bind(("127.0.0.1", 0))

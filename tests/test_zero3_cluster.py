@@ -11,8 +11,7 @@ from ray_nodes import WORKER_IP, two_node_cluster  # noqa: F401 (fixture)
 
 from actors.replay.config import ReplayConfig
 from actors.zero3.config import Zero3Config
-from orchestrator.cluster.connect import ClusterConfig
-from orchestrator.config import DEMO_TRACES, ExperimentConfig, RunConfig, TraceConfig
+from orchestrator.config import DEMO_TRACES, ClusterConfig, ExperimentConfig, RunConfig, TraceConfig
 from orchestrator.run.launch import run_replay
 
 pytestmark = pytest.mark.slow

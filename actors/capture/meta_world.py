@@ -29,14 +29,14 @@ import torch
 import torch.distributed as dist
 
 from actors.capture import trace_file_name
-from actors.capture.context import world_mesh
 from actors.capture.fake_mode import (CaptureFakeMode, ranges_outside_fake_mode, refuse_ddp,
                                       strip_dispatch_mode_nodes)
 from actors.capture.memory import MemoryMeter
 from actors.capture.meta_storage import unique_meta_storages
 from actors.capture.recorder import record_iteration
 from actors.capture.worker import rank_facts, warm_up, workload_config
-from actors.capture.workloads import Workload, build_workload
+from actors.capture.context import Workload, world_mesh
+from actors.capture.workloads import build_workload
 from actors.hardlink import link_or_copy
 
 META = torch.device("meta")

@@ -11,18 +11,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import traceback
 from pathlib import Path
 
-from actors.errors import ConfigError, TracefleetError
+from actors.errors import ConfigError
 from actors.replay.config import parse_bytes
 from actors.trace import load_trace
 from actors.trace.archive import DEFAULT_MAX_DECOMPRESSED_BYTES
 from actors.trace.source import discover
 from actors.trace.stats import trace_stats
+from orchestrator.cli.app import guarded
 from orchestrator.units import human_bytes
 
-EXIT_USER_ERROR = 2
 _EPILOG = ("Parameters: storages that exist before the trace, are floating point, are read "
            "before anything writes them and are later updated in place by an op other than "
            "copy_ (the optimizer step); see actors/trace/stats.py. Memory: the liveness lower "
@@ -127,21 +126,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="refuse gzip data or archive members expanding past SIZE (default 4GiB)")
     parser.add_argument("--debug", action="store_true", help="show the traceback of errors")
     args = parser.parse_args(argv)
-    try:
+
+    def body() -> int:
         if args.top < 0:
             raise ConfigError(f"--top must be >= 0, got {args.top}")
         limit = parse_bytes(args.max_decompressed_bytes, "--max-decompressed-bytes")
         report = inspect_path(args.path, args.top, limit)
-    except (TracefleetError, OSError) as e:  # OSError: an unreadable folder, a permission
-        if args.debug:
-            traceback.print_exc()
-        print(f"tracefleet-inspect: error: {e}", file=sys.stderr)
-        return EXIT_USER_ERROR
-    if args.json:
-        sys.stdout.write(json.dumps(report) + "\n")
-    else:
-        _print_human(report)
-    return 0
+        if args.json:
+            sys.stdout.write(json.dumps(report) + "\n")
+        else:
+            _print_human(report)
+        return 0
+
+    # OSError: an unreadable folder, a permission
+    return guarded("tracefleet-inspect", body, args.debug, also=(OSError,))
 
 
 if __name__ == "__main__":

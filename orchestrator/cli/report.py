@@ -3,10 +3,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import traceback
 
-from actors.errors import TracefleetError
-from orchestrator.cli.app import USER_ERROR_EXIT
+from orchestrator.cli.app import guarded
 
 _EPILOG = """DIR is a run dir (with summary.json), a sweep root (multirun/sweep-<id>, with
 results.csv) or a min_memory run dir. Writes DIR/report.html (images embedded) and the PNGs
@@ -23,16 +21,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from orchestrator.reports.html_report import PLOTS_DIR, write_report  # matplotlib: after --help
 
-    try:
+    def body() -> int:
         page = write_report(args.dir)
-    except (TracefleetError, OSError) as e:  # OSError: an unreadable or read-only dir
-        if args.debug:
-            traceback.print_exc()
-        print(f"tracefleet-report: error: {e}", file=sys.stderr)
-        return USER_ERROR_EXIT
-    images = sorted((page.parent / PLOTS_DIR).glob("*.png"))
-    print(f"{page} ({len(images)} plots in {page.parent / PLOTS_DIR})")
-    return 0
+        images = sorted((page.parent / PLOTS_DIR).glob("*.png"))
+        print(f"{page} ({len(images)} plots in {page.parent / PLOTS_DIR})")
+        return 0
+
+    # OSError: an unreadable or read-only dir
+    return guarded("tracefleet-report", body, args.debug, also=(OSError,))
 
 
 if __name__ == "__main__":

@@ -9,22 +9,11 @@ from dataclasses import dataclass
 
 import ray
 
-from actors.choices import Choice
 from actors.errors import ConfigError
+from orchestrator.config import ClusterConfig
 from orchestrator.errors import ClusterError
 
 log = logging.getLogger(__name__)
-
-
-
-class PlacementStrategy(Choice):
-    """Ray placement-group strategies for the rank bundles."""
-
-    PACK = "PACK"
-    SPREAD = "SPREAD"
-    STRICT_PACK = "STRICT_PACK"
-    STRICT_SPREAD = "STRICT_SPREAD"
-
 
 # Ray 2.60 clusters use token authentication by default; a driver joining one by address
 # must opt in and hold the cluster's token.
@@ -33,45 +22,6 @@ _AUTH_HINT = (
     "RAY_AUTH_MODE=token and provide the cluster's token via RAY_AUTH_TOKEN, "
     "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token"
 )
-
-
-@dataclass
-class ClusterConfig:
-    """Where the rank actors run and how they are placed."""
-
-    # None starts an embedded local Ray; "auto", "ray://host:port" or "host:port" joins
-    # a running cluster.
-    address: str | None = None
-    # Logical CPUs of the embedded cluster; None = max(world_size * cpus_per_rank,
-    # os.cpu_count()). Ignored when joining a cluster.
-    num_cpus: int | None = None
-    # Ray placement-group strategy for the rank bundles: PACK, SPREAD, STRICT_PACK or
-    # STRICT_SPREAD.
-    placement_strategy: PlacementStrategy = PlacementStrategy.PACK
-    # Bound in seconds for each start-up phase: placement, actor start, rendezvous.
-    timeout_s: float = 120.0
-    # Logical CPUs reserved for each rank actor (its placement bundle).
-    cpus_per_rank: float = 1.0
-    # Root temp dir of the embedded cluster; keep it short (Ray puts unix sockets
-    # under it, and socket paths are limited to ~107 bytes). None = Ray's default.
-    temp_dir: str | None = None
-    # Ray runtime_env applied to the job (env_vars, working_dir, pip, ...).
-    runtime_env: dict | None = None
-    # Stream the actors' stdout/stderr to the driver.
-    log_to_driver: bool = True
-
-    def __post_init__(self):
-        self.placement_strategy = PlacementStrategy.coerce(self.placement_strategy,
-                                                           "cluster.placement_strategy")
-
-    def validate(self) -> None:
-        """Raise ConfigError on a value Ray would reject later with a less clear message."""
-        if not self.timeout_s > 0:
-            raise ConfigError(f"cluster.timeout_s={self.timeout_s}: expected > 0")
-        if not self.cpus_per_rank > 0:
-            raise ConfigError(f"cluster.cpus_per_rank={self.cpus_per_rank}: expected > 0")
-        if self.num_cpus is not None and self.num_cpus < 1:
-            raise ConfigError(f"cluster.num_cpus={self.num_cpus}: expected >= 1 or null")
 
 
 @dataclass

@@ -7,13 +7,10 @@ the row of a sweep point says where the fault was, not only which ranks suffered
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import ray
 from ray.exceptions import RayError
 
-if TYPE_CHECKING:
-    from orchestrator.cluster.worker_group import Result
+from orchestrator.cluster.rank_result import Outcome, Result
 
 
 def lost_nodes(results: list[Result]) -> str | None:
@@ -27,7 +24,7 @@ def lost_nodes(results: list[Result]) -> str | None:
     dead = dead_node_ids()
     by_node: dict[tuple, list[int]] = {}
     for r in results:
-        if not r.ok and (r.kind == "died" or r.node_id in dead):
+        if not r.ok and (r.kind == Outcome.died or r.node_id in dead):
             by_node.setdefault((r.node_ip, r.node_id), []).append(r.rank)
     parts = []
     for (ip, node_id), ranks in by_node.items():

@@ -9,41 +9,19 @@ from __future__ import annotations
 import ipaddress
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import ray
-from ray.exceptions import OutOfMemoryError, RayActorError, RayError, RayTaskError
+from ray.exceptions import RayError
 from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from actors.errors import describe
-from orchestrator.cluster.connect import ClusterConfig
+from orchestrator.config import ClusterConfig
 from orchestrator.errors import ClusterError
 from orchestrator.cluster.placement import reserve_bundles
+from orchestrator.cluster.rank_result import Outcome, Result, outcome
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Result:
-    """One rank's outcome of a group call.
-
-    kind: 'ok' (value is set), 'error' (the method raised), 'died' (the actor process is
-    gone), 'timeout' (not done by the deadline), 'aborted' (still running when the grace
-    period after another rank's failure ran out).
-    """
-
-    rank: int
-    kind: str
-    value: Any = None
-    error: str = ""
-    node_ip: str | None = None  # where the rank's actor ran (None before placement)
-    node_id: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.kind == "ok"
 
 
 class WorkerGroup:
@@ -164,7 +142,7 @@ class WorkerGroup:
                                 timeout=min(poll_s, limit - now))
             for ref in ready:
                 rank = pending.pop(ref)
-                results[rank] = _outcome(rank, ref)
+                results[rank] = outcome(rank, ref)
                 failed = not results[rank].ok or (is_failure is not None and
                                                   is_failure(results[rank].value))
                 if failed and first_failure is None:
@@ -174,16 +152,16 @@ class WorkerGroup:
                 on_progress(len(refs) - len(pending), len(refs), time.monotonic() - start)
         for rank in pending.values():
             if first_failure is not None and time.monotonic() < deadline:
-                results[rank] = Result(rank, "aborted", error=(
+                results[rank] = Result(rank, Outcome.aborted, error=(
                     f"rank {rank} still running {failure_grace_s:.1f} s after rank "
                     f"{first_failure.rank} failed ({first_failure.kind})"))
             else:
-                results[rank] = Result(rank, "timeout", error=(
+                results[rank] = Result(rank, Outcome.timeout, error=(
                     f"rank {rank} did not finish within {timeout_s:.1f} s"))
         for result in results:  # name the node of each rank (a lost node is the usual cause)
             info = self.node_infos[result.rank] if result.rank < len(self.node_infos) else {}
             result.node_ip, result.node_id = info.get("node_ip"), info.get("node_id")
-            if result.kind == "died" and result.rank < len(self.workers):
+            if result.kind == Outcome.died and result.rank < len(self.workers):
                 self._dead.append(self.workers[result.rank])
         return results
 
@@ -271,24 +249,3 @@ def _ip_key(ip: str) -> tuple:
         return (addr.version, addr.packed)
     except ValueError:  # a hostname: order it after every IP, by name
         return (99, ip.encode())
-
-
-def _outcome(rank: int, ref) -> Result:
-    """The Result of a finished ref (ray.get does not block: the ref is ready)."""
-    try:
-        return Result(rank, "ok", value=ray.get(ref))
-    except RayActorError as exc:
-        return Result(rank, "died", error=f"rank {rank} actor died: {_first_line(exc)}")
-    except OutOfMemoryError as exc:  # Ray's memory monitor killed the actor process
-        return Result(rank, "died", error=f"rank {rank} actor killed by Ray's memory monitor: "
-                                          f"{_first_line(exc)}")
-    except RayTaskError as exc:
-        cause = exc.cause if exc.cause is not None else exc
-        return Result(rank, "error", error=describe(cause))
-    except RayError as exc:
-        return Result(rank, "error", error=f"{type(exc).__name__}: {_first_line(exc)}")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

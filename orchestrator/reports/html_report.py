@@ -20,7 +20,9 @@ from omegaconf import OmegaConf
 
 from actors.errors import ConfigError
 from orchestrator.reports import plots
-from orchestrator.results import ResultsStore
+from orchestrator.reports.oom_study_table import plot_oom_study, study_table
+from orchestrator.results import CAPACITY, KIND, MAX_FAILING_CAPACITY, MIN_CAPACITY, MODE, POINT, \
+    REASON, RUN_DIR, STATUS, THRESHOLD, ResultsStore, RowKind
 from orchestrator.units import human_bytes
 
 REPORT_NAME = "report.html"
@@ -28,8 +30,6 @@ PLOTS_DIR = "report"
 MAX_POINT_TIMELINES = 12  # a sweep page shows this many points' memory timelines
 MAX_REASON_CHARS = 120  # a table cell shows this much of a point's reason
 _OVERRIDE_KEY = re.compile(r"(?:^| )[+~]?([\w./@-]+)=")  # the keys in a row's ``point``
-_CAPACITY = "replay.device_memory_capacity"
-_MODE = "replay.allocation.mode"
 _RUN_FIGURES = (  # (summary key, label, formatter)
     ("status", "status", str), ("world_size", "ranks", str), ("mode", "replay mode", str),
     ("allocation_mode", "allocation mode", str),
@@ -54,7 +54,7 @@ _RANK_COLUMNS = ("rank", "node_ip", "status", "iteration_time_s", "measured_peak
 _TABLE_METRICS = ("iteration_time_s", "iteration_time_ci_low_s", "iteration_time_ci_high_s",
                   "iteration_time_median_s", "measured_peak_bytes", "accounted_peak_bytes",
                   "predicted_reserved_peak_bytes", "peak_memory_bytes", "liveness_lower_bound_bytes",
-                  "num_flushes", "coverage", "min_capacity_bytes", "max_failing_capacity_bytes",
+                  "num_flushes", "coverage", MIN_CAPACITY, MAX_FAILING_CAPACITY,
                   "num_steps", "zero3_num_allgathers_per_iteration", "zero3_fetch_host_s",
                   "zero3_release_host_s")
 _CSS = """body{font-family:sans-serif;margin:24px;color:#222;max-width:1200px}
@@ -129,8 +129,8 @@ def _run_report(run_dir: Path) -> str:
 
 def _table_report(root: Path, rows: pd.DataFrame) -> str:
     out = _plots_dir(root)
-    points = rows[rows["kind"] == "point"] if "kind" in rows else rows
-    counts = rows["status"].value_counts().to_dict()
+    points = rows[rows[KIND] == RowKind.point] if KIND in rows else rows
+    counts = rows[STATUS].value_counts().to_dict()
     parts = ["<h2>Results</h2>", "<p>" + ", ".join(
         f"<span class='{html.escape(s)}'>{n} {html.escape(s)}</span>" for s, n in counts.items())
         + f" &mdash; {len(rows)} rows in results.csv / results.parquet</p>"]
@@ -139,17 +139,17 @@ def _table_report(root: Path, rows: pd.DataFrame) -> str:
               "peak memory and iteration time against the threshold"),
              ("status_map", lambda p: x_key is not None and plots.plot_status_map(points, x_key, y_key, p),
               "status of every point (OOM map)"),
-             ("min_memory", lambda p: plots.plot_min_memory(rows, p), "minimum-memory search"),
+             (RowKind.min_memory.value, lambda p: plots.plot_min_memory(rows, p), "minimum-memory search"),
              ("zero3", lambda p: plots.plot_zero3(points, p), "ZeRO-3 all-gathers and host time")]
     for name, draw, alt in drawn:
         if draw(out / f"{name}.png"):
             parts.append(_img(out / f"{name}.png", alt))
-    if "kind" in rows and rows["kind"].isin(["study", "estimate"]).any():
+    if KIND in rows and rows[KIND].isin([RowKind.study, RowKind.estimate]).any():
         parts += _oom_study(root, rows, out)
-    answers = rows[rows["kind"] == "min_memory"] if "kind" in rows else rows.iloc[0:0]
+    answers = rows[rows[KIND] == RowKind.min_memory] if KIND in rows else rows.iloc[0:0]
     if not answers.empty:
         parts += ["<h2>Minimum memory</h2>", _frame_html(_display(answers, [
-            *override_keys(answers), "min_capacity_bytes", "max_failing_capacity_bytes",
+            *override_keys(answers), MIN_CAPACITY, MAX_FAILING_CAPACITY,
             "tolerance_bytes", "num_steps", "search_s"]))]
     if not points.empty:
         keys = override_keys(points)
@@ -163,21 +163,19 @@ def _table_report(root: Path, rows: pd.DataFrame) -> str:
 
 def _oom_study(root: Path, rows: pd.DataFrame, out: Path) -> list[str]:
     """experiment=oom_study: its table, its plot and the memory timeline of each replay."""
-    from orchestrator.reports.oom_study_table import plot_oom_study, study_table
-
     table = pd.DataFrame(study_table(rows.to_dict("records")))
     parts = ["<h2>OOM study</h2>", _frame_html(table)]
     if plot_oom_study(rows, out / "oom_study.png"):
         parts.append(_img(out / "oom_study.png", "minimum capacity per mode and estimate"))
-    studied = rows[rows["kind"] == "study"]
-    keys = ["replay.allocation.mode", "replay.allocation.device_memory_threshold", _CAPACITY]
+    studied = rows[rows[KIND] == RowKind.study]
+    keys = [MODE, THRESHOLD, CAPACITY]
     return parts + _point_timelines(root, studied, [k for k in keys if k in studied], out)
 
 
 def override_keys(rows: pd.DataFrame) -> list[str]:
     """The override keys of the rows (from each row's ``point``), in first-seen order."""
     keys = {}
-    for point in rows.get("point", pd.Series(dtype=str)).dropna():
+    for point in rows.get(POINT, pd.Series(dtype=str)).dropna():
         for key in _OVERRIDE_KEY.findall(str(point)):
             keys[key] = None
     return [k for k in keys if k in rows]
@@ -187,8 +185,8 @@ def map_axes(points: pd.DataFrame) -> tuple[str | None, str | None]:
     """The two axes of the status map: the capacity (when swept) across, the allocation mode
     (when swept) down, else the swept keys in order (one axis when a single key is swept)."""
     swept = [k for k in override_keys(points) if points[k].nunique(dropna=False) > 1]
-    swept.sort(key=lambda k: (k != _CAPACITY, k != _MODE))
-    if _CAPACITY not in swept and _MODE in swept and len(swept) > 1:
+    swept.sort(key=lambda k: (k != CAPACITY, k != MODE))
+    if CAPACITY not in swept and MODE in swept and len(swept) > 1:
         swept[0], swept[1] = swept[1], swept[0]  # the mode goes down, another key across
     return (swept + [None, None])[0], (swept + [None, None])[1]
 
@@ -196,13 +194,13 @@ def map_axes(points: pd.DataFrame) -> tuple[str | None, str | None]:
 def _point_timelines(root: Path, points: pd.DataFrame, swept: list[str], out: Path) -> list[str]:
     parts = []
     for _, row in points.head(MAX_POINT_TIMELINES).iterrows():
-        run_dir = root / str(row.get("run_dir") or "")
-        if pd.isna(row.get("run_dir")) or not (run_dir / "summary.json").is_file():
+        run_dir = root / str(row.get(RUN_DIR) or "")
+        if pd.isna(row.get(RUN_DIR)) or not (run_dir / "summary.json").is_file():
             continue
         summary, ranks = load_run(run_dir)
         path = out / f"timeline_{str(row['run_dir']).replace('/', '_')}.png"
         if plots.plot_memory_timeline(summary, ranks, path):
-            label = ", ".join(f"{k}={row[k]}" for k in swept) or str(row["run_dir"])
+            label = ", ".join(f"{k}={row[k]}" for k in swept) or str(row[RUN_DIR])
             parts += [f"<h3>{html.escape(label)}</h3>", _img(path, f"memory timeline {label}")]
     return (["<h2>Memory timelines</h2>"] + parts) if parts else []
 
@@ -210,7 +208,7 @@ def _point_timelines(root: Path, points: pd.DataFrame, swept: list[str], out: Pa
 def _display(rows: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """``keys`` then status, reason and the metrics a reader compares, bytes and seconds in
     readable units."""
-    cols = [*keys, "status", "reason", *(c for c in _TABLE_METRICS if c in rows and rows[c].notna().any())]
+    cols = [*keys, STATUS, REASON, *(c for c in _TABLE_METRICS if c in rows and rows[c].notna().any())]
     shown = rows[[c for c in dict.fromkeys(cols) if c in rows]].copy()
     for col in shown.columns:
         if col == "reason":  # the full text is in results.csv

@@ -13,11 +13,13 @@ import pandas as pd
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
+from orchestrator.results import KIND, MIN_CAPACITY, MODE, STATUS, THRESHOLD, RowKind
+from orchestrator.status import RunStatus
 from orchestrator.units import byte_unit, human_bytes
 
 MAX_LEGEND_RANKS = 16  # past this a legend hides the plot
-STATUS_COLORS = {"ok": "#2ca02c", "oom": "#c51b7d", "failed": "#d62728", "timeout": "#ff9f0e",
-                 "invalid": "#7f7f7f"}
+STATUS_COLORS = {RunStatus.ok: "#2ca02c", RunStatus.oom: "#c51b7d", RunStatus.failed: "#d62728",
+                 RunStatus.timeout: "#ff9f0e", RunStatus.invalid: "#7f7f7f"}
 _MISSING_COLOR = "#eeeeee"
 
 
@@ -132,7 +134,7 @@ def plot_iteration_times(summary: dict, rank_reports: list[dict], path: Path) ->
 def plot_threshold_sweep(frame: pd.DataFrame, path: Path) -> bool:
     """Peak memory and iteration time (slowest rank) against the flush threshold, one line per
     allocation mode (and capacity, when it varies); points that did not finish as crosses."""
-    need = {"device_memory_threshold", "allocation_mode", "status"}
+    need = {"device_memory_threshold", "allocation_mode", STATUS}
     if not need <= set(frame.columns) or frame["device_memory_threshold"].nunique() < 2:
         return False
     frame = frame.sort_values("device_memory_threshold")
@@ -145,14 +147,14 @@ def plot_threshold_sweep(frame: pd.DataFrame, path: Path) -> bool:
     for key, group in frame.groupby(by, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
         label = " ".join([str(key[0])] + [f"cap {human_bytes(k)}" for k in key[1:] if pd.notna(k)])
-        ok, bad = group[group["status"] == "ok"], group[group["status"] != "ok"]
+        ok, bad = group[group[STATUS] == RunStatus.ok], group[group[STATUS] != RunStatus.ok]
         if peak_col:
             line, = ax_mem.plot(ok["device_memory_threshold"], ok[peak_col] / scale, "o-", label=label)
             ax_mem.plot(bad["device_memory_threshold"], bad[peak_col].fillna(0) / scale, "x",
                         color=line.get_color(), markersize=9)
         if "iteration_time_s" in group:
             ax_time.plot(ok["device_memory_threshold"], ok["iteration_time_s"] * 1e3, "o-", label=label)
-    if (frame["status"] != "ok").any():
+    if (frame[STATUS] != RunStatus.ok).any():
         ax_mem.plot([], [], "x", color="gray", label="did not finish (peak before it stopped)")
     for ax, ylabel, title in ((ax_mem, f"peak memory ({unit})", "Peak memory"),
                               (ax_time, "iteration time, slowest rank (ms)", "Iteration time")):
@@ -172,11 +174,12 @@ def plot_status_map(frame: pd.DataFrame, x_key: str, y_key: str | None, path: Pa
         return False
     xs = _ordered(frame[x_key])
     ys = _ordered(frame[y_key]) if y_key else [None]
-    worst_first = ["oom", "failed", "timeout", "invalid", "ok"]
+    worst_first = [RunStatus.oom, RunStatus.failed, RunStatus.timeout, RunStatus.invalid,
+                   RunStatus.ok]
     cells: dict[tuple[int, int], dict[str, int]] = {}
     for _, row in frame.iterrows():
         cell = (ys.index(_label(row[y_key])) if y_key else 0, xs.index(_label(row[x_key])))
-        status = row["status"] if row["status"] in STATUS_COLORS else "failed"
+        status = RunStatus(row[STATUS]) if row[STATUS] in STATUS_COLORS else RunStatus.failed
         counts = cells.setdefault(cell, {})
         counts[status] = counts.get(status, 0) + 1
     grid = [[0] * len(xs) for _ in ys]  # 0: no point, else 1 + index in worst_first
@@ -202,8 +205,8 @@ def plot_status_map(frame: pd.DataFrame, x_key: str, y_key: str | None, path: Pa
 def plot_min_memory(frame: pd.DataFrame, path: Path) -> bool:
     """The probes of each minimum-memory search on the capacity axis (completed or not) and
     the answer, one row per (allocation mode, threshold)."""
-    probes = frame[frame["kind"] == "probe"] if "kind" in frame else frame.iloc[0:0]
-    answers = frame[frame["kind"] == "min_memory"] if "kind" in frame else frame.iloc[0:0]
+    probes = frame[frame[KIND] == RowKind.probe] if KIND in frame else frame.iloc[0:0]
+    answers = frame[frame[KIND] == RowKind.min_memory] if KIND in frame else frame.iloc[0:0]
     probes = probes[probes["device_memory_capacity_bytes"].notna()] \
         if "device_memory_capacity_bytes" in probes else probes.iloc[0:0]
     if answers.empty:
@@ -212,18 +215,18 @@ def plot_min_memory(frame: pd.DataFrame, path: Path) -> bool:
     fig = Figure(figsize=(10, 1.0 * len(answers) + 2), dpi=100)
     ax = fig.add_subplot()
     labels = []
-    mode_col, thr_col = "replay.allocation.mode", "replay.allocation.device_memory_threshold"
+    mode_col, thr_col = MODE, THRESHOLD
     for i, (_, ans) in enumerate(answers.iterrows()):
         labels.append(f"{ans[mode_col]} t={ans[thr_col]:g}")
         mine = probes[(probes[mode_col] == ans[mode_col]) & (probes[thr_col] == ans[thr_col])]
-        for status, group in mine.groupby("status"):
+        for status, group in mine.groupby(STATUS):
             ax.plot(group["device_memory_capacity_bytes"] / scale, [i] * len(group), "o",
                     color=STATUS_COLORS.get(status, "black"), alpha=0.7)
-        if pd.notna(ans.get("min_capacity_bytes")):
-            ax.plot([ans["min_capacity_bytes"] / scale], [i], "|", color="black", markersize=22)
-            ax.annotate(human_bytes(ans["min_capacity_bytes"]), (ans["min_capacity_bytes"] / scale, i),
+        if pd.notna(ans.get(MIN_CAPACITY)):
+            ax.plot([ans[MIN_CAPACITY] / scale], [i], "|", color="black", markersize=22)
+            ax.annotate(human_bytes(ans[MIN_CAPACITY]), (ans[MIN_CAPACITY] / scale, i),
                         textcoords="offset points", xytext=(0, 12), ha="center", fontsize="small")
-    for status in ("ok", "oom"):
+    for status in (RunStatus.ok, RunStatus.oom):
         ax.plot([], [], "o", color=STATUS_COLORS[status], label=f"probe: {status}")
     ax.plot([], [], "|", color="black", markersize=12, label="smallest capacity that completes")
     ax.set_yticks(range(len(labels)), labels)

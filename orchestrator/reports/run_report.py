@@ -27,10 +27,12 @@ from rich.table import Table
 from actors.hardlink import link_or_copy
 from orchestrator.reports.plots import plot_iteration_times, plot_memory_timeline, timeline_points
 from orchestrator.reports.plots import timeline_scale  # noqa: F401 (re-exported)
+from orchestrator.status import RunStatus
 from orchestrator.units import human_bytes
 
 _MiB = 1 << 20
-_STATUS_STYLE = {"ok": "green", "oom": "magenta", "timeout": "yellow", "failed": "red"}
+_STATUS_STYLE = {RunStatus.ok: "green", RunStatus.oom: "magenta", RunStatus.timeout: "yellow",
+                 RunStatus.failed: "red"}
 
 
 def _column_key(name) -> str:

@@ -25,8 +25,7 @@ from hydra.core.config_store import ConfigStore
 from actors.capture import kineto_file_name, trace_file_name
 from actors.capture.workload_config import WorkloadConfig, validate as validate_workload
 from actors.errors import ConfigError, TracefleetError
-from orchestrator.cluster.connect import ClusterConfig
-from orchestrator.config import Transfer
+from orchestrator.config import ClusterConfig, Transfer
 
 
 @dataclass

@@ -16,14 +16,17 @@ from orchestrator.reports import run_report as report
 from orchestrator.run import metrics
 from orchestrator.config import RunConfig
 from orchestrator.cluster.node_state import lost_nodes
+from orchestrator.cluster.rank_result import Outcome
 from orchestrator.run.session import ReplaySession
+from orchestrator.status import RunStatus
 
 log = logging.getLogger("tracefleet")
 
 
 def _failed_report(result) -> dict:
     """A rank that returned no report: its actor died, raised, hung or was aborted."""
-    status = "timeout" if result.kind in ("timeout", "aborted") else "failed"
+    status = RunStatus.timeout if result.kind in (Outcome.timeout, Outcome.aborted) \
+        else RunStatus.failed
     return {"rank": result.rank, "status": status, "error": result.error, "last_op": None,
             "node_ip": result.node_ip, "node_id": result.node_id}
 
@@ -85,7 +88,7 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
             results = group.wait(refs, timeout_s=cfg.experiment.replay_timeout_s,
                                  on_progress=_progress_printer(num_actors, cfg.experiment.progress_interval_s),
                                  failure_grace_s=cfg.experiment.failure_grace_s,
-                                 is_failure=lambda report: report.get("status") != "ok")
+                                 is_failure=lambda report: report.get("status") != RunStatus.ok)
             replay_window_s = time.perf_counter() - t3
         finally:
             t_down = time.perf_counter()
@@ -135,7 +138,7 @@ def quiet_replays(session: ReplaySession | None = None):
 
 def _preflight_only(pre, cfg: RunConfig, out_dir: Path, timings: dict) -> dict:
     """``experiment.preflight_only``: pre-flight's result is the run's output; no actors."""
-    summary = {"status": "ok", "experiment": cfg.experiment.name, "trace_dir": str(cfg.trace.dir),
+    summary = {"status": RunStatus.ok, "experiment": cfg.experiment.name, "trace_dir": str(cfg.trace.dir),
                "mode": str(cfg.replay.mode), **pre.to_dict(), "timings_s": timings}
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     (Path(out_dir) / "preflight.json").write_bytes(orjson.dumps(pre.to_dict(), option=orjson.OPT_INDENT_2))

@@ -5,7 +5,8 @@ A rank report may be partial: a rank that failed early may carry only ``rank``, 
 value, so nothing a surviving rank measured is lost; ranks that sent no report at all get a
 placeholder row so the summary still has one row per rank.
 
-Run status precedence (root cause first): ``oom`` > ``failed`` > ``timeout`` > ``ok``.
+Run status precedence (root cause first, orchestrator/status.py): ``oom`` > ``failed`` >
+``timeout`` > ``ok``.
 An OOM is the most specific diagnosis and usually the cause of the others (its peers then
 error out on a broken connection or block in the next collective), and a timeout is most
 often collateral, so it ranks last. An unknown rank status counts as ``failed``. A run-level
@@ -18,9 +19,8 @@ import re
 from statistics import median
 
 from actors.replay.timed_iterations import interval_fields
+from orchestrator.status import FAILURE_PRECEDENCE, REPLAY_STATUSES, RunStatus
 
-RANK_STATUSES = ("ok", "oom", "failed", "timeout")
-STATUS_PRECEDENCE = ("oom", "failed", "timeout")  # worst first; "ok" only if every rank is ok
 MAX_RANKS_IN_ERROR = 4  # name this many failing ranks in full, summarize the rest
 MAX_RANK_ERROR_CHARS = 200
 # the place at the end of a rank's error (actors.errors.describe), at most ~120 characters
@@ -40,13 +40,13 @@ def _median_or_none(values: list):
     return median(values) if values else None
 
 
-def worst_status(statuses) -> str:
-    """The run status implied by the rank statuses, following ``STATUS_PRECEDENCE``."""
-    normalized = {s if s in RANK_STATUSES else "failed" for s in statuses}
-    for status in STATUS_PRECEDENCE:
+def worst_status(statuses) -> RunStatus:
+    """The run status implied by the rank statuses, following ``FAILURE_PRECEDENCE``."""
+    normalized = {s if s in REPLAY_STATUSES else RunStatus.failed for s in statuses}
+    for status in FAILURE_PRECEDENCE:
         if status in normalized:
             return status
-    return "ok"
+    return RunStatus.ok
 
 
 def _one_line(text: str) -> str:
@@ -62,7 +62,7 @@ def _one_line(text: str) -> str:
 
 def _rank_error(report: dict) -> str:
     """``rank R <status> at <last op>: <error>``, naming the rank and the op only once."""
-    head = f"rank {report['rank']} {report.get('status', 'failed')}"
+    head = f"rank {report['rank']} {report.get('status', RunStatus.failed)}"
     error = _one_line(report["error"]) if report.get("error") else ""
     for own in (f"rank {report['rank']}: ", f"rank {report['rank']} "):
         if error.startswith(own):  # rank actors already name themselves
@@ -79,7 +79,7 @@ def _error_message(bad: list[dict], world_size: int, run_error: str | None) -> s
     """One message naming the failing ranks (root causes first) and their last op."""
     parts = [run_error] if run_error else []
     if bad:
-        order = {s: i for i, s in enumerate(STATUS_PRECEDENCE)}
+        order = {s: i for i, s in enumerate(FAILURE_PRECEDENCE)}
         bad = sorted(bad, key=lambda r: (order.get(r.get("status"), 1), r["rank"]))
         named = "; ".join(_rank_error(r) for r in bad[:MAX_RANKS_IN_ERROR])
         rest = bad[MAX_RANKS_IN_ERROR:]
@@ -169,12 +169,12 @@ def _peak_breakdown(ranks: list[dict]) -> dict:
 
 def _first_oom(reports: list[dict]) -> dict | None:
     for report in reports:
-        if report.get("status") == "oom" or report.get("oom"):
+        if report.get("status") == RunStatus.oom or report.get("oom"):
             return {"rank": report["rank"], **(report.get("oom") or {})}
     return None
 
 
-def _rank_rows(rank_reports: list[dict], world_size: int, missing_status: str) -> list[dict]:
+def _rank_rows(rank_reports: list[dict], world_size: int, missing_status: RunStatus) -> list[dict]:
     """Per-rank rows in rank order without the bulky memory timeline; placeholders for silent ranks."""
     rows = {r["rank"]: {k: v for k, v in r.items() if k not in _BULKY} for r in rank_reports}
     for rank in range(world_size):
@@ -184,7 +184,8 @@ def _rank_rows(rank_reports: list[dict], world_size: int, missing_status: str) -
     return [rows[rank] for rank in sorted(rows)]
 
 
-def aggregate(rank_reports: list[dict], *, world_size: int, run_status_override: str | None = None,
+def aggregate(rank_reports: list[dict], *, world_size: int,
+              run_status_override: RunStatus | None = None,
               error: str | None = None, extra: dict | None = None) -> dict:
     """Aggregate per-rank reports into the run summary (see the module docstring for the rules).
 
@@ -192,11 +193,13 @@ def aggregate(rank_reports: list[dict], *, world_size: int, run_status_override:
     run-level message put before the per-rank ones; ``extra`` adds keys (e.g.
     ``device_memory_capacity_bytes``) and may not shadow a computed key.
     """
-    if run_status_override is not None and run_status_override not in RANK_STATUSES:
-        raise ValueError(f"run_status_override must be one of {RANK_STATUSES}, got {run_status_override!r}")
-    missing_status = run_status_override if run_status_override not in (None, "ok") else "failed"
+    if run_status_override is not None and run_status_override not in REPLAY_STATUSES:
+        raise ValueError(f"run_status_override must be one of "
+                         f"{[str(s) for s in REPLAY_STATUSES]}, got {run_status_override!r}")
+    missing_status = RunStatus.failed if run_status_override in (None, RunStatus.ok) \
+        else RunStatus(run_status_override)
     ranks = _rank_rows(rank_reports, world_size, missing_status)
-    bad = [r for r in ranks if r.get("status") != "ok"]
+    bad = [r for r in ranks if r.get("status") != RunStatus.ok]
 
     rank_medians = {r["rank"]: r["iteration_time_s"] for r in ranks if r.get("iteration_time_s") is not None}
     straggler = max(rank_medians, key=rank_medians.get) if rank_medians else None
@@ -205,10 +208,12 @@ def aggregate(rank_reports: list[dict], *, world_size: int, run_status_override:
 
     status_counts: dict[str, int] = {}
     for r in ranks:
-        status_counts[r.get("status", "failed")] = status_counts.get(r.get("status", "failed"), 0) + 1
+        status = str(r.get("status", RunStatus.failed))
+        status_counts[status] = status_counts.get(status, 0) + 1
 
     summary = {
-        "status": run_status_override or worst_status(r.get("status") for r in ranks),
+        "status": RunStatus(run_status_override) if run_status_override
+        else worst_status(r.get("status") for r in ranks),
         "world_size": world_size,
         "error": _error_message(bad, world_size, error),
         "num_ranks_by_status": status_counts,
@@ -238,7 +243,7 @@ def aggregate(rank_reports: list[dict], *, world_size: int, run_status_override:
         "translated_ops": _merge_counts(ranks, "translated_ops"),
         "standin_ops": _merge_counts(ranks, "standin_ops"),
         "collectives": _merge_collectives(ranks),
-        "num_oom_ranks": sum(1 for r in ranks if r.get("status") == "oom"),
+        "num_oom_ranks": sum(1 for r in ranks if r.get("status") == RunStatus.oom),
         "oom": _first_oom(ranks),
         "ranks": ranks,
     }

@@ -11,7 +11,7 @@ import ray
 
 from actors.capture.eager import EagerActor
 from actors.errors import ConfigError
-from orchestrator.cluster.connect import ClusterConfig
+from orchestrator.config import ClusterConfig
 from orchestrator.errors import ClusterError
 from orchestrator.run.metrics import slowest_series_s
 from orchestrator.cluster.worker_group import WorkerGroup

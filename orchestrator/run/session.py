@@ -27,13 +27,14 @@ import ray
 
 from actors.trace.source import as_source
 from orchestrator.cluster import stale_cluster
-from orchestrator.cluster.connect import ClusterConfig, ClusterHandle, connect, cuda_available_in_cluster
+from orchestrator.config import ClusterConfig
+from orchestrator.cluster.connect import ClusterHandle, connect, cuda_available_in_cluster
 from orchestrator.preflight.validate import PreflightResult, preflight
 from orchestrator.cluster.worker_group import WorkerGroup, rank_envs
+from orchestrator.status import ANSWERED  # a rank that ended so is kept for the next replay
 
 log = logging.getLogger("tracefleet")
 
-_REUSABLE = ("ok", "oom")  # rank statuses after which its actor is kept for the next replay
 _RELEASE_S = 10.0  # bound on the actors' release of their process groups
 
 
@@ -136,7 +137,7 @@ class ReplaySession:
         refused before the op ran); kill them after anything else (a failed collective can
         leave a rank's communicator in an unknown state). ``results``: the group's Results."""
         reusable = results is not None and all(
-            r.ok and isinstance(r.value, dict) and r.value.get("status") in _REUSABLE
+            r.ok and isinstance(r.value, dict) and r.value.get("status") in ANSWERED
             for r in results)
         if group is not self._group:
             group.shutdown()

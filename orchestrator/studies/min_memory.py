@@ -27,46 +27,18 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from actors.errors import ConfigError
 from actors.replay.config import AllocationMode
-from orchestrator.results import ResultsStore, make_row, point_key, summary_columns
+from orchestrator.results import CAPACITY, MAX_FAILING_CAPACITY, MIN_CAPACITY, MODE, REASON, \
+    STATUS, THRESHOLD, ResultsStore, RowKind, make_row, point_key, summary_columns
+from orchestrator.status import RunStatus
 
 log = logging.getLogger("tracefleet")
 
 MAX_DOUBLINGS = 8  # raising a reference peak that does not fit under a threshold
-
-
-@dataclass
-class MinMemoryConfig:
-    """The minimum-memory search (``experiment.search=min_memory``)."""
-
-    # Allocation modes searched one after another; empty: replay.allocation.mode alone.
-    allocation_modes: list[AllocationMode] = field(default_factory=list)
-    # Flush thresholds searched for lazy and faithful (pre_allocate never flushes, so it is
-    # searched at 1.0 only); empty: replay.allocation.device_memory_threshold alone.
-    thresholds: list[float] = field(default_factory=list)
-    # Stop when the smallest completing and the largest failing capacity are within
-    # max(tolerance x the completing one, tolerance_bytes).
-    tolerance: float = 0.01
-    tolerance_bytes: int = 4096
-    # Bound on the replays of one (mode, threshold) search, the reference included.
-    max_steps: int = 40
-
-    def validate(self) -> None:
-        """Raise ConfigError on values outside their domain."""
-        if not 0 <= self.tolerance < 1 or self.tolerance_bytes < 1:
-            raise ConfigError(f"experiment.min_memory.tolerance={self.tolerance}, tolerance_bytes="
-                              f"{self.tolerance_bytes}; expected 0 <= tolerance < 1 and "
-                              f"tolerance_bytes >= 1")
-        if self.max_steps < 3:
-            raise ConfigError(f"experiment.min_memory.max_steps={self.max_steps}; expected >= 3")
-        bad = [t for t in self.thresholds if not 0 < t <= 1]
-        if bad:
-            raise ConfigError(f"experiment.min_memory.thresholds={bad}; expected fractions in (0, 1]")
 
 
 @dataclass
@@ -118,8 +90,7 @@ class _Search:
         self.summaries: dict[int, dict] = {}  # capacity -> summary of its probe
 
     def axes(self) -> list[str]:
-        return [f"replay.allocation.mode={self.mode}",
-                f"replay.allocation.device_memory_threshold={self.threshold}"]
+        return [f"{MODE}={self.mode}", f"{THRESHOLD}={self.threshold}"]
 
     def probe(self, capacity: int | None, threshold: float | None = None) -> dict:
         threshold = self.threshold if threshold is None else threshold
@@ -131,15 +102,14 @@ class _Search:
         run_dir = self.out_dir / "probes" / name
         summary = self.replay(cfg, run_dir)
         self.num_steps += 1
-        overrides = [f"replay.allocation.mode={self.mode}",
-                     f"replay.allocation.device_memory_threshold={threshold}",
-                     f"replay.device_memory_capacity={'null' if capacity is None else capacity}"]
-        self.store.put(make_row("probe", "probe " + point_key(overrides), overrides,
-                                summary["status"], summary.get("error"),
+        overrides = [f"{MODE}={self.mode}", f"{THRESHOLD}={threshold}",
+                     f"{CAPACITY}={'null' if capacity is None else capacity}"]
+        self.store.put(make_row(RowKind.probe, f"{RowKind.probe} " + point_key(overrides),
+                                overrides, summary[STATUS], summary.get("error"),
                                 str(run_dir.relative_to(self.out_dir)), summary_columns(summary),
                                 search_step=self.num_steps))
         log.info("min_memory %s threshold %g: capacity %s -> %s", self.mode, threshold,
-                 "unlimited" if capacity is None else capacity, summary["status"])
+                 "unlimited" if capacity is None else capacity, summary[STATUS])
         if capacity is not None:
             self.summaries[capacity] = summary
         return summary
@@ -149,9 +119,9 @@ class _Search:
         t0 = time.perf_counter()
         mm = self.cfg.experiment.min_memory
         ref = self.probe(None, threshold=1.0)
-        if ref["status"] != "ok":
+        if ref[STATUS] != RunStatus.ok:
             return self._answer(None, 0, t0, f"the replay does not complete without a capacity "
-                                             f"limit ({ref['status']}: {ref.get('error')})")
+                                             f"limit ({ref[STATUS]}: {ref.get('error')})")
         hi = ref.get("accounted_peak_bytes") or ref.get("peak_memory_bytes") or 0
         bound = ref.get("liveness_lower_bound_bytes") or 0
         if hi <= 0:
@@ -160,7 +130,7 @@ class _Search:
             self.summaries[hi] = ref
         else:
             for _ in range(MAX_DOUBLINGS):  # the reference peak normally fits with a threshold
-                if self.probe(hi)["status"] == "ok":  # too
+                if self.probe(hi)[STATUS] == RunStatus.ok:  # too
                     break
                 hi *= 2
             else:
@@ -172,14 +142,14 @@ class _Search:
             if 0 < bound == hi:
                 return self._answer(bound, bound - 1, t0, None)
             below = hi - max(int(mm.tolerance * hi), mm.tolerance_bytes)
-            if below <= 0 or self.probe(below)["status"] != "ok":
+            if below <= 0 or self.probe(below)[STATUS] != RunStatus.ok:
                 return self._answer(hi, max(below, 0), t0, None)
             hi = below  # (a peak the accounting did not see: search on)
             if 0 < bound <= hi:
-                if bound == hi or self.probe(bound)["status"] == "ok":
+                if bound == hi or self.probe(bound)[STATUS] == RunStatus.ok:
                     return self._answer(bound, bound - 1, t0, None)
                 lo = bound
-        result = bisect(lambda c: self.probe(c)["status"] == "ok", lo, hi, mm.tolerance,
+        result = bisect(lambda c: self.probe(c)[STATUS] == RunStatus.ok, lo, hi, mm.tolerance,
                         mm.tolerance_bytes, mm.max_steps - self.num_steps)
         reason = None if result.min_ok - result.max_fail <= max(
             mm.tolerance * result.min_ok, mm.tolerance_bytes) else \
@@ -190,9 +160,9 @@ class _Search:
         mm = self.cfg.experiment.min_memory
         at = self.summaries.get(min_ok) or {}
         row = make_row(
-            "min_memory", "min_memory " + point_key(self.axes()), self.axes(),
-            "ok" if min_ok is not None and reason is None else "failed", reason, None,
-            summary_columns(at), min_capacity_bytes=min_ok, max_failing_capacity_bytes=max_fail,
+            RowKind.min_memory, f"{RowKind.min_memory} " + point_key(self.axes()), self.axes(),
+            RunStatus.ok if min_ok is not None and reason is None else RunStatus.failed, reason,
+            None, summary_columns(at), **{MIN_CAPACITY: min_ok, MAX_FAILING_CAPACITY: max_fail},
             tolerance_bytes=None if min_ok is None else int(max(mm.tolerance * min_ok,
                                                                 mm.tolerance_bytes)),
             num_steps=self.num_steps, search_s=time.perf_counter() - t0)
@@ -209,11 +179,10 @@ def search(cfg, out_dir: Path, replay: Callable) -> dict:
     store = ResultsStore(out_dir)
     answers = [_Search(cfg, mode, t, Path(out_dir), store, replay).run()
                for mode, t in combos(cfg)]
-    failed = [a for a in answers if a["status"] != "ok"]
-    error = "; ".join(f"{a['replay.allocation.mode']} threshold "
-                      f"{a['replay.allocation.device_memory_threshold']}: {a['reason']}"
-                      for a in failed) or None
-    return {"status": "failed" if failed else "ok", "error": error, "searches": answers}
+    failed = [a for a in answers if a[STATUS] != RunStatus.ok]
+    error = "; ".join(f"{a[MODE]} threshold {a[THRESHOLD]}: {a[REASON]}" for a in failed) or None
+    return {"status": RunStatus.failed if failed else RunStatus.ok, "error": error,
+            "searches": answers}
 
 
 def run_min_memory(cfg, out_dir: Path, config_yaml: str | None, session=None) -> dict:
@@ -229,11 +198,10 @@ def run_min_memory(cfg, out_dir: Path, config_yaml: str | None, session=None) ->
     with quiet_replays(session) as replay:
         summary = search(cfg, out_dir, replay)
     for a in summary["searches"]:
-        found = "-" if a["min_capacity_bytes"] is None else \
-            f"{a['min_capacity_bytes']} B (> {a['max_failing_capacity_bytes']} B fails)"
-        print(f"min_memory {a['replay.allocation.mode']} threshold "
-              f"{a['replay.allocation.device_memory_threshold']:g}: {found}, {a['num_steps']} "
-              f"replays, {a['search_s']:.1f} s" + (f"; {a['reason']}" if a["reason"] else ""))
+        found = "-" if a[MIN_CAPACITY] is None else \
+            f"{a[MIN_CAPACITY]} B (> {a[MAX_FAILING_CAPACITY]} B fails)"
+        print(f"min_memory {a[MODE]} threshold {a[THRESHOLD]:g}: {found}, {a['num_steps']} "
+              f"replays, {a['search_s']:.1f} s" + (f"; {a[REASON]}" if a[REASON] else ""))
     if cfg.experiment.report:
         from orchestrator.reports.html_report import write_report
         print(f"report: {write_report(out_dir)}")

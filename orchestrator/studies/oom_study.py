@@ -23,78 +23,16 @@ from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-from actors.errors import ConfigError
 from actors.replay.config import AllocationMode, parse_bytes
-from orchestrator.results import ResultsStore, make_row, point_key, summary_columns
+from orchestrator.results import CAPACITY, KIND, MIN_CAPACITY, MODE, REASON, STATUS, STUDY_PART, \
+    THRESHOLD, ResultsStore, RowKind, StudyPart, make_row, point_key, summary_columns
+from orchestrator.status import ANSWERED, RunStatus
 from orchestrator.units import human_bytes
 
 log = logging.getLogger("tracefleet")
-
-STUDY, ESTIMATE = "study", "estimate"  # row kinds (besides min_memory's probe / min_memory)
-DEVICE, FLUSH = "device", "flush"  # study_part of a study row
-MODE, THRESHOLD = "replay.allocation.mode", "replay.allocation.device_memory_threshold"
-CAPACITY = "replay.device_memory_capacity"
-_RESULT_STATUSES = ("ok", "oom")  # a replay that ends otherwise means the study is broken
-
-
-@dataclass
-class OomStudyConfig:
-    """The OOM study (``experiment.search=oom_study``)."""
-
-    # A capture workload preset (conf/workload/<name>.yaml, e.g. llama_70b) traced on the meta
-    # device for the study, replacing trace.dir; null: study trace.dir as it is.
-    workload: str | None = None
-    # Workload fields over the preset's, e.g. {parallel: local, seq_len: 2048}.
-    workload_overrides: dict[str, Any] = field(default_factory=dict)
-    # Ranks captured. parallel=local workloads give every rank the same trace: 1 rank with
-    # zero3.world_size=N replays rank 0 of an N-rank ZeRO-3 job.
-    capture_world_size: int = 1
-    # Captured traces are kept here, one folder per workload, and reused by later studies.
-    trace_cache_dir: str = "~/.cache/tracefleet/traces"
-    # The emulated device every mode is replayed on first, e.g. "80GiB".
-    device_memory_capacity: str = "80GiB"
-    # Allocation modes replayed on the device and searched for their minimum capacity.
-    allocation_modes: list[AllocationMode] = field(
-        default_factory=lambda: [AllocationMode.pre_allocate, AllocationMode.faithful,
-                                 AllocationMode.lazy])
-    # The flush demonstration: this mode at flush_capacity, without a threshold and with each
-    # of flush_thresholds. null flush_capacity: flush_mode's minimum capacity with the first
-    # of flush_thresholds (searched).
-    flush_mode: AllocationMode = AllocationMode.lazy
-    flush_thresholds: list[float] = field(default_factory=lambda: [0.5])
-    flush_capacity: str | None = None
-    # GPUs per node for DeepSpeed's estimate (nodes = world size / this; the world size is
-    # zero3.world_size when set, else the trace's).
-    gpus_per_node: int = 8
-
-    def __post_init__(self):
-        self.flush_mode = AllocationMode.coerce(self.flush_mode, "experiment.oom_study.flush_mode")
-        self.allocation_modes = [AllocationMode.coerce(m, "experiment.oom_study.allocation_modes")
-                                 for m in self.allocation_modes]
-
-    def validate(self) -> None:
-        """Raise ConfigError on values outside their domain or inconsistent with each other."""
-        key = "experiment.oom_study"
-        if not self.allocation_modes:
-            raise ConfigError(f"{key}.allocation_modes is empty; expected at least one mode")
-        if self.flush_mode == AllocationMode.pre_allocate:
-            raise ConfigError(f"{key}.flush_mode=pre_allocate never flushes; expected lazy or "
-                              "faithful")
-        bad = [t for t in self.flush_thresholds if not 0 < t < 1]
-        if not self.flush_thresholds or bad:
-            raise ConfigError(f"{key}.flush_thresholds={list(self.flush_thresholds)}; expected "
-                              "one or more fractions in (0, 1)")
-        for name in ("device_memory_capacity", "flush_capacity"):
-            value = getattr(self, name)
-            if value is not None and parse_bytes(value, f"{key}.{name}") <= 0:
-                raise ConfigError(f"{key}.{name}={value!r}; expected a positive size")
-        if self.capture_world_size < 1 or self.gpus_per_node < 1:
-            raise ConfigError(f"{key}.capture_world_size={self.capture_world_size}, "
-                              f"gpus_per_node={self.gpus_per_node}; expected >= 1")
 
 
 class _Study:
@@ -104,23 +42,23 @@ class _Study:
         self.cfg, self.out_dir, self.replay = cfg, Path(out_dir), replay
         self.store = ResultsStore(out_dir)
 
-    def probe(self, part: str, mode: str, threshold: float, capacity: int) -> dict:
+    def probe(self, part: StudyPart, mode: str, threshold: float, capacity: int) -> dict:
         cfg = copy.deepcopy(self.cfg)
         cfg.replay.allocation.mode = AllocationMode(mode)
         cfg.replay.allocation.device_memory_threshold = threshold
         cfg.replay.device_memory_capacity = str(capacity)
-        run_dir = self.out_dir / STUDY / f"{part}-{mode}-t{threshold:g}-{capacity}"
+        run_dir = self.out_dir / RowKind.study.value / f"{part}-{mode}-t{threshold:g}-{capacity}"
         summary = self.replay(cfg, run_dir)
         overrides = [f"{MODE}={mode}", f"{THRESHOLD}={threshold}", f"{CAPACITY}={capacity}"]
         oom = summary.get("oom") or {}
-        row = make_row(STUDY, f"{STUDY} {part} " + point_key(overrides), overrides,
-                       summary["status"], summary.get("error"),
+        row = make_row(RowKind.study, f"{RowKind.study} {part} " + point_key(overrides),
+                       overrides, summary[STATUS], summary.get("error"),
                        str(run_dir.relative_to(self.out_dir)), summary_columns(summary),
-                       study_part=part, oom_node_id=oom.get("node_id"), oom_op=oom.get("op"),
+                       **{STUDY_PART: StudyPart(part).value}, oom_node_id=oom.get("node_id"), oom_op=oom.get("op"),
                        oom_requested_bytes=oom.get("requested_bytes"))
         self.store.put(row)
         log.info("oom_study %s: %s threshold %g at %s -> %s", part, mode, threshold,
-                 human_bytes(capacity), summary["status"])
+                 human_bytes(capacity), summary[STATUS])
         return row
 
     def estimates(self) -> list[dict]:
@@ -137,7 +75,8 @@ class _Study:
             self.cfg.zero3.world_size else trace_world
         rows = []
         for est in zero3_estimates(model, world, self.cfg.experiment.oom_study.gpus_per_node):
-            row = make_row(ESTIMATE, f"{ESTIMATE} {est['options']}", [], "ok", None, None,
+            row = make_row(RowKind.estimate, f"{RowKind.estimate} {est['options']}", [],
+                           RunStatus.ok, None, None,
                            {"world_size": world}, **est)
             self.store.put(row)
             rows.append(row)
@@ -154,7 +93,7 @@ def study(cfg, out_dir: Path, replay: Callable) -> dict:
     run = _Study(cfg, out_dir, replay)
     device = parse_bytes(osc.device_memory_capacity)
     modes = [str(m) for m in dict.fromkeys(osc.allocation_modes)]
-    rows = [run.probe(DEVICE, m, 1.0, device) for m in modes]
+    rows = [run.probe(StudyPart.device, m, 1.0, device) for m in modes]
     searches = [_search(cfg, out_dir, replay, modes, 1.0)]
     flush_mode, thresholds = str(osc.flush_mode), list(dict.fromkeys(osc.flush_thresholds))
     if osc.flush_capacity is not None:
@@ -162,16 +101,16 @@ def study(cfg, out_dir: Path, replay: Callable) -> dict:
     else:  # the smallest capacity seen to complete with the first threshold: below the mode's
         # minimum without flushing (else flushing bought nothing), and known to complete
         searches.append(_search(cfg, out_dir, replay, [flush_mode], thresholds[0]))
-        flush_capacity = searches[-1]["searches"][0]["min_capacity_bytes"]
+        flush_capacity = searches[-1]["searches"][0][MIN_CAPACITY]
     if flush_capacity is not None:
-        rows += [run.probe(FLUSH, flush_mode, t, flush_capacity) for t in (1.0, *thresholds)]
+        rows += [run.probe(StudyPart.flush, flush_mode, t, flush_capacity) for t in (1.0, *thresholds)]
     rows += run.estimates()
     errors = [f"{r[MODE]} threshold {r[THRESHOLD]:g} at {human_bytes(r[CAPACITY])}: "
-              f"{r['status']} ({r['reason']})" for r in rows
-              if r["kind"] == STUDY and r["status"] not in _RESULT_STATUSES]
+              f"{r[STATUS]} ({r[REASON]})" for r in rows
+              if r[KIND] == RowKind.study and r[STATUS] not in ANSWERED]
     errors += [s["error"] for s in searches if s["error"]]
     answers = [a for s in searches for a in s["searches"]]
-    return {"status": "failed" if errors else "ok", "error": "; ".join(errors) or None,
+    return {"status": RunStatus.failed if errors else RunStatus.ok, "error": "; ".join(errors) or None,
             "findings": findings(rows, device), "rows": rows + answers}
 
 
@@ -188,12 +127,13 @@ def _search(cfg, out_dir: Path, replay: Callable, modes: list[str], threshold: f
 def findings(rows: list[dict], device: int) -> dict:
     """What the study shows: each mode's status on the device, and whether a flush threshold
     completed where the same mode without one was OOM (None when not replayed)."""
-    on_device = {r[MODE]: r["status"] for r in rows
-                 if r["kind"] == STUDY and r["study_part"] == DEVICE}
-    flush = [r for r in rows if r["kind"] == STUDY and r["study_part"] == FLUSH]
+    on_device = {r[MODE]: r[STATUS] for r in rows
+                 if r[KIND] == RowKind.study and r[STUDY_PART] == StudyPart.device}
+    flush = [r for r in rows if r[KIND] == RowKind.study and r[STUDY_PART] == StudyPart.flush]
     rescued = None
     if flush:
-        rescued = flush[0]["status"] == "oom" and any(r["status"] == "ok" for r in flush[1:])
+        rescued = flush[0][STATUS] == RunStatus.oom and any(r[STATUS] == RunStatus.ok
+                                                            for r in flush[1:])
     return {"device_memory_capacity_bytes": device, "status_on_device": on_device,
             "flush_keeps_running": rescued}
 

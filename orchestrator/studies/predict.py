@@ -27,6 +27,7 @@ from actors.choices import Choice
 from actors.errors import ConfigError, TracefleetError
 from actors.replay.config import AllocationConfig, AllocationMode, ReplayConfig, parse_bytes
 from actors.replay.target import TargetConfig, TargetName
+from orchestrator.status import ANSWERED
 
 log = logging.getLogger("tracefleet")
 
@@ -172,7 +173,7 @@ def _dry_run(source, rank: int, cfg: PredictConfig, zero3) -> dict:
         report = engine.run().to_dict()
     finally:
         engine.close()
-    if report["status"] not in ("ok", "oom"):
+    if report["status"] not in ANSWERED:
         raise TracefleetError(f"the dry run of {source} failed: {report['error']}")
     return report
 

@@ -23,8 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 from actors.errors import ConfigError
 from actors.trace.meta_file import META_JSON, meta_path_of, read_meta
 from actors.trace.meta_file import workload as meta_workload
-
-WORKLOAD_CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "workload"
+from orchestrator.config import WORKLOAD_CONF_DIR
 
 
 def workload_config(preset: str, overrides: dict | None = None):

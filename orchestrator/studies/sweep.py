@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import sys
 import time
 import traceback
 from pathlib import Path
@@ -34,11 +33,11 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from actors.errors import TracefleetError
-from orchestrator.cli import app as cli
 from orchestrator.cluster import stale_cluster
-from orchestrator.errors import ClusterError
-from orchestrator.results import INVALID, REPLAY_STATUSES, ResultsStore, make_row, point_key, \
+from orchestrator.errors import USER_ERROR_EXIT, ClusterError
+from orchestrator.results import STATUS, ResultsStore, RowKind, make_row, point_key, \
     summary_columns
+from orchestrator.status import REPLAY_STATUSES, RunStatus
 
 log = logging.getLogger("tracefleet")
 
@@ -71,9 +70,9 @@ def in_multirun() -> bool:
 def exit_code(statuses) -> int:
     """2 when a point was a user error, 1 when a point is not ``ok``, else 0."""
     statuses = list(statuses)
-    if INVALID in statuses:
-        return cli.USER_ERROR_EXIT
-    return 0 if all(s == "ok" for s in statuses) else 1
+    if RunStatus.invalid in statuses:
+        return USER_ERROR_EXIT
+    return 0 if all(s == RunStatus.ok for s in statuses) else 1
 
 
 def shared_session(root: Path):
@@ -100,42 +99,44 @@ def close_session() -> None:
         _session = None
 
 
-def run_point(cfg: DictConfig, run: Callable) -> dict:
+def run_point(cfg: DictConfig, run: Callable, debug: bool,
+              report_user_error: Callable[[str], None]) -> dict:
     """Run one point (``run(run_cfg, out_dir, config_yaml, session) -> summary``) and record
-    its row; returns the row. Never raises for the point's own failure or user error
-    (``--debug`` re-raises them)."""
+    its row; returns the row. Never raises for the point's own failure or user error (which
+    goes to ``report_user_error``, the CLI's one line); ``debug`` (``--debug``) re-raises them."""
     hc = HydraConfig.get()
     root, out_dir = Path(hc.sweep.dir).resolve(), Path(hc.runtime.output_dir)
     overrides = list(hc.overrides.task)
     key = point_key(overrides)
     store = ResultsStore(root)
     previous = store.get(key)
-    if cfg.experiment.resume and previous and previous["status"] in REPLAY_STATUSES:
-        log.info("point #%s already recorded (%s): skipped", hc.job.num, previous["status"])
+    if cfg.experiment.resume and previous and previous[STATUS] in REPLAY_STATUSES:
+        log.info("point #%s already recorded (%s): skipped", hc.job.num, previous[STATUS])
         return previous
     run_dir = str(out_dir.relative_to(root)) if out_dir.is_relative_to(root) else str(out_dir)
     t0 = time.perf_counter()
     try:
         summary = run(OmegaConf.to_object(cfg), out_dir, OmegaConf.to_yaml(cfg),
                       shared_session(root))
-        row = make_row("point", key, overrides, summary["status"], summary.get("error"), run_dir,
-                       _with_config(summary_columns(summary), cfg))
+        row = make_row(RowKind.point, key, overrides, summary[STATUS], summary.get("error"),
+                       run_dir, _with_config(summary_columns(summary), cfg))
     except ClusterError as exc:  # the cluster could not run it (e.g. a node was lost)
-        if cli.debugging():
+        if debug:
             raise
         log.error("point #%s: %s", hc.job.num, exc)
-        row = make_row("point", key, overrides, "failed", str(exc), run_dir)
+        row = make_row(RowKind.point, key, overrides, RunStatus.failed, str(exc), run_dir)
     except TracefleetError as exc:
-        if cli.debugging():
+        if debug:
             raise
-        print(f"tracefleet: error: point #{hc.job.num}: {exc}", file=sys.stderr)
-        row = make_row("point", key, overrides, INVALID, str(exc), run_dir)
+        report_user_error(f"point #{hc.job.num}: {exc}")
+        row = make_row(RowKind.point, key, overrides, RunStatus.invalid, str(exc), run_dir)
     except Exception as exc:  # noqa: BLE001 (a crashed point is a failed result, not an abort)
-        if cli.debugging():
+        if debug:
             raise
         log.error("point #%s crashed:\n%s", hc.job.num, traceback.format_exc())
         close_session()  # its state is unknown: the next point starts clean
-        row = make_row("point", key, overrides, "failed", f"{type(exc).__name__}: {exc}", run_dir)
+        row = make_row(RowKind.point, key, overrides, RunStatus.failed,
+                       f"{type(exc).__name__}: {exc}", run_dir)
     row["point_s"] = time.perf_counter() - t0
     store.put(row)
     return row
@@ -167,8 +168,8 @@ def finish(root: Path, write_report: bool) -> int:
         except Exception:  # noqa: BLE001 (the results are safe; the report can be redone)
             log.error("writing the report failed (rerun tracefleet-report %s):\n%s", root,
                       traceback.format_exc())
-    code = exit_code(r["status"] for r in rows)
-    counts = {s: sum(1 for r in rows if r["status"] == s) for s in dict.fromkeys(r["status"] for r in rows)}
+    code = exit_code(r[STATUS] for r in rows)
+    counts = {s: sum(1 for r in rows if r[STATUS] == s) for s in dict.fromkeys(r[STATUS] for r in rows)}
     log.info("sweep %s: %d points (%s); exit code %d", root, len(rows),
              ", ".join(f"{n} {s}" for s, n in counts.items()) or "none", code)
     return code
