@@ -120,8 +120,10 @@ class Search(Choice):
     """What one run of ``tracefleet`` does."""
 
     none = "none"  # one replay
-    min_memory = "min_memory"  # bisection over the device capacity (orchestrator/studies/min_memory.py)
-    oom_study = "oom_study"  # modes on a device, minimums, flushing, estimate (orchestrator/studies/oom_study.py)
+    # bisection over the device capacity (orchestrator/studies/min_memory.py)
+    min_memory = "min_memory"
+    # modes on a device, minimums, flushing, estimate (orchestrator/studies/oom_study.py)
+    oom_study = "oom_study"
 
 
 @dataclass
@@ -153,8 +155,8 @@ class ExperimentConfig:
     # Run pre-flight only (no actors): write preflight.json and summary.json, then stop.
     preflight_only: bool = False
     # replay.mode=compute: ranks with byte-identical traces replay once, each rank's row being
-    # its group's report marked replayed_as_rank (orchestrator/preflight/dedup.py). false: every rank
-    # replays (e.g. to see the run-to-run spread of compute times across actors).
+    # its group's report marked replayed_as_rank (orchestrator/preflight/dedup.py). false: every
+    # rank replays (e.g. to see the run-to-run spread of compute times across actors).
     dedup_identical_ranks: bool = True
 
     def __post_init__(self):

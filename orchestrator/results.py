@@ -62,11 +62,14 @@ MIN_CAPACITY, MAX_FAILING_CAPACITY = "min_capacity_bytes", "max_failing_capacity
 MODE = "replay.allocation.mode"
 THRESHOLD = "replay.allocation.device_memory_threshold"
 CAPACITY = "replay.device_memory_capacity"
+# The same axes as a run summary reports them (metric columns, filled in for every point).
+ALLOCATION_MODE, DEVICE_THRESHOLD = "allocation_mode", "device_memory_threshold"
+DEVICE_CAPACITY_BYTES = "device_memory_capacity_bytes"
 
 # Summary keys copied into a row as they are (absent keys stay empty).
 SUMMARY_COLUMNS = (
-    "world_size", "mode", "allocation_mode", "device_memory_capacity_bytes",
-    "device_memory_threshold", "iteration_time_s", "iteration_time_ci_low_s",
+    "world_size", "mode", ALLOCATION_MODE, DEVICE_CAPACITY_BYTES, DEVICE_THRESHOLD,
+    "iteration_time_s", "iteration_time_ci_low_s",
     "iteration_time_ci_high_s", "iteration_time_min_s", "iteration_time_max_s",
     "num_timed_iterations", "iteration_time_median_s",
     "measured_peak_bytes", "accounted_peak_bytes", "peak_memory_bytes", "peak_memory_source",

@@ -47,8 +47,8 @@ def outcome(rank: int, ref) -> Result:
     except RayActorError as exc:
         return Result(rank, Outcome.died, error=f"rank {rank} actor died: {_first_line(exc)}")
     except OutOfMemoryError as exc:  # Ray's memory monitor killed the actor process
-        return Result(rank, Outcome.died, error=f"rank {rank} actor killed by Ray's memory monitor: "
-                                          f"{_first_line(exc)}")
+        return Result(rank, Outcome.died, error=f"rank {rank} actor killed by Ray's memory "
+                                                f"monitor: {_first_line(exc)}")
     except RayTaskError as exc:
         cause = exc.cause if exc.cause is not None else exc
         return Result(rank, Outcome.error, error=describe(cause))

@@ -139,7 +139,8 @@ def _table_report(root: Path, rows: pd.DataFrame) -> str:
               "peak memory and iteration time against the threshold"),
              ("status_map", lambda p: x_key is not None and plots.plot_status_map(points, x_key, y_key, p),
               "status of every point (OOM map)"),
-             (RowKind.min_memory.value, lambda p: plots.plot_min_memory(rows, p), "minimum-memory search"),
+             (RowKind.min_memory.value, lambda p: plots.plot_min_memory(rows, p),
+              "minimum-memory search"),
              ("zero3", lambda p: plots.plot_zero3(points, p), "ZeRO-3 all-gathers and host time")]
     for name, draw, alt in drawn:
         if draw(out / f"{name}.png"):
@@ -208,7 +209,8 @@ def _point_timelines(root: Path, points: pd.DataFrame, swept: list[str], out: Pa
 def _display(rows: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """``keys`` then status, reason and the metrics a reader compares, bytes and seconds in
     readable units."""
-    cols = [*keys, STATUS, REASON, *(c for c in _TABLE_METRICS if c in rows and rows[c].notna().any())]
+    cols = [*keys, STATUS, REASON,
+            *(c for c in _TABLE_METRICS if c in rows and rows[c].notna().any())]
     shown = rows[[c for c in dict.fromkeys(cols) if c in rows]].copy()
     for col in shown.columns:
         if col == "reason":  # the full text is in results.csv

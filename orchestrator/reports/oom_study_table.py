@@ -1,8 +1,8 @@
 """The OOM study as people read it: the compact table (console markdown and report), and one
 plot of each mode's minimum capacity beside DeepSpeed's estimate against the device.
 
-Rows come from orchestrator/studies/oom_study.py's ``study`` (dicts) or from the results table (``ResultsStore.frame()``
-records, where missing values are ``pd.NA``/NaN); both read the same.
+Rows come from orchestrator/studies/oom_study.py's ``study`` (dicts) or from the results table
+(``ResultsStore.frame()`` records, where missing values are ``pd.NA``/NaN); both read the same.
 """
 from __future__ import annotations
 

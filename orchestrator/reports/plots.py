@@ -13,7 +13,8 @@ import pandas as pd
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
-from orchestrator.results import KIND, MIN_CAPACITY, MODE, STATUS, THRESHOLD, RowKind
+from orchestrator.results import ALLOCATION_MODE, DEVICE_CAPACITY_BYTES, DEVICE_THRESHOLD, KIND, \
+    MIN_CAPACITY, MODE, STATUS, THRESHOLD, RowKind
 from orchestrator.status import RunStatus
 from orchestrator.units import byte_unit, human_bytes
 
@@ -58,8 +59,8 @@ def plot_memory_timeline(summary: dict, rank_reports: list[dict], path: Path) ->
     if not ranks:
         return False
     bound = summary.get("liveness_lower_bound_bytes")
-    capacity = summary.get("device_memory_capacity_bytes")
-    threshold = summary.get("device_memory_threshold")
+    capacity = summary.get(DEVICE_CAPACITY_BYTES)
+    threshold = summary.get(DEVICE_THRESHOLD)
     points = {r["rank"]: timeline_points(r["memory_timeline"]) for r in ranks}
     peak_rank, (peak_op, _, peak, _) = max(
         ((rank, p) for rank, pts in points.items() for p in pts), key=lambda rp: rp[1][2])
@@ -134,12 +135,12 @@ def plot_iteration_times(summary: dict, rank_reports: list[dict], path: Path) ->
 def plot_threshold_sweep(frame: pd.DataFrame, path: Path) -> bool:
     """Peak memory and iteration time (slowest rank) against the flush threshold, one line per
     allocation mode (and capacity, when it varies); points that did not finish as crosses."""
-    need = {"device_memory_threshold", "allocation_mode", STATUS}
-    if not need <= set(frame.columns) or frame["device_memory_threshold"].nunique() < 2:
+    need = {DEVICE_THRESHOLD, ALLOCATION_MODE, STATUS}
+    if not need <= set(frame.columns) or frame[DEVICE_THRESHOLD].nunique() < 2:
         return False
-    frame = frame.sort_values("device_memory_threshold")
-    by = ["allocation_mode"] + (["device_memory_capacity_bytes"] if frame.get(
-        "device_memory_capacity_bytes", pd.Series(dtype=float)).nunique() > 1 else [])
+    frame = frame.sort_values(DEVICE_THRESHOLD)
+    by = [ALLOCATION_MODE] + ([DEVICE_CAPACITY_BYTES] if frame.get(
+        DEVICE_CAPACITY_BYTES, pd.Series(dtype=float)).nunique() > 1 else [])
     peak_col = "peak_memory_bytes" if "peak_memory_bytes" in frame else None
     scale, unit = byte_unit(frame[peak_col].max() if peak_col else 0)
     fig = Figure(figsize=(11, 4.5), dpi=100)
@@ -149,16 +150,16 @@ def plot_threshold_sweep(frame: pd.DataFrame, path: Path) -> bool:
         label = " ".join([str(key[0])] + [f"cap {human_bytes(k)}" for k in key[1:] if pd.notna(k)])
         ok, bad = group[group[STATUS] == RunStatus.ok], group[group[STATUS] != RunStatus.ok]
         if peak_col:
-            line, = ax_mem.plot(ok["device_memory_threshold"], ok[peak_col] / scale, "o-", label=label)
-            ax_mem.plot(bad["device_memory_threshold"], bad[peak_col].fillna(0) / scale, "x",
+            line, = ax_mem.plot(ok[DEVICE_THRESHOLD], ok[peak_col] / scale, "o-", label=label)
+            ax_mem.plot(bad[DEVICE_THRESHOLD], bad[peak_col].fillna(0) / scale, "x",
                         color=line.get_color(), markersize=9)
         if "iteration_time_s" in group:
-            ax_time.plot(ok["device_memory_threshold"], ok["iteration_time_s"] * 1e3, "o-", label=label)
+            ax_time.plot(ok[DEVICE_THRESHOLD], ok["iteration_time_s"] * 1e3, "o-", label=label)
     if (frame[STATUS] != RunStatus.ok).any():
         ax_mem.plot([], [], "x", color="gray", label="did not finish (peak before it stopped)")
     for ax, ylabel, title in ((ax_mem, f"peak memory ({unit})", "Peak memory"),
                               (ax_time, "iteration time, slowest rank (ms)", "Iteration time")):
-        ax.set_xlabel("device_memory_threshold (fraction of capacity)")
+        ax.set_xlabel(f"{DEVICE_THRESHOLD} (fraction of capacity)")
         ax.set_ylabel(ylabel)
         ax.set_title(f"{title} against the flush threshold")
         ax.grid(alpha=0.3)
@@ -207,11 +208,11 @@ def plot_min_memory(frame: pd.DataFrame, path: Path) -> bool:
     the answer, one row per (allocation mode, threshold)."""
     probes = frame[frame[KIND] == RowKind.probe] if KIND in frame else frame.iloc[0:0]
     answers = frame[frame[KIND] == RowKind.min_memory] if KIND in frame else frame.iloc[0:0]
-    probes = probes[probes["device_memory_capacity_bytes"].notna()] \
-        if "device_memory_capacity_bytes" in probes else probes.iloc[0:0]
+    probes = probes[probes[DEVICE_CAPACITY_BYTES].notna()] \
+        if DEVICE_CAPACITY_BYTES in probes else probes.iloc[0:0]
     if answers.empty:
         return False
-    scale, unit = byte_unit(probes["device_memory_capacity_bytes"].max() if not probes.empty else 0)
+    scale, unit = byte_unit(probes[DEVICE_CAPACITY_BYTES].max() if not probes.empty else 0)
     fig = Figure(figsize=(10, 1.0 * len(answers) + 2), dpi=100)
     ax = fig.add_subplot()
     labels = []
@@ -220,7 +221,7 @@ def plot_min_memory(frame: pd.DataFrame, path: Path) -> bool:
         labels.append(f"{ans[mode_col]} t={ans[thr_col]:g}")
         mine = probes[(probes[mode_col] == ans[mode_col]) & (probes[thr_col] == ans[thr_col])]
         for status, group in mine.groupby(STATUS):
-            ax.plot(group["device_memory_capacity_bytes"] / scale, [i] * len(group), "o",
+            ax.plot(group[DEVICE_CAPACITY_BYTES] / scale, [i] * len(group), "o",
                     color=STATUS_COLORS.get(status, "black"), alpha=0.7)
         if pd.notna(ans.get(MIN_CAPACITY)):
             ax.plot([ans[MIN_CAPACITY] / scale], [i], "|", color="black", markersize=22)

@@ -35,8 +35,8 @@ from omegaconf import DictConfig, OmegaConf
 from actors.errors import TracefleetError
 from orchestrator.cluster import stale_cluster
 from orchestrator.errors import USER_ERROR_EXIT, ClusterError
-from orchestrator.results import STATUS, ResultsStore, RowKind, make_row, point_key, \
-    summary_columns
+from orchestrator.results import ALLOCATION_MODE, DEVICE_THRESHOLD, STATUS, ResultsStore, \
+    RowKind, make_row, point_key, summary_columns
 from orchestrator.status import REPLAY_STATUSES, RunStatus
 
 log = logging.getLogger("tracefleet")
@@ -145,10 +145,10 @@ def run_point(cfg: DictConfig, run: Callable, debug: bool,
 def _with_config(metrics: dict, cfg: DictConfig) -> dict:
     """Fill the axes the plots need from the config where the summary lacks them."""
     alloc = cfg.replay.allocation
-    if metrics.get("allocation_mode") is None:
-        metrics["allocation_mode"] = str(alloc.mode)
-    if metrics.get("device_memory_threshold") is None:
-        metrics["device_memory_threshold"] = float(alloc.device_memory_threshold)
+    if metrics.get(ALLOCATION_MODE) is None:
+        metrics[ALLOCATION_MODE] = str(alloc.mode)
+    if metrics.get(DEVICE_THRESHOLD) is None:
+        metrics[DEVICE_THRESHOLD] = float(alloc.device_memory_threshold)
     if metrics.get("mode") is None:
         metrics["mode"] = str(cfg.replay.mode)
     return metrics
