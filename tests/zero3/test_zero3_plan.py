@@ -124,7 +124,7 @@ def test_prefetch_issues_the_next_gather_before_its_wait(capture):
 
 
 def test_trace_without_module_ranges(tmp_path):
-    from trace_factory import capture_step
+    from tests.support.trace_factory import capture_step
     trace = load_trace(capture_step(tmp_path / "t.json", with_collective=False))
     assert not any(op.module.startswith("## module:") for op in trace.ops)
     phase = phases(trace)
