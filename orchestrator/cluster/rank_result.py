@@ -20,7 +20,7 @@ class Outcome(Choice):
     error = "error"  # the method raised
     died = "died"  # the actor process is gone
     timeout = "timeout"  # not done by the deadline
-    aborted = "aborted"  # still running when the grace period after another rank's failure ran out
+    aborted = "aborted"  # still running when the grace after another rank's failure ran out
 
 
 @dataclass

@@ -85,7 +85,8 @@ def plot_oom_study(frame: pd.DataFrame, path: Path) -> bool:
     fig = Figure(figsize=(10, 0.5 * len(bars) + 1.8), dpi=100)
     ax = fig.add_subplot()
     for i, (label, value) in enumerate(bars):
-        ax.barh(i, value / scale, color=STATUS_COLORS[RunStatus.ok if value <= device else RunStatus.oom],
+        fits = RunStatus.ok if value <= device else RunStatus.oom
+        ax.barh(i, value / scale, color=STATUS_COLORS[fits],
                 hatch="//" if label.startswith("DeepSpeed") else None,
                 edgecolor=_ESTIMATE_COLOR if label.startswith("DeepSpeed") else None)
         ax.annotate(human_bytes(value), (value / scale, i), textcoords="offset points",

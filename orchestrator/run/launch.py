@@ -138,7 +138,8 @@ def quiet_replays(session: ReplaySession | None = None):
 
 def _preflight_only(pre, cfg: RunConfig, out_dir: Path, timings: dict) -> dict:
     """``experiment.preflight_only``: pre-flight's result is the run's output; no actors."""
-    summary = {"status": RunStatus.ok, "experiment": cfg.experiment.name, "trace_dir": str(cfg.trace.dir),
+    summary = {"status": RunStatus.ok, "experiment": cfg.experiment.name,
+               "trace_dir": str(cfg.trace.dir),
                "mode": str(cfg.replay.mode), **pre.to_dict(), "timings_s": timings}
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     (Path(out_dir) / "preflight.json").write_bytes(orjson.dumps(pre.to_dict(), option=orjson.OPT_INDENT_2))

@@ -54,7 +54,8 @@ class _Study:
         row = make_row(RowKind.study, f"{RowKind.study} {part} " + point_key(overrides),
                        overrides, summary[STATUS], summary.get("error"),
                        str(run_dir.relative_to(self.out_dir)), summary_columns(summary),
-                       **{STUDY_PART: StudyPart(part).value}, oom_node_id=oom.get("node_id"), oom_op=oom.get("op"),
+                       **{STUDY_PART: StudyPart(part).value}, oom_node_id=oom.get("node_id"),
+                       oom_op=oom.get("op"),
                        oom_requested_bytes=oom.get("requested_bytes"))
         self.store.put(row)
         log.info("oom_study %s: %s threshold %g at %s -> %s", part, mode, threshold,
@@ -103,14 +104,16 @@ def study(cfg, out_dir: Path, replay: Callable) -> dict:
         searches.append(_search(cfg, out_dir, replay, [flush_mode], thresholds[0]))
         flush_capacity = searches[-1]["searches"][0][MIN_CAPACITY]
     if flush_capacity is not None:
-        rows += [run.probe(StudyPart.flush, flush_mode, t, flush_capacity) for t in (1.0, *thresholds)]
+        rows += [run.probe(StudyPart.flush, flush_mode, t, flush_capacity)
+                 for t in (1.0, *thresholds)]
     rows += run.estimates()
     errors = [f"{r[MODE]} threshold {r[THRESHOLD]:g} at {human_bytes(r[CAPACITY])}: "
               f"{r[STATUS]} ({r[REASON]})" for r in rows
               if r[KIND] == RowKind.study and r[STATUS] not in ANSWERED]
     errors += [s["error"] for s in searches if s["error"]]
     answers = [a for s in searches for a in s["searches"]]
-    return {"status": RunStatus.failed if errors else RunStatus.ok, "error": "; ".join(errors) or None,
+    return {"status": RunStatus.failed if errors else RunStatus.ok,
+            "error": "; ".join(errors) or None,
             "findings": findings(rows, device), "rows": rows + answers}
 
 

@@ -162,14 +162,15 @@ def finish(root: Path, write_report: bool) -> int:
     if rows:
         store.write_tables()
     if write_report and rows:
-        from orchestrator.reports.html_report import write_report as write_html  # matplotlib: lazily
+        from orchestrator.reports.html_report import write_report as write_html  # matplotlib
         try:
             log.info("report: %s", write_html(root))
         except Exception:  # noqa: BLE001 (the results are safe; the report can be redone)
             log.error("writing the report failed (rerun tracefleet-report %s):\n%s", root,
                       traceback.format_exc())
     code = exit_code(r[STATUS] for r in rows)
-    counts = {s: sum(1 for r in rows if r[STATUS] == s) for s in dict.fromkeys(r[STATUS] for r in rows)}
+    statuses = [r[STATUS] for r in rows]
+    counts = {s: statuses.count(s) for s in dict.fromkeys(statuses)}
     log.info("sweep %s: %d points (%s); exit code %d", root, len(rows),
              ", ".join(f"{n} {s}" for s, n in counts.items()) or "none", code)
     return code
