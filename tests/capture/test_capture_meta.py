@@ -24,7 +24,7 @@ from actors.errors import ConfigError
 from actors.trace import load_trace
 from actors.trace.stats import trace_stats
 from orchestrator.config import CONF_DIR
-from orchestrator.run.capture import CaptureConfig, run_capture_job
+from orchestrator.run.capture import CaptureConfig, register_configs, run_capture_job
 from orchestrator.preflight.validate import preflight
 
 SMALL_LLAMA = dict(kind="llama_dp", vocab=96, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
@@ -127,6 +127,7 @@ def test_preflight_accepts_a_meta_world_larger_than_the_machine(tmp_path):
 
 
 def test_presets_compose_and_typos_are_refused(tmp_path):
+    register_configs()  # what tracefleet-capture does on start (orchestrator/cli/capture.py)
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = OmegaConf.to_object(compose("capture", overrides=["workload=llama_70b",
                                                                  f"out_dir={tmp_path}"]))
@@ -149,6 +150,7 @@ def test_presets_compose_and_typos_are_refused(tmp_path):
 
 def test_llama_8b_preset_takes_seconds_and_little_memory(tmp_path):
     """An 8B-parameter model, 16 ranks, on this machine: seconds, well under 2 GiB."""
+    register_configs()
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = OmegaConf.to_object(compose("capture", overrides=[
             "workload=llama_8b", "world_size=16", f"out_dir={tmp_path}"]))
