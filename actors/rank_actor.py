@@ -22,6 +22,7 @@ from actors.replay.comm.process_groups import ProcessGroups
 from actors.replay.memory.target import TargetConfig
 from actors.trace import load_trace
 from actors.zero3.config import Zero3Config
+from actors.zero3.extension import zero3_extensions
 
 
 class RankActor(RankWorkerBase):
@@ -57,8 +58,8 @@ class RankActor(RankWorkerBase):
                                           cuda_sync_timing=cfg.cuda_sync_collectives)
             t2 = time.perf_counter()
             phase = "compile"  # the engine's plan, and its extensions' (a ZeRO-3 plan)
-            engine = ReplayEngine(trace, cfg, device=device, comm=comm, rank=rank, zero3=zero3,
-                                  target=target, trace_data=trace_bytes)
+            engine = ReplayEngine(trace, cfg, device=device, comm=comm, rank=rank, target=target,
+                                  extensions=zero3_extensions(zero3, trace, trace_bytes))
             phase = "iteration"
             try:
                 if profile_dir:

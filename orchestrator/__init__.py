@@ -1,1 +1,1 @@
-"""The driver: configs, Ray cluster and placement, launch, validation, aggregation."""
+"""The driver, in floors that import only downward (contracts: pyproject.toml, importlinter)."""

@@ -1,9 +1,11 @@
 """The run's structured config: components' dataclasses composed and registered with Hydra.
 
-Each component owns its dataclass next to its code (``ReplayConfig`` in actors/replay,
-``ClusterConfig`` in orchestrator/cluster, ``Zero3Config`` in actors/zero3); this module
-composes them, registers one schema per config group in Hydra's ConfigStore, and YAML files
-in ``conf/`` pick and override.
+The rank side's components own their dataclass next to their code (``ReplayConfig`` in
+actors/replay, ``Zero3Config`` in actors/zero3). The driver's sections live on its ground
+floor, below every layer that reads them: the cluster's here, the studies' in
+orchestrator/study_config.py; so this module imports no layer of the driver. It composes
+them, registers one schema per config group in Hydra's ConfigStore, and YAML files in
+``conf/`` (``CONF_DIR``, the one definition of where they are) pick and override.
 """
 from __future__ import annotations
 
@@ -17,13 +19,60 @@ from actors.errors import ConfigError
 from actors.replay.config import ReplayConfig, parse_bytes
 from actors.replay.memory.target import TargetConfig
 from actors.zero3.config import Zero3Config, Zero3Strategy  # noqa: F401 (composed here)
-from orchestrator.cluster import ClusterConfig
-from orchestrator.min_memory import MinMemoryConfig
-from orchestrator.oom_study import OomStudyConfig
+from orchestrator.study_config import MinMemoryConfig, OomStudyConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
 DEMO_TRACES = REPO_ROOT / "demo" / "traces"
+WORKLOAD_CONF_DIR = CONF_DIR / "workload"  # the capture workload presets
+
+
+class PlacementStrategy(Choice):
+    """Ray placement-group strategies for the rank bundles."""
+
+    PACK = "PACK"
+    SPREAD = "SPREAD"
+    STRICT_PACK = "STRICT_PACK"
+    STRICT_SPREAD = "STRICT_SPREAD"
+
+
+@dataclass
+class ClusterConfig:
+    """Where the rank actors run and how they are placed."""
+
+    # None starts an embedded local Ray; "auto", "ray://host:port" or "host:port" joins
+    # a running cluster.
+    address: str | None = None
+    # Logical CPUs of the embedded cluster; None = max(world_size * cpus_per_rank,
+    # os.cpu_count()). Ignored when joining a cluster.
+    num_cpus: int | None = None
+    # Ray placement-group strategy for the rank bundles: PACK, SPREAD, STRICT_PACK or
+    # STRICT_SPREAD.
+    placement_strategy: PlacementStrategy = PlacementStrategy.PACK
+    # Bound in seconds for each start-up phase: placement, actor start, rendezvous.
+    timeout_s: float = 120.0
+    # Logical CPUs reserved for each rank actor (its placement bundle).
+    cpus_per_rank: float = 1.0
+    # Root temp dir of the embedded cluster; keep it short (Ray puts unix sockets
+    # under it, and socket paths are limited to ~107 bytes). None = Ray's default.
+    temp_dir: str | None = None
+    # Ray runtime_env applied to the job (env_vars, working_dir, pip, ...).
+    runtime_env: dict | None = None
+    # Stream the actors' stdout/stderr to the driver.
+    log_to_driver: bool = True
+
+    def __post_init__(self):
+        self.placement_strategy = PlacementStrategy.coerce(self.placement_strategy,
+                                                           "cluster.placement_strategy")
+
+    def validate(self) -> None:
+        """Raise ConfigError on a value Ray would reject later with a less clear message."""
+        if not self.timeout_s > 0:
+            raise ConfigError(f"cluster.timeout_s={self.timeout_s}: expected > 0")
+        if not self.cpus_per_rank > 0:
+            raise ConfigError(f"cluster.cpus_per_rank={self.cpus_per_rank}: expected > 0")
+        if self.num_cpus is not None and self.num_cpus < 1:
+            raise ConfigError(f"cluster.num_cpus={self.num_cpus}: expected >= 1 or null")
 
 
 class Transfer(Choice):
@@ -71,8 +120,10 @@ class Search(Choice):
     """What one run of ``tracefleet`` does."""
 
     none = "none"  # one replay
-    min_memory = "min_memory"  # bisection over the device capacity (orchestrator/min_memory.py)
-    oom_study = "oom_study"  # modes on a device, minimums, flushing, estimate (orchestrator/oom_study.py)
+    # bisection over the device capacity (orchestrator/studies/min_memory.py)
+    min_memory = "min_memory"
+    # modes on a device, minimums, flushing, estimate (orchestrator/studies/oom_study.py)
+    oom_study = "oom_study"
 
 
 @dataclass
@@ -104,8 +155,8 @@ class ExperimentConfig:
     # Run pre-flight only (no actors): write preflight.json and summary.json, then stop.
     preflight_only: bool = False
     # replay.mode=compute: ranks with byte-identical traces replay once, each rank's row being
-    # its group's report marked replayed_as_rank (orchestrator/dedup.py). false: every rank
-    # replays (e.g. to see the run-to-run spread of compute times across actors).
+    # its group's report marked replayed_as_rank (orchestrator/preflight/dedup.py). false: every
+    # rank replays (e.g. to see the run-to-run spread of compute times across actors).
     dedup_identical_ranks: bool = True
 
     def __post_init__(self):

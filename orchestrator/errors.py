@@ -7,3 +7,8 @@ class ClusterError(TracefleetError):
 
     The message says what was requested, what the cluster has, and which timeout expired.
     """
+
+
+# The exit status of every console script on a user error (a bad config, a bad trace, a path
+# that cannot be read): the studies need it too, to sum up a sweep (orchestrator/studies/sweep.py).
+USER_ERROR_EXIT = 2

@@ -27,20 +27,49 @@ import orjson
 import pandas as pd
 import psutil
 
+from actors.choices import Choice
+from orchestrator.status import RunStatus
+
 ROWS_DIR = "rows"
 CSV_NAME = "results.csv"
 PARQUET_NAME = "results.parquet"
 _LOCK_NAME = ".results.lock"
 MAX_REASON_CHARS = 500
-# Replay statuses a row can carry, plus "invalid": a point whose config or traces were refused
-# before any replay (a user error; resume retries it).
-REPLAY_STATUSES = ("ok", "oom", "failed", "timeout")
-INVALID = "invalid"
+
+
+class RowKind(Choice):
+    """What a row records (its ``kind`` column)."""
+
+    point = "point"  # one point of a sweep (orchestrator/studies/sweep.py)
+    probe = "probe"  # one replay of a minimum-memory search (orchestrator/studies/min_memory.py)
+    min_memory = "min_memory"  # the answer of one minimum-memory search
+    study = "study"  # one replay of the OOM study (orchestrator/studies/oom_study.py)
+    estimate = "estimate"  # one of DeepSpeed's ZeRO-3 estimates in the OOM study
+
+
+class StudyPart(Choice):
+    """Which part of the OOM study a ``study`` row belongs to (its ``study_part`` column)."""
+
+    device = "device"  # every mode on the device, no flushing
+    flush = "flush"  # the flush mode without and with each threshold
+
+
+# Column keys every row has (make_row), and the ones the studies add.
+KIND, POINT, STATUS, REASON, RUN_DIR = "kind", "point", "status", "reason", "run_dir"
+STUDY_PART = "study_part"
+MIN_CAPACITY, MAX_FAILING_CAPACITY = "min_capacity_bytes", "max_failing_capacity_bytes"
+# Override columns the searches and the OOM study write and the reports read.
+MODE = "replay.allocation.mode"
+THRESHOLD = "replay.allocation.device_memory_threshold"
+CAPACITY = "replay.device_memory_capacity"
+# The same axes as a run summary reports them (metric columns, filled in for every point).
+ALLOCATION_MODE, DEVICE_THRESHOLD = "allocation_mode", "device_memory_threshold"
+DEVICE_CAPACITY_BYTES = "device_memory_capacity_bytes"
 
 # Summary keys copied into a row as they are (absent keys stay empty).
 SUMMARY_COLUMNS = (
-    "world_size", "mode", "allocation_mode", "device_memory_capacity_bytes",
-    "device_memory_threshold", "iteration_time_s", "iteration_time_ci_low_s",
+    "world_size", "mode", ALLOCATION_MODE, DEVICE_CAPACITY_BYTES, DEVICE_THRESHOLD,
+    "iteration_time_s", "iteration_time_ci_low_s",
     "iteration_time_ci_high_s", "iteration_time_min_s", "iteration_time_max_s",
     "num_timed_iterations", "iteration_time_median_s",
     "measured_peak_bytes", "accounted_peak_bytes", "peak_memory_bytes", "peak_memory_source",
@@ -96,15 +125,15 @@ def summary_columns(summary: dict) -> dict:
     return row
 
 
-def make_row(kind: str, key: str, overrides, status: str, reason: str | None,
+def make_row(kind: RowKind, key: str, overrides, status: RunStatus, reason: str | None,
              run_dir: str | None, metrics: dict | None = None, **extra) -> dict:
     """One row: identity (``kind``, ``point``, overrides as columns), ``status``, ``reason``,
     where its run dir is (relative to the root), the metrics and any ``extra`` columns."""
     if reason and len(reason) > MAX_REASON_CHARS:
         reason = reason[: MAX_REASON_CHARS - 3] + "..."
-    return {"kind": kind, "point": key, **override_columns(overrides), "status": status,
-            "reason": reason, "run_dir": run_dir, **(metrics or {}), **extra,
-            "finished_at": time.time()}
+    return {KIND: RowKind(kind).value, POINT: key, **override_columns(overrides),
+            STATUS: RunStatus(status).value, REASON: reason, RUN_DIR: run_dir,
+            **(metrics or {}), **extra, "finished_at": time.time()}
 
 
 class ResultsStore:
@@ -123,12 +152,12 @@ class ResultsStore:
         if not path.is_file():
             return None
         row = orjson.loads(path.read_bytes())
-        return row if row.get("point") == key else None  # a hash clash is not a hit
+        return row if row.get(POINT) == key else None  # a hash clash is not a hit
 
     def put(self, row: dict) -> None:
         """Record ``row`` (replacing the point's previous one) and rebuild the tables."""
         self.rows_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(self._row_path(row["point"]),
+        atomic_write(self._row_path(row[POINT]),
                      orjson.dumps(row, default=str, option=orjson.OPT_SERIALIZE_NUMPY))
         self.write_tables()
 

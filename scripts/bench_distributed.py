@@ -43,9 +43,8 @@ from actors.replay.config import ReplayConfig  # noqa: E402
 from actors.replay.engine import ReplayEngine  # noqa: E402
 from actors.replay.comm.process_groups import ProcessGroups  # noqa: E402
 from actors.replay.ops.resolve import torch_dtype_or_none  # noqa: E402
-from orchestrator.cluster import ClusterConfig  # noqa: E402
-from orchestrator.config import DEMO_TRACES, ExperimentConfig, RunConfig, TraceConfig  # noqa: E402
-from orchestrator.launch import run_replay  # noqa: E402
+from orchestrator.config import DEMO_TRACES, ClusterConfig, ExperimentConfig, RunConfig, TraceConfig  # noqa: E402
+from orchestrator.run.launch import run_replay  # noqa: E402
 
 COMM_WORLD_SIZE = 4
 COMM_SIZES_MIB = (1, 4, 16)
@@ -93,7 +92,7 @@ def capture_gpt8(work: Path) -> tuple[Path, float]:
     """An 8-rank trace of the demo's workload via ``tracefleet-capture``; (dir, seconds)."""
     workload = json.loads((DEMO_TRACES / "gpt_dp_4" / "meta.json").read_text())["workload"]
     out = work / "gpt_dp_8"
-    cmd = [sys.executable, "-m", "orchestrator.capture_main", "world_size=8", f"out_dir={out}",
+    cmd = [sys.executable, "-m", "orchestrator.cli.capture", "world_size=8", f"out_dir={out}",
            f"hydra.run.dir={work / 'capture8'}", f"cluster.temp_dir={work / 'ray-capture8'}",
            "warmup_iters=1", "timing_iters=1",
            *(f"workload.{k}={json.dumps(v)}" for k, v in workload.items())]

@@ -53,7 +53,7 @@ def capture(workload: str, world_size: int, out_dir: Path, *extra: str) -> float
 
 def drive(rss_file: str, overrides: list[str]) -> None:
     """The tracefleet CLI in this process; its peak RSS written to rss_file on the way out."""
-    from orchestrator.main import main as tracefleet_main
+    from orchestrator.cli.main import main as tracefleet_main
 
     sys.argv = ["tracefleet", *overrides]
     try:

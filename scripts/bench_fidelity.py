@@ -4,7 +4,7 @@ For every trace folder whose meta.json names its capture workload (the demos, an
 given on the command line), in one run on one Ray cluster:
 
 * **time, side by side**: the original (the capture workload, re-built from meta.json: same
-  config, same world size, same threads per rank, trained the same way; orchestrator/original.py)
+  config, same world size, same threads per rank, trained the same way; orchestrator/run/original.py)
   and the replay (faithful, and faithful with ``replay.host_gaps``) run alternately, for
   ``--rounds`` rounds. Both sides give the same statistic: the slowest rank per iteration,
   median over ``--iters`` (>= 10) iterations. Each round's ratio (replay / the original of
@@ -40,10 +40,10 @@ sys.path.insert(0, str(ROOT))
 from actors.replay.config import AllocationConfig, ReplayConfig  # noqa: E402
 from actors.replay.timed_iterations import median_interval  # noqa: E402
 from orchestrator.config import RunConfig, TraceConfig  # noqa: E402
-from orchestrator.launch import run_replay  # noqa: E402
-from orchestrator.metrics import slowest_series_s  # noqa: E402
-from orchestrator.original import OriginalWorkload  # noqa: E402
-from orchestrator.session import ReplaySession  # noqa: E402
+from orchestrator.run.launch import run_replay  # noqa: E402
+from orchestrator.run.metrics import slowest_series_s  # noqa: E402
+from orchestrator.run.original import OriginalWorkload  # noqa: E402
+from orchestrator.run.session import ReplaySession  # noqa: E402
 
 DEMOS = ("gpt_dp_4", "gpt_zero3_2", "gpt_zero3_leaf_2")
 TIMED = (("faithful", False), ("faithful", True))  # replays timed against the original

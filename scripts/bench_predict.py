@@ -80,7 +80,7 @@ def _capture(workload: dict, device: str, out: Path, env: dict) -> dict:
     ``--keep`` of an earlier run, is reused)."""
     if (out / "meta.json").is_file():
         return json.loads((out / "meta.json").read_text())
-    cmd = [sys.executable, "-m", "orchestrator.capture_main", *_overrides(workload),
+    cmd = [sys.executable, "-m", "orchestrator.cli.capture", *_overrides(workload),
            f"workload.device={device}", f"world_size={WORLD}", f"out_dir={out}",
            "warmup_iters=2", "timing_iters=1", f"hydra.run.dir={out}.hydra",
            "hydra.output_subdir=null"]

@@ -93,8 +93,8 @@ def drive(folder: str, hold: bool, use_ray: bool) -> dict:
     from actors.trace import load_trace
     from actors.trace.source import discover
     from orchestrator.config import ExperimentConfig, RunConfig, TraceConfig
-    from orchestrator.launch import run_replay
-    from orchestrator.signature_pool import pick_executor
+    from orchestrator.run.launch import run_replay
+    from orchestrator.preflight.signature_pool import pick_executor
 
     if use_ray:
         import ray

@@ -40,7 +40,7 @@ import pandas as pd
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
-ENTRY = [sys.executable, "-c", "from orchestrator.main import main; main()"]
+ENTRY = [sys.executable, "-c", "from orchestrator.cli.main import main; main()"]
 # One point of the demo at 12MiB: faithful completes only when it flushes (threshold < 1).
 POINT = ["replay.allocation.mode=faithful", "replay.device_memory_capacity=12MiB"]
 THRESHOLDS = ("1.0", "0.5", "0.25")
@@ -144,8 +144,8 @@ def bench_min_memory(work: Path) -> dict:
 
 def bench_dry_run_70b(work: Path) -> dict:
     """``dry_run_70b_s``, ``max_actor_rss_gib``, ``driver_rss_gib`` (see the module docstring)."""
-    from orchestrator.capture_main import CaptureConfig, run_capture_job
-    from orchestrator.study_traces import workload_config
+    from orchestrator.run.capture import CaptureConfig, run_capture_job
+    from orchestrator.studies.study_traces import workload_config
 
     traces = work / "llama_70b_dp_8"
     run_capture_job(CaptureConfig(workload=workload_config("llama_70b"), world_size=8,

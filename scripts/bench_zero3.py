@@ -80,6 +80,7 @@ def _ours_rank(rank: int, port: int, trace_dir: str, steps: int, warmup: int, ou
     from actors.replay.comm.process_groups import ProcessGroups
     from actors.trace import load_trace
     from actors.zero3.config import Zero3Config
+    from actors.zero3.extension import zero3_extensions
 
     _init(rank, port)
     trace = load_trace(Path(trace_dir) / trace_file_name(rank), rank=rank)
@@ -90,7 +91,8 @@ def _ours_rank(rank: int, port: int, trace_dir: str, steps: int, warmup: int, ou
     for s in OURS:
         z = Zero3Config(strategy=s, param_persistence_threshold=0, prefetch=False,
                         leaf_modules=fg.LEAF_PATTERNS, prefetch_bucket_size=BUCKET_NUMEL)
-        engines[s] = ReplayEngine(trace, cfg, comm=comm, rank=rank, zero3=z)
+        engines[s] = ReplayEngine(trace, cfg, comm=comm, rank=rank,
+                                  extensions=zero3_extensions(z, trace))
     step_s = {s: [] for s in OURS}
     for k in range(warmup + steps):
         for s, engine in engines.items():  # alternate: load changes hit every strategy alike

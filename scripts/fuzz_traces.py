@@ -2,7 +2,7 @@
 
 Every case (scripts/trace_mutations.py: a window of a demo or public trace with one to three
 mutations, in one of several file forms) is written as ``rank-<r>.et.json[.gz]`` into a
-worker's own folder and run through ``load_trace``, ``orchestrator.validate.preflight``
+worker's own folder and run through ``load_trace``, ``orchestrator.preflight.validate.preflight``
 (``replay.mode=compute``, in-process) and ``ReplayEngine`` on ``meta`` (one iteration, no
 Ray). A pool of long-lived worker processes runs the cases; a case that outlives
 ``--timeout-s`` has its worker killed (by pid) and restarted. Outcomes:
@@ -50,7 +50,7 @@ def _run_case(corpus, seed: int, index: int, folder: Path) -> dict:
     from actors.replay.config import ReplayConfig
     from actors.replay.engine import ReplayEngine
     from actors.trace import load_trace
-    from orchestrator.validate import preflight
+    from orchestrator.preflight.validate import preflight
 
     label, rank, suffix, data, mutations = trace_mutations.make_case(corpus, seed, index)
     case = {"case": index, "base": label, "mutations": mutations}
@@ -99,7 +99,7 @@ def _worker(conn, corpus_path: str, folder: str) -> None:
 
     import torch  # imported before the first case: its cost is not a case's
 
-    from orchestrator import validate  # noqa: F401
+    from orchestrator.preflight import validate  # noqa: F401
     logging.disable(logging.CRITICAL)
     resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_BYTES, WORKER_MEMORY_BYTES))
     torch.set_num_threads(1)

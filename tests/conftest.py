@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trace_factory import run_rank_script
+from tests.support.trace_factory import run_rank_script
 
 
 def _shared_dir() -> Path:

@@ -1,7 +1,10 @@
-"""What a custom training step's ``build(ctx)`` is given (see actors/capture/custom.py)."""
+"""What a workload builder is given (``CaptureContext``, for a custom step's ``build(ctx)``,
+actors/capture/custom.py) and what every builder returns (``Workload``,
+actors/capture/workloads.py); below both builders, so neither imports the other for it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
@@ -16,6 +19,18 @@ class CaptureContext:
     rank: int  # this rank, 0..world_size-1 (on fake: the recorded rank, 0)
     world_size: int  # number of ranks training together (on fake: any number)
     mesh: DeviceMesh  # 1-D, over all ranks, on device.type (FSDP2's ``mesh=``)
+
+
+@dataclass
+class Workload:
+    """A built workload on one rank."""
+
+    model: nn.Module  # the plain model (DeepSpeed's engine wraps it; hooks go here)
+    step: Callable[[tuple], None]  # one training iteration on a batch
+    # A batch: grad_accum_steps micro-batches (idx, targets), from the rank's own generator.
+    next_batch: Callable[[], tuple]
+    num_params: int  # parameters of the full (unpartitioned) model
+    info: dict  # extra facts for meta.json (e.g. the DeepSpeed version)
 
 
 def world_mesh(device_type: str, world_size: int) -> DeviceMesh:

@@ -24,8 +24,7 @@ from typing import Callable
 
 import torch.nn as nn
 
-from actors.capture.context import CaptureContext
-from actors.capture.workloads import Workload
+from actors.capture.context import CaptureContext, Workload
 from actors.errors import ConfigError
 
 KEY = "workload.entrypoint"

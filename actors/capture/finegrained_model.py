@@ -133,7 +133,7 @@ def _capture_rank(rank: int, world: int, port: int, out_dir: str, cfg: FineGrain
     record_iteration(step, next_batch(), model, 1, str(Path(out_dir) / trace_file_name(rank)))
     dist.destroy_process_group()
     # torch 2.13 may abort in C++ static destructors after a gloo + ET run (see
-    # tests/trace_factory.py); the trace is written: leave without finalization.
+    # tests/support/trace_factory.py); the trace is written: leave without finalization.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

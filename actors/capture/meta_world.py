@@ -13,7 +13,7 @@ Every rank of a data-parallel or local workload runs the same program on the sam
 and on meta no value differs either, so rank 0 is recorded once and its trace is written for
 every rank (the observer costs ~7 s per rank on a 70B-class model) as a hard link of rank 0's
 file where the filesystem allows it (a copy otherwise): 1,024 ranks cost no disk, and
-pre-flight groups the copies by inode before hashing (orchestrator/trace_identity.py).
+pre-flight groups the copies by inode before hashing (orchestrator/preflight/trace_identity.py).
 tests/test_capture.py checks on a small world that a separately recorded rank gives the same trace.
 On fake the same holds for FSDP2 where every sharded dimension divides by the world size;
 otherwise the last ranks' real shards are smaller than rank 0's (FSDP2 pads them to rank
@@ -29,14 +29,14 @@ import torch
 import torch.distributed as dist
 
 from actors.capture import trace_file_name
-from actors.capture.context import world_mesh
 from actors.capture.fake_mode import (CaptureFakeMode, ranges_outside_fake_mode, refuse_ddp,
                                       strip_dispatch_mode_nodes)
 from actors.capture.memory import MemoryMeter
 from actors.capture.meta_storage import unique_meta_storages
 from actors.capture.recorder import record_iteration
 from actors.capture.worker import rank_facts, warm_up, workload_config
-from actors.capture.workloads import Workload, build_workload
+from actors.capture.context import Workload, world_mesh
+from actors.capture.workloads import build_workload
 from actors.hardlink import link_or_copy
 
 META = torch.device("meta")

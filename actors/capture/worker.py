@@ -26,11 +26,11 @@ import torch
 import torch.distributed as dist
 
 from actors.capture import kineto_file_name, trace_file_name
-from actors.capture.context import world_mesh
 from actors.capture.memory import MemoryMeter
 from actors.capture.profiler_cost import profiler_op_cost
 from actors.capture.recorder import profiler_activities, record_iteration
-from actors.capture.workloads import Workload, WorkloadConfig, build_workload
+from actors.capture.context import Workload, world_mesh
+from actors.capture.workloads import WorkloadConfig, build_workload
 from actors.errors import ConfigError
 from actors.machine import machine_info
 

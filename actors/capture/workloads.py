@@ -10,13 +10,11 @@ micro-batch, gradient communication, optimizer step).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 import torch
 import torch.nn as nn
 
 from actors.capture.checkpointing import apply_activation_checkpointing
+from actors.capture.context import Workload
 from actors.capture.gpt import GPT, Block
 from actors.capture.llama import Llama, TransformerBlock
 from actors.capture.workload_config import (PARAM_DTYPES, ModelName, Parallel, WorkloadConfig,
@@ -39,18 +37,6 @@ def build_model(cfg: WorkloadConfig) -> tuple[nn.Module, type]:
 def blocks_of(model: nn.Module) -> nn.ModuleList:
     """The decoder blocks of a model build_model made."""
     return model.blocks if isinstance(model, GPT) else model.layers
-
-
-@dataclass
-class Workload:
-    """A built workload on one rank."""
-
-    model: nn.Module  # the plain model (DeepSpeed's engine wraps it; hooks go here)
-    step: Callable[[tuple], None]  # one training iteration on a batch
-    # A batch: grad_accum_steps micro-batches (idx, targets), from the rank's own generator.
-    next_batch: Callable[[], tuple]
-    num_params: int  # parameters of the full (unpartitioned) model
-    info: dict  # extra facts for meta.json (e.g. the DeepSpeed version)
 
 
 def build_workload(cfg: WorkloadConfig, rank: int, world_size: int,

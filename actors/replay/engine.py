@@ -40,17 +40,17 @@ class _Flushed(Exception):
 
 class ReplayEngine:
     """Replays one rank's trace. Collectives go to ``comm`` (a CollectiveReplayer) when given;
-    ``zero3`` / ``target`` add the ZeRO-3 emulation / the reserved-memory model, ``extensions``
-    the caller's own (build_extensions); all of them join the loop at the points they plan."""
+    ``target`` adds the reserved-memory model, ``extensions`` the caller's own (the ZeRO-3
+    emulation's, from the layer above; build_extensions); all of them join the loop at the
+    points they plan."""
 
     def __init__(self, trace: Trace, cfg: ReplayConfig, device: torch.device | None = None,
-                 comm=None, rank: int = 0, progress=None, extensions=(), *, zero3=None,
-                 target=None, trace_data: bytes | None = None):
+                 comm=None, rank: int = 0, progress=None, extensions=(), *,
+                 target=None):
         with gc_paused():  # a step per op and the plan's tables: no cycles (gc_pause.py)
             cfg.validate()
             device = device or pick_device(cfg.device)
-            exts = build_extensions(trace, cfg, device, comm, extensions, zero3, target,
-                                    trace_data)
+            exts = build_extensions(trace, cfg, device, comm, extensions, target)
             program = compile_program(trace, cfg, device, rank, comm, exts)
         self.program = program
         ctx = program.ctx

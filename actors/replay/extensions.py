@@ -2,7 +2,8 @@
 
 Order matters: extensions attach, hook and report in list order. The memory meter comes
 first (it measures what the others allocate), then the reserved-memory model (it sees what
-the others charge), the caller's own extensions, ZeRO-3, host gaps, nested memory and the
+the others charge), the caller's own extensions (the layers above the engine bring theirs
+this way: ZeRO-3's from actors/zero3/extension.py), host gaps, nested memory and the
 collectives last (an async collective completes after a host gap planned at the same op: the
 wait is part of that gap).
 """
@@ -20,25 +21,19 @@ from actors.replay.memory.nested_memory import NestedMemory
 from actors.replay.memory.reserved_model import reserved_model_extensions
 from actors.replay.memory.target import TargetConfig
 from actors.trace.model import Trace
-from actors.zero3.config import Zero3Config
-from actors.zero3.extension import zero3_extensions
 
 
 def build_extensions(trace: Trace, cfg: ReplayConfig, device: torch.device, comm=None,
-                     extra=(), zero3: Zero3Config | None = None,
-                     target: TargetConfig | None = None,
-                     trace_data: bytes | None = None) -> list[ReplayExtension]:
+                     extra=(), target: TargetConfig | None = None) -> list[ReplayExtension]:
     """Every extension of one rank's replay of ``trace``: the ones ``cfg`` asks for (memory
     meter, host gaps, nested memory), the collectives when ``comm`` (a CollectiveReplayer) is
-    given, the reserved-memory model when ``target`` names a device, ZeRO-3 when ``zero3``
-    picks a strategy (``trace_data``: the trace file's bytes when shipped), and ``extra``
-    (the caller's own). Refuses a mode that needs process groups when ``comm`` is None."""
+    given, the reserved-memory model when ``target`` names a device, and ``extra`` (the
+    caller's own, e.g. the ZeRO-3 emulation's). Refuses a mode that needs process groups when ``comm`` is None."""
     if cfg.mode != "compute" and comm is None and any(op.collective for op in trace.ops):
         raise ReplayError(f"replay.mode={cfg.mode} needs process groups; this engine has none "
                           "(use replay.mode=compute for a single-process replay)")
     exts = [MemoryMeter(make_meter(device, cfg.measure_memory)),
-            *reserved_model_extensions(target), *extra,
-            *zero3_extensions(zero3, trace, trace_data)]
+            *reserved_model_extensions(target), *extra]
     if cfg.host_gaps:
         exts.append(HostGaps.for_trace(trace))
     if trace.nested_lifetimes and cfg.allocation.mode == AllocationMode.faithful:

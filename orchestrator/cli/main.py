@@ -1,0 +1,60 @@
+"""`tracefleet`: the Hydra app that replays a trace folder on a Ray cluster.
+
+One run replays once (or searches the minimum memory, ``experiment.search=min_memory``, or
+runs the OOM study, ``experiment.search=oom_study``) and
+exits 0 when its status is ok, 1 otherwise, 2 on a user error. With ``--multirun`` every
+point runs and is recorded (orchestrator/studies/sweep.py), and the exit code summarises the sweep.
+"""
+from __future__ import annotations
+
+import sys
+from functools import partial
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from orchestrator.cli.app import debugging, print_user_error, run_app, user_errors
+from orchestrator.config import CONF_DIR, Search, register_configs
+from orchestrator.status import RunStatus
+from orchestrator.studies import sweep
+
+register_configs()
+
+
+def run(run_cfg, out_dir: Path, config_yaml: str | None, session=None) -> dict:
+    """One run of ``run_cfg`` (a RunConfig) into ``out_dir``; returns its summary."""
+    from orchestrator.run.launch import run_replay  # keeps `--help` fast
+
+    if run_cfg.experiment.search == Search.min_memory:
+        from orchestrator.studies.min_memory import run_min_memory
+        return run_min_memory(run_cfg, out_dir, config_yaml, session)
+    if run_cfg.experiment.search == Search.oom_study:
+        from orchestrator.studies.oom_study import run_oom_study
+        return run_oom_study(run_cfg, out_dir, config_yaml, session)
+    return run_replay(run_cfg, out_dir, config_yaml, session=session)
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="tracefleet", version_base="1.3")
+def _app(cfg: DictConfig) -> None:
+    if sweep.in_multirun():
+        sweep.run_point(cfg, run, debugging(), partial(print_user_error, "tracefleet"))
+        return
+    with user_errors("tracefleet"):
+        summary = run(OmegaConf.to_object(cfg), Path(HydraConfig.get().runtime.output_dir),
+                      OmegaConf.to_yaml(cfg))
+    if summary["status"] != RunStatus.ok:
+        sys.exit(1)
+
+
+def main() -> None:
+    """Console-script entry point (``--debug`` shows tracebacks of user errors)."""
+    sys.argv[1:] = sweep.with_sweep_dir(sys.argv[1:])
+    run_app(_app)
+    if sweep.last_exit_code is not None:
+        sys.exit(sweep.last_exit_code)
+
+
+if __name__ == "__main__":
+    main()

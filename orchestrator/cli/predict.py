@@ -1,0 +1,68 @@
+"""`tracefleet-predict`: does a training job fit a GPU? Captures the workload on meta or fake
+(cached), dry-runs it with the target's caching allocator model and prints one table; writes
+``prediction.json`` into the run dir (orchestrator/studies/predict.py). Exit 0 with any verdict (fits,
+too_close, oom: a verdict is a result), 2 on a user error. Examples::
+
+    tracefleet-predict workload=llama3_8b world_size=8 target=h100_80gb
+    tracefleet-predict workload=llama3_70b world_size=64 target=h100_96gb workload.seq_len=4096
+    tracefleet-predict workload=deepspeed_70b world_size=64 target=a100_80gb
+    tracefleet-predict workload=custom workload.entrypoint=examples/fsdp2_llama_step.py:build \
+        world_size=8 target=custom target.device_memory=24GiB
+    tracefleet-predict trace.dir=demo/traces/gpt_dp_4 target=a100_40gb
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from actors.capture.workload_config import WorkloadConfig
+from actors.replay.config import ReplayConfig
+from actors.replay.memory.target import TargetConfig
+from orchestrator.cli.app import run_app, user_errors
+from orchestrator.config import CONF_DIR
+from orchestrator.studies.predict import PredictConfig, predict
+from orchestrator.reports.predict_table import prediction_table
+
+def register_configs() -> None:
+    """Register the predict schema and its groups' schemas in Hydra's ConfigStore."""
+    cs = ConfigStore.instance()
+    cs.store(name="predict_schema", node=PredictConfig)
+    cs.store(group="workload", name="schema", node=WorkloadConfig)
+    cs.store(group="target", name="schema", node=TargetConfig)
+    cs.store(group="replay", name="schema", node=ReplayConfig)
+
+
+register_configs()
+
+
+def predict_config(*overrides: str) -> PredictConfig:
+    """The ``PredictConfig`` the command line ``overrides`` compose to (for scripts, e.g.
+    ``predict(predict_config("workload=llama3_8b", "world_size=8"))``)."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return OmegaConf.to_object(compose(config_name="predict", overrides=list(overrides)))
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="predict", version_base="1.3")
+def _app(cfg: DictConfig) -> None:
+    with user_errors("tracefleet-predict"):
+        run_cfg = OmegaConf.to_object(cfg)
+        hydra_cfg = HydraConfig.get()
+        out_dir = Path(hydra_cfg.runtime.output_dir)
+        result = predict(run_cfg, out_dir, name=hydra_cfg.runtime.choices.get("workload"))
+    print(prediction_table(result))
+    print(f"prediction: {out_dir / 'prediction.json'}")
+
+
+def main() -> None:
+    """Console-script entry point (``--debug`` shows tracebacks of user errors)."""
+    run_app(_app)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Connect the driver to Ray: start an embedded local cluster, or join a running one."""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+from dataclasses import dataclass
+
+import ray
+
+from actors.errors import ConfigError
+from orchestrator.config import ClusterConfig
+from orchestrator.errors import ClusterError
+
+log = logging.getLogger(__name__)
+
+# Ray 2.60 clusters use token authentication by default; a driver joining one by address
+# must opt in and hold the cluster's token.
+_AUTH_HINT = (
+    "if the cluster uses token authentication (the default in Ray 2.60), set "
+    "RAY_AUTH_MODE=token and provide the cluster's token via RAY_AUTH_TOKEN, "
+    "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token"
+)
+
+
+@dataclass
+class ClusterHandle:
+    """The driver's Ray session; ``shutdown()`` undoes only what ``connect()`` did."""
+
+    started_ray: bool  # we started an embedded local cluster
+    owns_connection: bool  # we called ray.init (False: Ray was already initialized)
+    address: str  # GCS address of the cluster
+
+    def shutdown(self) -> None:
+        """Stop the embedded cluster, or disconnect from a joined one; never touch Ray
+        that was initialized before ``connect()``."""
+        if self.owns_connection and ray.is_initialized():
+            ray.shutdown()
+        self.owns_connection = False
+
+
+def connect(cfg: ClusterConfig, world_size: int) -> ClusterHandle:
+    """Start or join Ray for a run of ``world_size`` ranks.
+
+    Reuses an already initialized Ray session (and then never shuts it down).
+    Raises ClusterError if the address cannot be reached or refuses the connection.
+    """
+    cfg.validate()
+    if ray.is_initialized():
+        log.info("Ray is already initialized; reusing the current session")
+        return ClusterHandle(False, False, ray.get_runtime_context().gcs_address)
+    if cfg.address is None:
+        num_cpus = cfg.num_cpus or max(math.ceil(world_size * cfg.cpus_per_rank),
+                                       os.cpu_count() or 1)
+        if cfg.temp_dir:
+            os.makedirs(cfg.temp_dir, exist_ok=True)
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=cfg.log_to_driver,
+                 _temp_dir=cfg.temp_dir, runtime_env=cfg.runtime_env)
+        return ClusterHandle(True, True, ray.get_runtime_context().gcs_address)
+    if cfg.address != "auto" and not cfg.address.startswith("ray://"):
+        # Ray retries an unreachable GCS for minutes; fail within our own bound instead.
+        _check_reachable(cfg.address, min(cfg.timeout_s, 10.0))
+    try:
+        ray.init(address=cfg.address, log_to_driver=cfg.log_to_driver,
+                 runtime_env=cfg.runtime_env)
+    except (ConnectionError, ray.exceptions.AuthenticationError) as exc:
+        raise ClusterError(
+            f"cannot connect to the Ray cluster at cluster.address={cfg.address!r}: {exc}; "
+            f"{_AUTH_HINT}") from exc
+    return ClusterHandle(False, True, ray.get_runtime_context().gcs_address)
+
+
+def cuda_available_in_cluster() -> bool:
+    """Whether the connected cluster has any GPU resource."""
+    if not ray.is_initialized():
+        raise ClusterError("cuda_available_in_cluster() needs a Ray session: call connect() first")
+    return ray.cluster_resources().get("GPU", 0) > 0
+
+
+def _check_reachable(address: str, timeout_s: float) -> None:
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ConfigError(f"cluster.address={address!r}: expected 'host:port', 'auto', "
+                          f"'ray://host:port' or null")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        raise ClusterError(f"no Ray cluster answers at cluster.address={address!r} "
+                           f"(TCP connect within {timeout_s:.0f} s failed: {exc})") from exc

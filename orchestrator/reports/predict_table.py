@@ -1,0 +1,69 @@
+"""The table ``tracefleet-predict`` prints: one prediction (orchestrator/studies/predict.py) for people."""
+from __future__ import annotations
+
+from orchestrator.units import human_bytes
+
+
+def _job_line(p: dict) -> str:
+    wl, t = p["workload"], p["target"]
+    if "trace_dir" in wl:
+        what = f"traces {wl['trace_dir']}"
+    else:
+        what = f"{wl['name']} ({wl['model']}, {wl['parallel']}, {wl['precision']}, AC " \
+               f"{wl['activation_checkpointing']}, local batch {wl['batch_size']} x seq " \
+               f"{wl['seq_len']})"
+    if p.get("zero3_emulation"):
+        z = p["zero3_emulation"]
+        what += f", ZeRO-3 emulated ({z['strategy']}, layout {z['layout']})"
+    return f"{what} on {p['world_size']} x {t['name']}"
+
+
+def _peak_op(op: dict | None) -> str:
+    if op is None:
+        return "-"
+    hook = " (in a ZeRO-3 fetch/release next to it)" if op.get("hook") else ""
+    return f"node {op['node_id']} {op['op']}{hook}"
+
+
+def prediction_table(p: dict) -> str:
+    """The prediction as a markdown table, a line naming the job first and the error band,
+    the target's figures and the timings after (``*``: predicted by the allocator model)."""
+    t = p["target"]
+    reserved = p["predicted_reserved_peak_bytes"]
+    headroom = p["headroom_bytes"]
+    band = p["error_band"] * reserved
+    share = f"error band {100 * p['error_band']:g}% of the reserved peak = {human_bytes(band)}"
+    rows = [
+        ("allocated peak*", human_bytes(p["predicted_allocated_peak_bytes"])),
+        ("reserved peak*", human_bytes(reserved)),
+        ("usable capacity", f"{human_bytes(p['usable_capacity_bytes'])} = "
+                            f"{human_bytes(t['device_memory_bytes'])} - CUDA context "
+                            f"{human_bytes(t['cuda_context_bytes'])} - NCCL "
+                            f"{human_bytes(t['nccl_buffer_bytes'])}"),
+        ("headroom", f"{human_bytes(headroom)} ({share})"),
+        ("verdict", f"**{p['verdict']}**"),
+        ("op at the peak", _peak_op(p["peak_op"])),
+    ]
+    total = sum(p["breakdown"].values()) or 1
+    rows += [(f"peak: {name}", f"{human_bytes(b)} ({100 * b / total:.0f}%)")
+             for name, b in sorted(p["breakdown"].items(), key=lambda kv: -kv[1]) if b]
+    lines = [f"tracefleet-predict: {_job_line(p)}", "", "| what | bytes |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in rows]
+    lines += ["",
+              f"verdict: {p['verdict']} (oom: headroom < 0; too_close: headroom < error band "
+              f"{100 * p['error_band']:g}% ({p['error_band_source']}) of the reserved peak)",
+              "* predicted by the caching allocator model; the breakdown is of the accounted "
+              "peak (tensor bytes by category)",
+              "target: " + "; ".join(f"{k} {v}" for k, v in t["defaults"].items())]
+    if p["num_predicted_ooms"]:
+        lines.append(f"the allocator model ran out {p['num_predicted_ooms']} time(s) after "
+                     f"{p['num_alloc_retries']} cache release(s)")
+    if p["coverage"] < 1:
+        lines.append(f"warning: {100 * (1 - p['coverage']):.1f}% of the ops did not run on meta "
+                     "(their outputs are missing from the peak)")
+    cap, tm = p.get("capture"), p["timings_s"]
+    where = "no capture (trace.dir)" if cap is None else \
+        f"capture {'reused from ' + cap['dir'] if cap['reused'] else 'on ' + cap['device']}"
+    lines.append(f"time: {tm['total_s']:.1f} s ({where}: {tm['capture_s']:.1f} s, dry run "
+                 f"{tm['replay_s']:.1f} s for {p['num_distinct_traces']} distinct trace(s))")
+    return "\n".join(lines)

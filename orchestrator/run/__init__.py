@@ -1,0 +1,1 @@
+"""One replay end to end (launch, session, aggregation, original run) and one capture job."""

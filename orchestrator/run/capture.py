@@ -1,0 +1,226 @@
+"""One capture job: train a workload on a Ray worker group and record one ET per rank.
+
+Writes ``rank-<r>.et.json.gz`` and the profiler trace of the same iteration,
+``rank-<r>.kineto.json.gz``, for every rank, and ``meta.json`` (world size, workload knobs,
+versions, eager iteration times measured without the observer, the original's measured
+memory) into ``out_dir``. ``workload.device=meta`` or ``fake`` captures in this process over a
+fake process group instead (no Ray, any world size, no timings or memory). The command line
+is orchestrator/cli/capture.py (``tracefleet-capture``); studies capture through
+``run_capture_job`` too (orchestrator/studies/study_traces.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
+
+from actors.capture import kineto_file_name, trace_file_name
+from actors.capture.workload_config import WorkloadConfig, validate as validate_workload
+from actors.errors import ConfigError, TracefleetError
+from orchestrator.config import ClusterConfig, Transfer
+
+
+@dataclass
+class CaptureConfig:
+    """The root config of ``tracefleet-capture``."""
+
+    # The model and how it is trained (see actors/capture/workloads.py).
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    # Where the rank actors run (shared with `tracefleet`).
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    # Number of ranks: one Ray actor each; on workload.device=meta or fake captured in this
+    # process over a fake process group, so any number (the machine's size does not matter).
+    world_size: int = 4
+    # Iterations run before timing (not recorded): allocator, DeepSpeed and gloo warm-up.
+    # The last one is the memory-measured iteration (cpu: under the profiler's allocator
+    # events, so none of them is timed). meta and fake run exactly one (the optimizer state).
+    warmup_iters: int = 3
+    # Iterations timed without the observer; each rank reports their median.
+    timing_iters: int = 5
+    # torch intra-op threads per rank; 0 keeps the default (Ray sets OMP_NUM_THREADS from
+    # cluster.cpus_per_rank).
+    num_threads: int = 0
+    # Also mark each module's backward with begin/end marker nodes (adds autograd hook ops).
+    module_backward_ranges: bool = True
+    # Also write rank-<r>.kineto.json.gz: the host time between ops (replay.host_gaps), from
+    # the fastest of 3 bare iterations under torch.profiler after the ET's. Not on meta/fake.
+    record_kineto: bool = True
+    # Timeout of one gloo collective on the ranks, seconds.
+    dist_timeout_s: float = 300.0
+    # Bound on the whole capture on every rank, seconds (a cold DeepSpeed op build takes ~90 s).
+    capture_timeout_s: float = 900.0
+    # Folder for the rank traces and meta.json (relative paths are taken from the cwd).
+    out_dir: str = "${hydra:runtime.output_dir}/traces"
+    # Replace rank traces already in out_dir (otherwise refuse, so no stale rank is mixed in).
+    overwrite: bool = False
+    # path: ranks write into out_dir (shared filesystem); object_store: ranks send the bytes
+    # back through Ray and the driver writes them.
+    transfer: Transfer = Transfer.path
+
+    def validate(self) -> None:
+        """Raise ConfigError on inconsistent values (before any cluster work); a custom
+        entrypoint is resolved (a file made absolute) and its function looked up here."""
+        validate_workload(self.workload)
+        if self.workload.model == "custom":
+            from actors.capture.custom import load_build, resolve_entrypoint
+
+            self.workload.entrypoint = resolve_entrypoint(self.workload.entrypoint)
+            load_build(self.workload.entrypoint)
+        if self.world_size < 1:
+            raise ConfigError(f"world_size={self.world_size}: expected >= 1")
+        if self.warmup_iters < 1 or self.timing_iters < 1:
+            raise ConfigError(f"warmup_iters={self.warmup_iters} and timing_iters="
+                              f"{self.timing_iters} must be >= 1 (the last warm-up iteration "
+                              "is the memory-measured one)")
+        self.cluster.validate()
+
+    def rank_cfg(self) -> dict:
+        """What each rank's run_capture reads."""
+        return {"workload": dataclasses.asdict(self.workload), "warmup_iters": self.warmup_iters,
+                "timing_iters": self.timing_iters, "num_threads": self.num_threads,
+                "dist_timeout_s": self.dist_timeout_s,
+                "module_backward_ranges": self.module_backward_ranges,
+                "record_kineto": self.record_kineto}
+
+
+def register_configs() -> None:
+    """Register the capture schema (and the cluster and workload groups' schemas) in Hydra's
+    ConfigStore."""
+    cs = ConfigStore.instance()
+    cs.store(name="capture_schema", node=CaptureConfig)
+    cs.store(group="cluster", name="schema", node=ClusterConfig)
+    cs.store(group="workload", name="schema", node=WorkloadConfig)
+
+
+def prepare_out_dir(out_dir: str, overwrite: bool) -> None:
+    """Create out_dir; refuse (or with overwrite, delete) rank traces already there."""
+    os.makedirs(out_dir, exist_ok=True)
+    stale = sorted(glob.glob(os.path.join(out_dir, "rank-*.et.json*"))
+                   + glob.glob(os.path.join(out_dir, "rank-*.kineto.json*")))
+    if stale and not overwrite:
+        raise ConfigError(f"out_dir={out_dir} already holds {len(stale)} rank trace(s) "
+                          f"({os.path.basename(stale[0])}, ...); pass overwrite=true or "
+                          "choose another out_dir")
+    for path in stale:
+        os.remove(path)
+
+
+def run_capture_job(cfg: CaptureConfig, rank0_only: bool = False) -> dict:
+    """Capture ``cfg.world_size`` rank traces into cfg.out_dir; returns the meta dict.
+    ``rank0_only`` (meta and fake: every rank's trace is rank 0's) writes rank 0's alone."""
+    cfg.validate()
+    out_dir = os.path.abspath(cfg.out_dir)
+    prepare_out_dir(out_dir, cfg.overwrite)
+    start = time.perf_counter()
+    if cfg.workload.device in ("meta", "fake"):
+        from actors.capture.meta_world import run_meta_capture
+
+        ranks = run_meta_capture(cfg.rank_cfg(), out_dir, cfg.world_size,
+                                 num_files=1 if rank0_only else None)
+    else:
+        ranks = _capture_on_ray(cfg, out_dir)
+    meta = build_meta(cfg, ranks, out_dir, time.perf_counter() - start)
+    with open(os.path.join(out_dir, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=2)
+    return meta
+
+
+def _capture_on_ray(cfg: CaptureConfig, out_dir: str) -> list[dict]:
+    """One CaptureActor per rank; their facts in rank order, files in out_dir."""
+    import ray  # keeps `--help` fast
+
+    from actors.capture.actor import CaptureActor
+    from orchestrator.cluster.connect import connect
+    from orchestrator.cluster.worker_group import WorkerGroup
+
+    handle = connect(cfg.cluster, cfg.world_size)
+    try:
+        group = WorkerGroup(ray.remote(CaptureActor), cfg.world_size, cfg.cluster,
+                            use_gpu=cfg.workload.device == "cuda")
+        try:
+            group.start()
+            results = group.run("capture", cfg.rank_cfg(), out_dir,
+                                cfg.transfer == "object_store", timeout_s=cfg.capture_timeout_s)
+        finally:
+            group.shutdown()
+    finally:
+        handle.shutdown()
+    failed = [r for r in results if not r.ok]
+    if failed:
+        details = "; ".join(f"rank {r.rank} {r.kind}: {r.error}" for r in failed)
+        raise TracefleetError(f"capture failed on {len(failed)} of {cfg.world_size} rank(s): "
+                              f"{details}")
+    ranks = [r.value for r in results]
+    for info in ranks:
+        for key, bytes_key, name in (("path", "trace_bytes", trace_file_name),
+                                     ("kineto_path", "kineto_bytes", kineto_file_name)):
+            data = info.pop(bytes_key, None)
+            if data is not None:
+                info[key] = os.path.join(out_dir, name(info["rank"]))
+                with open(info[key], "wb") as f:
+                    f.write(data)
+            elif info.get(key) and not os.path.exists(info[key]):
+                raise TracefleetError(
+                    f"rank {info['rank']} wrote {info[key]} on {info['hostname']}, but the "
+                    "driver cannot see it: use a shared out_dir or transfer=object_store")
+    return ranks
+
+
+def build_meta(cfg: CaptureConfig, ranks: list[dict], out_dir: str, wall_s: float) -> dict:
+    """meta.json: the capture's settings, versions, eager timings and the original's measured
+    memory (rank order; times and memory null on meta and fake, where nothing is measured)."""
+    first = ranks[0]
+    shapes_only = cfg.workload.device in ("meta", "fake")
+    rank_times_s = [r["iteration_time_s"] for r in ranks]
+    measured = [r for r in ranks if r["peak_memory_bytes"] is not None]
+    meta = {
+        "world_size": cfg.world_size,
+        "workload": dataclasses.asdict(cfg.workload),
+        "num_params": first["num_params"],
+        "torch_version": first["torch_version"],
+        "iteration_time_s": (statistics.median(rank_times_s)
+                             if None not in rank_times_s else None),
+        "rank_iteration_time_s": rank_times_s,
+        "memory": {
+            "method": first["memory_method"],
+            "peak_bytes": max((r["peak_memory_bytes"] for r in measured), default=None),
+            "iteration_start_bytes": max((r["iteration_start_bytes"] for r in measured),
+                                         default=None),
+        },
+        "warmup_iters": 1 if shapes_only else cfg.warmup_iters,
+        "timing_iters": 0 if shapes_only else cfg.timing_iters,
+        "module_backward_ranges": cfg.module_backward_ranges,
+        "captured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "capture_wall_s": wall_s,
+        "ranks": [{"rank": r["rank"], "file": os.path.relpath(r["path"], out_dir),
+                   "kineto_file": (os.path.relpath(r["kineto_path"], out_dir)
+                                   if r["kineto_path"] else None),
+                   "file_bytes": r["file_bytes"], "hostname": r["hostname"],
+                   "num_threads": r["num_threads"], "iteration_time_s": r["iteration_time_s"],
+                   "iteration_times_s": r["iteration_times_s"],
+                   "peak_memory_bytes": r["peak_memory_bytes"],
+                   "iteration_start_bytes": r["iteration_start_bytes"],
+                   # [host ops of the profiler-only iteration linked to the ET's, of all]
+                   "kineto_aligned_ops": r.get("kineto_aligned_ops"),
+                   # the machine (CPU model, logical CPUs, threads per rank): a replay on
+                   # another one is warned about (actors/machine.py)
+                   "machine": r.get("machine"),
+                   # the profiler's own cost per recorded op, for host-gap calibration
+                   # (actors/capture/profiler_cost.py); null where no profile was recorded
+                   "profiler_op_cost_s": (r.get("profiler_cost") or {}).get("profiler_op_cost_s"),
+                   "profiler_cost": r.get("profiler_cost")} for r in ranks],
+    }
+    for key in ("deepspeed_version", "shm_comm_op", "ds_config", "entrypoint"):
+        if key in first:
+            meta[key] = first[key]
+    if "recorded_as_rank" in first:  # meta/fake: one rank recorded, its trace written for all
+        meta["recorded_rank"] = first["recorded_as_rank"]
+    return meta

@@ -1,0 +1,184 @@
+"""Run one replay end to end: pre-flight, cluster, one actor per rank, aggregate, write."""
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import orjson
+
+from actors.machine import replay_machine_warnings
+from actors.rank_actor import RankActor
+from actors.zero3 import metrics as zero3_metrics
+from orchestrator.preflight import dedup
+from orchestrator.reports import run_report as report
+from orchestrator.run import metrics
+from orchestrator.config import RunConfig
+from orchestrator.cluster.node_state import lost_nodes
+from orchestrator.cluster.rank_result import Outcome
+from orchestrator.run.session import ReplaySession
+from orchestrator.status import RunStatus
+
+log = logging.getLogger("tracefleet")
+
+
+def _failed_report(result) -> dict:
+    """A rank that returned no report: its actor died, raised, hung or was aborted."""
+    status = RunStatus.timeout if result.kind in (Outcome.timeout, Outcome.aborted) \
+        else RunStatus.failed
+    return {"rank": result.rank, "status": status, "error": result.error, "last_op": None,
+            "node_ip": result.node_ip, "node_id": result.node_id}
+
+
+def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, console=None,
+               actor_cls=RankActor, session: ReplaySession | None = None,
+               quiet: bool = False) -> dict:
+    """Replay ``cfg.trace.dir`` on a Ray cluster; returns the summary (also written to out_dir).
+
+    ``actor_cls`` is the rank actor (tests substitute a subclass that misbehaves).
+    ``session`` keeps Ray, the actors and pre-flight for the next replay (a sweep); without
+    one, everything started here is stopped before returning. ``quiet`` skips the console
+    tables and the plots (a search's probes).
+    """
+    cfg.validate()
+    own_session = session is None
+    session = session or ReplaySession()
+    timings = {}  # phase -> seconds; see replay_phases() for the split of the replay window
+    t0 = time.perf_counter()
+    try:
+        if cfg.cluster.address is not None:  # joined cluster: pre-flight reduces traces in Ray tasks
+            session.connect(cfg.cluster, cfg.experiment.world_size or 1)
+        connect_s = time.perf_counter() - t0
+        t_pre = time.perf_counter()
+        pre = session.preflight(cfg.trace.dir, cfg.experiment.world_size, cfg.trace.group_map,
+                                mode=str(cfg.replay.mode), ranks=cfg.trace.ranks,
+                                max_decompressed_bytes=cfg.trace.decompression_limit_bytes())
+        world_size = pre.world_size
+        timings["preflight_s"] = time.perf_counter() - t_pre
+        if cfg.experiment.preflight_only:
+            return _preflight_only(pre, cfg, out_dir, timings)
+        # actor k replays rank replayed[k] (all ranks, or one per distinct trace: dedup.py)
+        replayed = dedup.replayed_actors(pre, cfg.replay.mode, cfg.experiment.dedup_identical_ranks)
+        num_actors = len(replayed)
+        t1 = time.perf_counter()
+        session.connect(cfg.cluster, num_actors)
+        timings["cluster_start_s"] = connect_s + time.perf_counter() - t1
+        t2 = time.perf_counter()
+        group = session.worker_group(actor_cls, num_actors, cfg.cluster,
+                                     session.use_gpu(cfg.replay.device))
+        results = None
+        try:
+            if num_actors < world_size:
+                dedup.name_actors(group, replayed, world_size, cfg.cluster.timeout_s)
+                log.info("replay.mode=compute: %d rank(s) with %d distinct trace(s), one "
+                         "replay each", world_size, num_actors)
+            timings["actor_start_s"] = time.perf_counter() - t2
+            t3 = time.perf_counter()
+            # actor k replays rank replayed[k]'s file, whose trace rank is pre.ranks[replayed[k]]
+            paths = {k: pre.sources[rank] for k, rank in enumerate(replayed)}
+            blobs = {r: session.trace_blob(p) for r, p in paths.items()} \
+                if cfg.trace.transfer == "object_store" else {r: None for r in paths}
+            ship_s = time.perf_counter() - t3
+            profile_dir = str(out_dir / "profile") if cfg.replay.profile else None
+            refs = group.execute_async(
+                "replay", args_fn=lambda r: (paths[r], blobs[r], cfg.replay, pre.process_groups,
+                                             cfg.trace.group_map, profile_dir, cfg.zero3,
+                                             cfg.target))
+            results = group.wait(refs, timeout_s=cfg.experiment.replay_timeout_s,
+                                 on_progress=_progress_printer(num_actors, cfg.experiment.progress_interval_s),
+                                 failure_grace_s=cfg.experiment.failure_grace_s,
+                                 is_failure=lambda report: report.get("status") != RunStatus.ok)
+            replay_window_s = time.perf_counter() - t3
+        finally:
+            t_down = time.perf_counter()
+            session.release(group, results, cfg.cluster.timeout_s)
+    finally:
+        if own_session:
+            session.close()
+    teardown_s = time.perf_counter() - t_down
+    t4 = time.perf_counter()
+    for r in results:  # a Result's rank is its actor's position: name the rank it replayed
+        r.rank = replayed[r.rank]
+    rank_reports = [r.value if r.ok else _failed_report(r) for r in results]
+    if num_actors < world_size:
+        rank_reports = dedup.expand_reports(rank_reports, replayed, pre.same_as)
+    timings.update(replay_phases(replay_window_s, ship_s, rank_reports), teardown_s=teardown_s)
+    summary = metrics.aggregate(rank_reports, world_size=world_size, error=lost_nodes(results),
+                                extra={
+        "experiment": cfg.experiment.name, "trace_dir": str(cfg.trace.dir),
+        "mode": cfg.replay.mode, "allocation_mode": cfg.replay.allocation.mode,
+        "device_memory_capacity_bytes": _capacity(rank_reports), "timings_s": timings,
+        "trace_ranks": pre.ranks, "preflight_warnings": pre.warnings, "num_replays": num_actors,
+        "machine_warnings": replay_machine_warnings(cfg.trace.dir, rank_reports, pre.ranks),
+        "zero3": zero3_metrics.summarize_ranks(rank_reports),
+        "target": cfg.target.figures() if cfg.target.enabled else None})
+    report.write_run_outputs(summary, rank_reports, out_dir, config_yaml, plots=not quiet)
+    if not quiet:
+        report.print_summary(summary, console)
+    timings["aggregation_s"] = time.perf_counter() - t4
+    timings["total_s"] = time.perf_counter() - t0
+    report.write_summary(summary, out_dir)  # again, now with every phase's time
+    log.info("timings: %s", ", ".join(f"{k} {v:.2f}" for k, v in timings.items()))
+    return summary
+
+
+@contextmanager
+def quiet_replays(session: ReplaySession | None = None):
+    """A ``replay(cfg, out_dir) -> summary`` callable for searches and studies: quiet replays
+    on one ReplaySession (the given one, or one started here and closed on exit)."""
+    own = session is None
+    session = session or ReplaySession()
+    try:
+        yield lambda cfg, out_dir: run_replay(cfg, out_dir, session=session, quiet=True)
+    finally:
+        if own:
+            session.close()
+
+
+def _preflight_only(pre, cfg: RunConfig, out_dir: Path, timings: dict) -> dict:
+    """``experiment.preflight_only``: pre-flight's result is the run's output; no actors."""
+    summary = {"status": RunStatus.ok, "experiment": cfg.experiment.name,
+               "trace_dir": str(cfg.trace.dir),
+               "mode": str(cfg.replay.mode), **pre.to_dict(), "timings_s": timings}
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    (Path(out_dir) / "preflight.json").write_bytes(orjson.dumps(pre.to_dict(), option=orjson.OPT_INDENT_2))
+    report.write_summary(summary, out_dir)
+    log.info("pre-flight only: %d rank(s) checked in %.2f s, %d warning(s)", pre.world_size,
+             timings["preflight_s"], len(pre.warnings))
+    return summary
+
+
+def replay_phases(window_s: float, ship_s: float, rank_reports: list[dict]) -> dict:
+    """Split the driver's replay window (from shipping the traces to the last report) into
+    trace_load_s, rendezvous_s and replay_s, using the ranks' own ``timings_s``.
+
+    Every rank waits in the rendezvous for the slowest loader, so the slowest rank's load
+    (plus the driver's object-store put) is the load phase, the rendezvous phase ends when
+    the last rank has its process groups, and the rest of the window is the replay. Ranks
+    that sent no timings (failed before replaying) are left out.
+    """
+    ranks = [r["timings_s"] for r in rank_reports if r.get("timings_s")]
+    load_s = max((t["trace_load_s"] for t in ranks), default=0.0)
+    ready_s = max((t["trace_load_s"] + t["rendezvous_s"] for t in ranks), default=0.0)
+    trace_load_s = min(ship_s + load_s, window_s)
+    rendezvous_s = min(ready_s - load_s, window_s - trace_load_s)
+    return {"trace_load_s": trace_load_s, "rendezvous_s": rendezvous_s,
+            "replay_s": window_s - trace_load_s - rendezvous_s}
+
+
+def _capacity(reports):
+    caps = [r.get("device_memory_capacity_bytes") for r in reports if r.get("device_memory_capacity_bytes")]
+    return min(caps) if caps else None
+
+
+def _progress_printer(world_size: int, interval_s: float):
+    start = time.monotonic()
+    last = [start]
+
+    def on_progress(num_done: int, *_):
+        now = time.monotonic()
+        if now - last[0] >= interval_s or num_done == world_size:
+            last[0] = now
+            log.info("replay: %d/%d ranks finished (%.0f s)", num_done, world_size, now - start)
+    return on_progress

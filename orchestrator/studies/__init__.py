@@ -1,0 +1,1 @@
+"""Many replays toward one answer: sweeps, minimum memory, the OOM study, predictions."""

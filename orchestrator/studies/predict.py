@@ -1,0 +1,263 @@
+"""``tracefleet-predict``'s work: does a training job fit a GPU? One answer from one command.
+
+``predict(cfg)`` captures the workload on meta or fake (shapes only; cached by the config's
+hash: orchestrator/studies/study_traces.py), dry-runs it in this process (no Ray: one engine per
+distinct rank trace; on meta and fake every rank's trace is rank 0's, so one replay stands
+for the whole job) with faithful allocation, the target's caching allocator model
+(actors/replay/memory/reserved_model.py) and, when the workload preset asks for it, the ZeRO-3
+emulation at the job's world size. The verdict compares the predicted reserved peak with the
+target's usable capacity: ``oom`` when it does not fit, ``too_close`` when the headroom is
+inside the prediction's error band, ``fits`` otherwise.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from actors.capture.workload_config import (ModelName, Parallel, Precision, WorkloadConfig,
+                                            WorkloadDevice, validate as validate_workload)
+from actors.choices import Choice
+from actors.errors import ConfigError, TracefleetError
+from actors.replay.config import AllocationConfig, AllocationMode, ReplayConfig, parse_bytes
+from actors.replay.memory.target import TargetConfig, TargetName
+from orchestrator.status import ANSWERED
+
+log = logging.getLogger("tracefleet")
+
+PREDICTION_JSON = "prediction.json"
+# bench_predict's measured max |error| (2026-12-01: 0.059, FSDP2 bf16 with full activation
+# checkpointing; conf/predict.yaml says the same).
+DEFAULT_ERROR_BAND = 0.06
+DEFAULT_ERROR_BAND_SOURCE = "bench_predict max |error|, 2026-12-01"
+
+
+class Verdict(Choice):
+    """Whether the job fits the target."""
+
+    fits = "fits"  # headroom above the error band
+    too_close = "too_close"  # fits as predicted, but the headroom is inside the error band
+    oom = "oom"  # the predicted reserved peak does not fit the usable capacity
+
+
+@dataclass
+class PredictTraceConfig:
+    """A trace you already have, instead of capturing the workload."""
+
+    # A folder of rank traces, a .tar/.tar.gz archive of them, or one trace file (as
+    # tracefleet's trace.dir); null: capture the workload.
+    dir: str | None = None
+    # Refuse a gzip stream or an archive member that would expand past this size.
+    max_decompressed_bytes: str = "4GiB"
+
+
+@dataclass
+class PredictSettings:
+    """How the verdict is drawn and where captures are kept."""
+
+    # The prediction's relative error (0.03 = 3% of the predicted reserved peak): a headroom
+    # smaller than this is too_close. The default is scripts/bench_predict.py's max |error|.
+    error_band: float = DEFAULT_ERROR_BAND
+    # Where error_band's value comes from (printed beside it).
+    error_band_source: str = DEFAULT_ERROR_BAND_SOURCE
+    # Captures are kept here, one folder per workload config, world size and torch version.
+    cache_dir: str = "~/.cache/tracefleet/traces"
+
+
+def _dry_run_replay() -> ReplayConfig:
+    # one untimed and one measured iteration: the allocator's cache from the first is
+    # reused (and can fragment) in the second, as in training
+    return ReplayConfig(mode="compute", device="meta", warmup_iters=1, iters=1,
+                        measure_memory=False,
+                        allocation=AllocationConfig(mode=AllocationMode.faithful))
+
+
+@dataclass
+class PredictConfig:
+    """The root config of ``tracefleet-predict``."""
+
+    # The training job (conf/workload/<preset>.yaml and workload.* overrides). Captured on
+    # meta where the recipe runs there, else on fake (fsdp2, bf16_mixed, custom).
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    # The job's number of GPUs (ranks). null with trace.dir: the number of rank traces.
+    world_size: int | None = None
+    # The GPU (conf/target/*.yaml); its usable capacity is what the reserved peak must fit.
+    target: TargetConfig = field(default_factory=lambda: TargetConfig(name=TargetName.h100_80gb))
+    trace: PredictTraceConfig = field(default_factory=PredictTraceConfig)
+    # The dry run: meta, operators only, faithful allocation (memory held as the original held
+    # it), one warm-up and one measured iteration.
+    replay: ReplayConfig = field(default_factory=_dry_run_replay)
+    predict: PredictSettings = field(default_factory=PredictSettings)
+
+    def validate(self) -> None:
+        """ConfigError on values that cannot give a prediction (before any capture)."""
+        if not self.target.enabled:
+            raise ConfigError("target=none: tracefleet-predict needs a GPU, e.g. target=h100_80gb "
+                              "or target=custom target.device_memory=100GiB")
+        self.target.validate()
+        self.replay.validate()
+        if self.replay.device != "meta":
+            raise ConfigError(f"replay.device={self.replay.device}: tracefleet-predict dry-runs "
+                              "on meta")
+        if not 0 <= self.predict.error_band < 1:
+            raise ConfigError(f"predict.error_band={self.predict.error_band}; expected a fraction "
+                              "in [0, 1), e.g. 0.03 for 3%")
+        if self.world_size is not None and self.world_size < 1:
+            raise ConfigError(f"world_size={self.world_size}; expected >= 1")
+        if self.trace.dir is None:
+            if self.world_size is None:
+                raise ConfigError("world_size=N is required: the job's number of GPUs")
+            validate_workload(capture_workload(self.workload))
+        parse_bytes(self.trace.max_decompressed_bytes, "trace.max_decompressed_bytes")
+
+
+def capture_workload(workload: WorkloadConfig) -> WorkloadConfig:
+    """The workload on a shapes-only device: meta where the recipe runs there, else fake
+    (FSDP2 refuses meta parameters, autocast has no meta backend, a custom step may use either)."""
+    wl = copy.deepcopy(workload)
+    needs_fake = wl.model == ModelName.custom or wl.parallel == Parallel.fsdp2 \
+        or wl.precision == Precision.bf16_mixed
+    if wl.device != WorkloadDevice.fake:
+        wl.device = WorkloadDevice.fake if needs_fake else WorkloadDevice.meta
+    if wl.model == ModelName.custom and wl.entrypoint:
+        from actors.capture.custom import resolve_entrypoint
+        wl.entrypoint = resolve_entrypoint(wl.entrypoint)
+    return wl
+
+
+def _capture(cfg: PredictConfig, name: str) -> tuple[Path, dict]:
+    """The cached (or new) capture of the workload; ``(folder, facts about it)``."""
+    from orchestrator.studies.study_traces import capture_cached
+
+    wl = capture_workload(cfg.workload)
+    # every rank of a local workload trains alone: its trace does not depend on the world
+    world = 1 if wl.parallel == Parallel.local and wl.model != ModelName.custom else cfg.world_size
+    start = time.perf_counter()
+    folder, reused = capture_cached(wl, world, cfg.predict.cache_dir, name, rank0_only=True)
+    took = time.perf_counter() - start
+    if reused:
+        log.info("predict: capture reused from the cache: %s", folder)
+    else:
+        log.info("predict: captured on %s in %.1f s into %s", wl.device, took, folder)
+    return folder, {"dir": str(folder), "reused": reused, "device": str(wl.device),
+                    "world_size": world, "seconds": took}
+
+
+def _distinct_traces(sources: dict) -> dict[bytes, list[int]]:
+    """Ranks grouped by the content of their trace file: identical traces replay once."""
+    groups: dict[bytes, list[int]] = {}
+    for rank, source in sources.items():
+        digest = hashlib.blake2b(source.read_raw(), digest_size=16).digest()
+        groups.setdefault(digest, []).append(rank)
+    return groups
+
+
+def _dry_run(source, rank: int, cfg: PredictConfig, zero3) -> dict:
+    """One rank's meta dry run with the allocator model (and the ZeRO-3 emulation)."""
+    from actors.replay.engine import ReplayEngine
+    from actors.trace import load_trace
+    from actors.zero3.extension import zero3_extensions
+
+    trace = load_trace(source, rank=rank)
+    # the extensions (the allocator model, the ZeRO-3 emulation): actors/replay/extensions.py
+    engine = ReplayEngine(trace, cfg.replay, rank=rank, target=cfg.target,
+                          extensions=zero3_extensions(zero3, trace))
+    try:
+        report = engine.run().to_dict()
+    finally:
+        engine.close()
+    if report["status"] not in ANSWERED:
+        raise TracefleetError(f"the dry run of {source} failed: {report['error']}")
+    return report
+
+
+def verdict(headroom_bytes: int, reserved_bytes: int, error_band: float,
+            num_predicted_ooms: int) -> Verdict:
+    """``oom`` below zero headroom (or when the model ran out), ``too_close`` within
+    ``error_band`` x the reserved peak, else ``fits``."""
+    if headroom_bytes < 0 or num_predicted_ooms:
+        return Verdict.oom
+    if headroom_bytes < error_band * reserved_bytes:
+        return Verdict.too_close
+    return Verdict.fits
+
+
+def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = None) -> dict:
+    """The prediction for ``cfg`` (also written to ``out_dir/prediction.json`` when given);
+    ``name`` labels the workload (its preset), default ``<model>_<parallel>``."""
+    cfg = copy.deepcopy(cfg)
+    cfg.validate()
+    t0 = time.perf_counter()
+    from actors.trace.source import discover
+
+    name = name or f"{cfg.workload.model}_{cfg.workload.parallel}"
+    zero3, capture = None, None
+    if cfg.trace.dir is not None:
+        name = "trace"
+        sources = discover(cfg.trace.dir, parse_bytes(cfg.trace.max_decompressed_bytes))
+        world = cfg.world_size or len(sources)
+        if world != len(sources):
+            raise ConfigError(f"world_size={world} but {cfg.trace.dir} holds {len(sources)} rank "
+                              "trace(s); leave world_size out or give every rank's trace")
+    else:
+        folder, capture = _capture(cfg, name)
+        sources, world = discover(folder), cfg.world_size
+        if cfg.workload.zero3_emulation.enabled:
+            zero3 = dataclasses.replace(cfg.workload.zero3_emulation, world_size=world)
+            zero3.validate(str(cfg.replay.mode))
+    t1 = time.perf_counter()
+    groups = _distinct_traces(sources)
+    reports = {}
+    for ranks in groups.values():
+        reports[ranks[0]] = _dry_run(sources[ranks[0]], ranks[0], cfg, zero3)
+    replay_s = time.perf_counter() - t1
+    worst = max(reports.values(), key=lambda r: r["predicted_reserved_peak_bytes"])
+    figures = worst["cuda_allocator"]["target"]
+    reserved, usable = worst["predicted_reserved_peak_bytes"], figures["usable_capacity_bytes"]
+    headroom = usable - reserved
+    band = cfg.predict.error_band
+    result = {
+        "predicted_allocated_peak_bytes": worst["predicted_allocated_peak_bytes"],
+        "predicted_reserved_peak_bytes": reserved,
+        "usable_capacity_bytes": usable,
+        "headroom_bytes": headroom,
+        "verdict": str(verdict(headroom, reserved, band, worst["num_predicted_ooms"])),
+        "error_band": band,
+        "breakdown": worst["peak_breakdown"],
+        "peak_op": worst["peak_op"],
+        "world_size": world,
+        "workload": {"name": name, **_plain(cfg.workload)} if cfg.trace.dir is None
+        else {"name": name, "trace_dir": str(cfg.trace.dir)},
+        # what else the figures rest on
+        "error_band_source": cfg.predict.error_band_source,
+        "accounted_peak_bytes": worst["accounted_peak_bytes"],
+        "breakdown_of": "the accounted peak (bytes of the storages held, by category)",
+        "num_predicted_ooms": worst["num_predicted_ooms"],
+        "num_alloc_retries": worst["num_alloc_retries"],
+        "coverage": worst["coverage"],
+        "target": figures,
+        "zero3_emulation": _plain(zero3) if zero3 is not None else None,
+        "rank": worst["rank"],
+        "num_distinct_traces": len(groups),
+        "ranks_per_trace": {str(r[0]): len(r) for r in groups.values()}
+        if cfg.trace.dir is not None else {"0": world},
+        "capture": capture,
+        "timings_s": {"capture_s": capture["seconds"] if capture else 0.0, "replay_s": replay_s,
+                      "total_s": time.perf_counter() - t0},
+    }
+    if out_dir is not None:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / PREDICTION_JSON).write_bytes(
+            orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    return result
+
+
+def _plain(obj) -> dict:
+    """A config dataclass as JSON-ready values (choices as their strings)."""
+    return orjson.loads(orjson.dumps(dataclasses.asdict(obj), default=str))

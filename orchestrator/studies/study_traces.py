@@ -1,0 +1,120 @@
+"""Traces a study or a prediction captures for itself: a capture workload traced on meta or
+fake into a cache folder, reused while the workload stays the same; and the model back from a
+trace folder's ``meta.json`` (for estimates that need the ``nn.Module``).
+
+A cached folder is named ``<label>-<hash>``, the hash of the workload's fields (its
+``zero3_emulation`` aside: a replay setting), the world size, the torch version, whether
+every rank's file was written, and a custom entrypoint's file content. It is written under a
+temporary name and renamed when the capture finished, so a killed capture never leaves a
+folder that a later run would take for complete.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from actors.errors import ConfigError
+from actors.trace.meta_file import META_JSON, meta_path_of, read_meta
+from actors.trace.meta_file import workload as meta_workload
+from orchestrator.config import WORKLOAD_CONF_DIR
+
+
+def workload_config(preset: str, overrides: dict | None = None):
+    """The ``WorkloadConfig`` of ``conf/workload/<preset>.yaml`` with ``overrides`` (field ->
+    value) on top and ``device=meta`` (a study captures shapes only); ConfigError on an unknown
+    preset or field."""
+    from actors.capture.workloads import WorkloadConfig  # torch: only when a study captures
+
+    path = WORKLOAD_CONF_DIR / f"{preset}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in WORKLOAD_CONF_DIR.glob("*.yaml")))
+        raise ConfigError(f"experiment.oom_study.workload={preset!r}: no {path}; expected one "
+                          f"of {known}")
+    preset_cfg = OmegaConf.load(path)
+    preset_cfg.pop("defaults", None)  # the Hydra schema line; the dataclass is the schema here
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(WorkloadConfig), preset_cfg,
+                                 OmegaConf.create(dict(overrides or {})), {"device": "meta"})
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"experiment.oom_study.workload_overrides={dict(overrides or {})!r} "
+                          f"on conf/workload/{preset}.yaml: {e}".splitlines()[0]) from None
+
+
+def cached_capture(preset: str, overrides: dict | None, world_size: int, cache_dir: str) -> Path:
+    """The folder of ``world_size`` rank traces of the preset, captured on meta into
+    ``cache_dir`` unless an earlier study did (returns the cached folder then)."""
+    return capture_cached(workload_config(preset, overrides), world_size, cache_dir, preset)[0]
+
+
+def capture_key(workload, world_size: int, rank0_only: bool = False) -> str:
+    """The cache key of a capture: a hash of what changes its traces (see the module doc)."""
+    import torch
+
+    fields = dataclasses.asdict(workload)
+    fields.pop("zero3_emulation", None)
+    entry = _entrypoint_file(workload.entrypoint) if workload.entrypoint else None
+    text = json.dumps({"workload": fields, "world_size": world_size,
+                       "torch": torch.__version__, "rank0_only": rank0_only,
+                       "entrypoint_sha1": hashlib.sha1(entry.read_bytes()).hexdigest()
+                       if entry is not None else None}, sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:10]
+
+
+def _entrypoint_file(entrypoint: str) -> Path | None:
+    """The file of a ``PATH.py:FUNCTION`` entrypoint (None for ``package.module:FUNCTION``)."""
+    path = Path(entrypoint.rsplit(":", 1)[0])
+    return path if path.suffix == ".py" and path.is_file() else None
+
+
+def capture_cached(workload, world_size: int, cache_dir: str, label: str,
+                   rank0_only: bool = False) -> tuple[Path, bool]:
+    """``(folder, reused)``: the workload's traces (a ``WorkloadConfig`` on meta or fake) at
+    ``world_size``, captured into ``cache_dir`` unless an earlier run did. ``rank0_only``
+    writes rank 0's file alone (on meta and fake it is every rank's: actors/capture/
+    meta_world.py), with ``meta.json`` naming the world size."""
+    root = Path(os.path.expanduser(cache_dir))
+    key = capture_key(workload, world_size, rank0_only)
+    # the label only names the folder: the same capture under another label is reused
+    for done in sorted(root.glob(f"*-{key}")):
+        if (done / META_JSON).is_file():
+            return done, True
+    folder = root / f"{label}-{key}"
+    from orchestrator.run.capture import CaptureConfig, run_capture_job  # ray: only to capture
+
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".{folder.name}.{os.getpid()}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    run_capture_job(CaptureConfig(workload=workload, world_size=world_size, out_dir=str(tmp),
+                                  overwrite=True), rank0_only=rank0_only)
+    try:
+        os.replace(tmp, folder)
+    except OSError:  # another run captured the same workload meanwhile: theirs is complete
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder, False
+
+
+def traced_model(trace_dir):
+    """``(model on meta, world size)`` of a folder ``tracefleet-capture`` wrote (its
+    ``meta.json`` names the workload); None when the folder has no such ``meta.json``."""
+    meta_path = meta_path_of(trace_dir)
+    meta = read_meta(meta_path)
+    if meta is None:
+        return None
+    fields, world_size = meta_workload(meta_path, meta)
+    import torch
+
+    from actors.capture.workloads import WorkloadConfig, build_model
+
+    known = {f.name for f in dataclasses.fields(WorkloadConfig)}
+    cfg = WorkloadConfig(**{k: v for k, v in fields.items() if k in known})
+    with torch.device("meta"):
+        model, _ = build_model(cfg)
+    return model, world_size

@@ -1,0 +1,39 @@
+"""meta.json beside a capture (actors/trace/meta_file.py): the workload fields the OOM study
+rebuilds the model from are checked, naming the file and the field (host-gap calibration's
+fields are tested in test_host_gaps.py)."""
+from __future__ import annotations
+
+import pytest
+
+from actors.errors import TraceError
+from orchestrator.studies import study_traces
+
+
+@pytest.mark.parametrize("text, field", [
+    ('{"world_size": 2}', "field 'workload' is missing"),
+    ('{"workload": [], "world_size": 2}', "field 'workload' is []"),
+    ('{"workload": {}, "world_size": "2"}', 'field \'world_size\' is "2"'),
+    ('{"workload": {}, "world_size": 0}', "field 'world_size' is 0"),
+    ('{"workload": {}, "world_size": true}', "field 'world_size' is true"),
+])
+def test_a_malformed_workload_names_the_file_and_field(tmp_path, text, field):
+    (tmp_path / "meta.json").write_text(text)
+    with pytest.raises(TraceError) as err:
+        study_traces.traced_model(tmp_path)
+    assert err.value.path == str(tmp_path / "meta.json") and field in str(err.value)
+
+
+def test_a_ranks_seconds_are_checked_and_absent_means_not_measured(tmp_path):
+    from actors.trace.meta_file import rank_seconds
+
+    path = tmp_path / "meta.json"
+    meta = {"ranks": [{"rank": 0, "cost_s": 2e-6}, {"rank": 1, "cost_s": None},
+                      {"rank": 2, "cost_s": "slow"}]}
+    assert rank_seconds(path, meta, 0, "cost_s") == 2e-6
+    assert rank_seconds(path, meta, 1, "cost_s") is None  # null: not measured
+    assert rank_seconds(path, meta, 3, "cost_s") is None  # no entry for the rank
+    with pytest.raises(TraceError, match=r'meta\.json: field ranks\[2\]\.cost_s is "slow"; '
+                                         r"expected seconds"):
+        rank_seconds(path, meta, 2, "cost_s")
+    with pytest.raises(TraceError, match=r"field ranks\[0\] is 7"):
+        rank_seconds(path, {"ranks": [7]}, 0, "cost_s")
