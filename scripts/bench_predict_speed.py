@@ -15,6 +15,9 @@ rusage of that child, or RUSAGE_SELF inside it):
   (scripts/bench_meta_dry_run.py on rank 0 of those traces);
 * ``fit_search_70b_s``: from scripts/bench_fit_search.py when that script exists (else null).
 
+Beside the wall times, ``*_cpu_s`` (the command's user + system CPU) and ``*_rss_gib``; on a
+machine shared with other jobs compare CPU seconds, the wall time follows the load.
+
 The targets (issue 14): 8B cold < 60 s, cached < 10 s, 70B cold < 180 s, the 1,024-rank dry
 run < 60 s with the driver < 1 GiB, <= 40 us per op. ``--quick``: the same commands on the
 presets cut to 2 layers at small worlds (seconds; the keys keep their names, ``quick`` says so).
@@ -47,9 +50,11 @@ TARGETS = {"predict_8b_cold_s": 60, "predict_8b_cached_s": 10, "predict_70b_cold
 QUICK_LAYERS = 2  # --quick: every model cut to this many layers
 
 
-def timed_command(cmd: list[str], log: Path) -> tuple[float, float]:
-    """Run ``cmd`` (stdout and stderr to ``log``); ``(wall s, its peak RSS GiB)``. SystemExit
-    with the log's tail when it fails or outlives TIMEOUT_S."""
+def timed_command(cmd: list[str], log: Path) -> tuple[float, float, float]:
+    """Run ``cmd`` (stdout and stderr to ``log``); ``(wall s, CPU s, its peak RSS GiB)``: the
+    CPU time (user + system) is the figure to compare across runs on a loaded machine, where
+    the wall time follows the load. SystemExit with the log's tail when it fails or outlives
+    TIMEOUT_S."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     t0 = time.perf_counter()
     with open(log, "wb") as out:
@@ -69,7 +74,7 @@ def timed_command(cmd: list[str], log: Path) -> tuple[float, float]:
     if proc.returncode != 0:
         raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n"
                          f"{log.read_text()[-3000:]}")
-    return wall, usage.ru_maxrss * 1024 / GIB
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024 / GIB
 
 
 def predict(tmp: Path, tag: str, cache: Path, *overrides: str) -> dict:
@@ -77,11 +82,11 @@ def predict(tmp: Path, tag: str, cache: Path, *overrides: str) -> dict:
     run_dir = tmp / f"run-{tag}"
     cmd = [sys.executable, "-m", "orchestrator.predict_main", *overrides,
            f"predict.cache_dir={cache}", f"hydra.run.dir={run_dir}"]
-    wall, rss = timed_command(cmd, tmp / f"{tag}.log")
+    wall, cpu, rss = timed_command(cmd, tmp / f"{tag}.log")
     prediction = json.loads((run_dir / "prediction.json").read_text())
-    print(f"{tag}: {wall:.1f} s, {rss:.2f} GiB, {prediction['timings_s']}", file=sys.stderr,
-          flush=True)
-    return {"s": wall, "rss_gib": rss, "prediction": prediction}
+    print(f"{tag}: {wall:.1f} s, CPU {cpu:.1f} s, {rss:.2f} GiB, {prediction['timings_s']}",
+          file=sys.stderr, flush=True)
+    return {"s": wall, "cpu_s": cpu, "rss_gib": rss, "prediction": prediction}
 
 
 def fit_search(quick: bool) -> float | None:
@@ -117,6 +122,8 @@ def main() -> None:
         if not cached["prediction"]["capture"]["reused"]:
             raise SystemExit("the second 8B run did not reuse the capture")
         out.update(predict_8b_cold_s=round(cold["s"], 2), predict_8b_cached_s=round(cached["s"], 2),
+                   predict_8b_cold_cpu_s=round(cold["cpu_s"], 2),
+                   predict_8b_cached_cpu_s=round(cached["cpu_s"], 2),
                    predict_8b_cold_rss_gib=round(cold["rss_gib"], 3),
                    predict_8b_cached_rss_gib=round(cached["rss_gib"], 3),
                    predict_8b_timings_s={"cold": cold["prediction"]["timings_s"],
@@ -128,6 +135,7 @@ def main() -> None:
             run = predict(tmp, "70b_cold", tmp / "cache-70b", "workload=llama3_70b",
                           f"world_size={world}", *layers)
             out.update(predict_70b_cold_s=round(run["s"], 2),
+                       predict_70b_cold_cpu_s=round(run["cpu_s"], 2),
                        predict_70b_cold_rss_gib=round(run["rss_gib"], 3),
                        predict_70b_timings_s=run["prediction"]["timings_s"])
         world = 8 if args.quick else 1024
