@@ -14,6 +14,7 @@ too_close, oom: a verdict is a result), 2 on a user error. Examples::
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
 from hydra.core.config_store import ConfigStore
@@ -23,6 +24,9 @@ from omegaconf import DictConfig, OmegaConf
 from actors.gc_pause import gc_paused
 from orchestrator.cli import run_app, user_errors
 from orchestrator.config import CONF_DIR
+
+if TYPE_CHECKING:
+    from orchestrator.predict import PredictConfig
 
 # torch and the modules that import it are imported by the functions below, inside main()'s
 # GC pause: left on, the cyclic GC rescans torch's objects while they are made (~1 s of the
