@@ -13,6 +13,7 @@ too_close, oom: a verdict is a result), 2 on a user error. Examples::
 """
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -77,9 +78,15 @@ def main() -> None:
     """Console-script entry point (``--debug`` shows tracebacks of user errors). The cyclic GC
     stays off for the whole command: a short-lived process whose capture and dry run already
     pause it (actors/gc_pause.py), and whose imports it would slow."""
-    with gc_paused():
-        register_configs()
-        run_app(_app)
+    try:
+        with gc_paused():
+            register_configs()
+            run_app(_app)
+    finally:
+        # The process ends here: the interpreter's final collection would rescan every object
+        # the run made (the trace, the engine, torch's modules; 0.7 s of a 4.3 s cached 8B
+        # run) to free them moments before the OS does. Frozen objects are not rescanned.
+        gc.freeze()
 
 
 if __name__ == "__main__":
