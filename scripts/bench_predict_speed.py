@@ -99,7 +99,8 @@ def fit_search(quick: bool) -> float | None:
         timed_command([sys.executable, str(script), *(["--quick"] if quick else [])],
                       Path(tmp) / "fit_search.log")
         lines = (Path(tmp) / "fit_search.log").read_text().strip().splitlines()
-    return json.loads(lines[-1]).get("fit_search_70b_s")
+    # its --quick run names its keys so (fit_search_quick_s)
+    return json.loads(lines[-1]).get("fit_search_quick_s" if quick else "fit_search_70b_s")
 
 
 def main() -> None:
