@@ -24,7 +24,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import orjson
-import pandas as pd
 import psutil
 
 from actors.choices import Choice
@@ -170,6 +169,8 @@ class ResultsStore:
 
     def frame(self) -> pd.DataFrame:
         """The table as a DataFrame with nullable dtypes (a column mixing types is text)."""
+        import pandas as pd  # here: the driver's config imports this module (0.4 s of pandas)
+
         return tidy_frame(pd.DataFrame(self.rows()))
 
     def write_tables(self) -> None:
@@ -198,6 +199,8 @@ class ResultsStore:
 def tidy_frame(frame: pd.DataFrame) -> pd.DataFrame:
     """Nullable dtypes per column; a column mixing numbers and text becomes text (parquet
     needs one type per column, e.g. a capacity swept as ``64MiB`` and ``1e9``)."""
+    import pandas as pd
+
     frame = frame.convert_dtypes()
     for name in frame.columns:
         if frame[name].dtype == object:

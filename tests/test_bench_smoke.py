@@ -167,3 +167,18 @@ def test_bench_meta_dry_run():
     assert out["same_accounting"] is True and out["num_ops"] > 0
     assert _positive(out["meta_us_per_op_70b_2l"], out["meta_us_per_op_70b_2l_kernels"],
                      out["accounted_peak_bytes"])
+
+
+@pytest.mark.slow
+def test_bench_predict_speed():
+    out = run_bench("predict_speed", "--skip", "fit_search")
+    assert out["quick"] is True and out["fit_search_70b_s"] is None
+    assert _positive(out["predict_8b_cold_s"], out["predict_8b_cached_s"],
+                     out["predict_70b_cold_s"], out["dry_run_1024_s"],
+                     out["driver_rss_1024_gib"], out["meta_us_per_op_70b"],
+                     out["predict_8b_cached_rss_gib"], out["predicted_reserved_8b_bytes"])
+    # the cached run reused the capture: no capture time in its own timings
+    assert out["predict_8b_timings_s"]["cached"]["capture_s"] < 1
+    assert out["predict_8b_timings_s"]["cold"]["capture_s"] > 0
+    assert out["dry_run_num_ranks"] == 8 and out["dry_run_num_replays"] == 1
+    assert set(out["targets_met"]) == set(out["targets"]) - {"fit_search_70b_s"}

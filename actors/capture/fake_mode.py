@@ -28,10 +28,8 @@ DistributedDataParallel does not run on fake tensors: :func:`refuse_ddp` says so
 """
 from __future__ import annotations
 
-import gzip
 from contextlib import contextmanager
 
-import orjson
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConverter, FakeTensorMode
 
@@ -118,9 +116,9 @@ def _devices(node: dict) -> list[str]:
     return devices
 
 
-def strip_dispatch_mode_nodes(path: str) -> int:
-    """Make the gzipped fake trace at ``path`` read like a real device's; returns how many
-    nodes were dropped.
+def strip_dispatch_mode_nodes(doc: dict) -> int:
+    """Make the fake trace ``doc`` (the parsed ET, edited in place) read like a real device's;
+    returns how many nodes were dropped.
 
     * Ops on ``meta`` tensors go, with everything under them: every tensor of the workload
       reports the real device, so they are the fake mode's own kernels (below each op; a
@@ -135,8 +133,6 @@ def strip_dispatch_mode_nodes(path: str) -> int:
     A real trace has none of the dropped nodes, and their inner ``c10d::*`` kernels would read
     as extra collectives (the loader treats a collective nested under another as an op).
     """
-    with gzip.open(path, "rb") as f:
-        doc = orjson.loads(f.read())
     nodes = doc["nodes"]
     parent = {n["id"]: n["ctrl_deps"] for n in nodes}
     devices = {n["id"]: _devices(n) for n in nodes}
@@ -172,6 +168,4 @@ def strip_dispatch_mode_nodes(path: str) -> int:
     removed = len(nodes) - len(kept)
     doc["nodes"] = kept
     doc[UNIQUE_STORAGES_KEY] = True  # meta_storage's addresses: none handed out twice
-    with gzip.open(path, "wb", compresslevel=6) as f:
-        f.write(orjson.dumps(doc))
     return removed

@@ -37,6 +37,7 @@ from actors.capture.recorder import record_iteration
 from actors.capture.worker import rank_facts, warm_up, workload_config
 from actors.capture.context import Workload, world_mesh
 from actors.capture.workloads import build_workload
+from actors.gc_pause import gc_paused
 from actors.hardlink import link_or_copy
 
 META = torch.device("meta")
@@ -72,9 +73,9 @@ def record_meta_rank(cfg: dict, out_dir: str, rank: int, world_size: int) -> tup
                 record_iteration(workload.step, workload.next_batch(), workload.model,
                                  step_index=WARMUP_ITERS, out_path=path,
                                  module_backward=bool(cfg.get("module_backward_ranges", True)),
-                                 tensor_ranges=False)
-            if wl_cfg.device == "fake":
-                strip_dispatch_mode_nodes(path)
+                                 tensor_ranges=False,
+                                 rewrite=strip_dispatch_mode_nodes
+                                 if wl_cfg.device == "fake" else None)
         finally:
             dist.destroy_process_group()
     return workload, path
@@ -87,7 +88,11 @@ def run_meta_capture(cfg: dict, out_dir: str, world_size: int,
     writes only the first ranks' files (the rest would be copies of rank 0's)."""
     os.makedirs(out_dir, exist_ok=True)
     start = time.perf_counter()
-    workload, first = record_meta_rank(cfg, out_dir, 0, world_size)
+    # The fake mode and autograd make millions of short-lived objects, few in cycles: left on,
+    # the cyclic GC rescans the model's and torch's objects again and again (8B: ~2x the
+    # capture's time). The few cycles wait for the collection after the block.
+    with gc_paused():
+        workload, first = record_meta_rank(cfg, out_dir, 0, world_size)
     record_s = time.perf_counter() - start
     no_memory = MemoryMeter(META).result()
     if workload_config(cfg).device == "fake":

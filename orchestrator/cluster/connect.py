@@ -7,8 +7,6 @@ import os
 import socket
 from dataclasses import dataclass
 
-import ray
-
 from actors.errors import ConfigError
 from orchestrator.config import ClusterConfig
 from orchestrator.errors import ClusterError
@@ -35,6 +33,8 @@ class ClusterHandle:
     def shutdown(self) -> None:
         """Stop the embedded cluster, or disconnect from a joined one; never touch Ray
         that was initialized before ``connect()``."""
+        import ray  # here, not at the top: predict and capture import this module, not Ray
+
         if self.owns_connection and ray.is_initialized():
             ray.shutdown()
         self.owns_connection = False
@@ -47,6 +47,8 @@ def connect(cfg: ClusterConfig, world_size: int) -> ClusterHandle:
     Raises ClusterError if the address cannot be reached or refuses the connection.
     """
     cfg.validate()
+    import ray
+
     if ray.is_initialized():
         log.info("Ray is already initialized; reusing the current session")
         return ClusterHandle(False, False, ray.get_runtime_context().gcs_address)
@@ -73,6 +75,8 @@ def connect(cfg: ClusterConfig, world_size: int) -> ClusterHandle:
 
 def cuda_available_in_cluster() -> bool:
     """Whether the connected cluster has any GPU resource."""
+    import ray
+
     if not ray.is_initialized():
         raise ClusterError("cuda_available_in_cluster() needs a Ray session: call connect() first")
     return ray.cluster_resources().get("GPU", 0) > 0

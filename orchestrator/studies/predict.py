@@ -28,6 +28,7 @@ from actors.errors import ConfigError, TracefleetError
 from actors.replay.config import AllocationConfig, AllocationMode, ReplayConfig, parse_bytes
 from actors.replay.memory.target import TargetConfig, TargetName
 from orchestrator.status import ANSWERED
+from actors.zero3.config import Zero3Config
 
 log = logging.getLogger("tracefleet")
 
@@ -93,6 +94,10 @@ class PredictConfig:
     # The dry run: meta, operators only, faithful allocation (memory held as the original held
     # it), one warm-up and one measured iteration.
     replay: ReplayConfig = field(default_factory=_dry_run_replay)
+    # With trace.dir: the ZeRO-3 emulation of plain (not sharded) traces at world_size ranks
+    # (conf/zero3/*.yaml, e.g. zero3=per_module); a workload preset carries its own instead
+    # (workload.zero3_emulation).
+    zero3: Zero3Config = field(default_factory=Zero3Config)
     predict: PredictSettings = field(default_factory=PredictSettings)
 
     def validate(self) -> None:
@@ -110,6 +115,10 @@ class PredictConfig:
                               "in [0, 1), e.g. 0.03 for 3%")
         if self.world_size is not None and self.world_size < 1:
             raise ConfigError(f"world_size={self.world_size}; expected >= 1")
+        if self.zero3.enabled and self.trace.dir is None:
+            raise ConfigError(f"zero3={self.zero3.strategy} emulates ZeRO-3 on traces you give "
+                              "with trace.dir; a workload takes workload.zero3_emulation."
+                              f"strategy={self.zero3.strategy} instead")
         if self.trace.dir is None:
             if self.world_size is None:
                 raise ConfigError("world_size=N is required: the job's number of GPUs")
@@ -177,6 +186,25 @@ def _dry_run(source, rank: int, cfg: PredictConfig, zero3) -> dict:
     return report
 
 
+def _given_traces(cfg: PredictConfig) -> tuple[dict, int, Zero3Config | None]:
+    """``(rank -> source, world size, ZeRO-3 emulation or None)`` of ``trace.dir``. Without
+    the emulation every rank's trace is needed; with it, one plain trace stands for every rank
+    of the ``world_size``-rank job (each rank runs the same program on its own shard)."""
+    from actors.trace.source import discover
+
+    sources = discover(cfg.trace.dir, parse_bytes(cfg.trace.max_decompressed_bytes))
+    world = cfg.world_size or len(sources)
+    if world != len(sources) and not (cfg.zero3.enabled and len(sources) == 1):
+        raise ConfigError(f"world_size={world} but {cfg.trace.dir} holds {len(sources)} rank "
+                          "trace(s); leave world_size out or give every rank's trace (or one "
+                          "plain trace with zero3=<strategy>)")
+    if not cfg.zero3.enabled:
+        return sources, world, None
+    zero3 = dataclasses.replace(cfg.zero3, world_size=world)
+    zero3.validate(str(cfg.replay.mode))
+    return sources, world, zero3
+
+
 def verdict(headroom_bytes: int, reserved_bytes: int, error_band: float,
             num_predicted_ooms: int) -> Verdict:
     """``oom`` below zero headroom (or when the model ran out), ``too_close`` within
@@ -200,11 +228,7 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
     zero3, capture = None, None
     if cfg.trace.dir is not None:
         name = "trace"
-        sources = discover(cfg.trace.dir, parse_bytes(cfg.trace.max_decompressed_bytes))
-        world = cfg.world_size or len(sources)
-        if world != len(sources):
-            raise ConfigError(f"world_size={world} but {cfg.trace.dir} holds {len(sources)} rank "
-                              "trace(s); leave world_size out or give every rank's trace")
+        sources, world, zero3 = _given_traces(cfg)
     else:
         folder, capture = _capture(cfg, name)
         sources, world = discover(folder), cfg.world_size
@@ -246,7 +270,7 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
         "rank": worst["rank"],
         "num_distinct_traces": len(groups),
         "ranks_per_trace": {str(r[0]): len(r) for r in groups.values()}
-        if cfg.trace.dir is not None else {"0": world},
+        if cfg.trace.dir is not None and len(sources) == world else {"0": world},
         "capture": capture,
         "timings_s": {"capture_s": capture["seconds"] if capture else 0.0, "replay_s": replay_s,
                       "total_s": time.perf_counter() - t0},

@@ -139,6 +139,31 @@ def test_deepspeed_preset_emulates_zero3_at_the_job_world_size(tmp_path):
     assert large["accounted_peak_bytes"] < small["accounted_peak_bytes"]
 
 
+def test_a_plain_trace_folder_predicts_with_zero3_at_the_job_world_size(tmp_path):
+    every_param = "workload.zero3_emulation.param_persistence_threshold=0"  # tiny parameters
+    preset = predict(_tiny("deepspeed_70b", tmp_path / "cache", "world_size=8", every_param))
+    folder = preset["capture"]["dir"]  # one plain (parallel=local) rank trace
+
+    def given(*overrides):
+        return predict(_compose(f"trace.dir={folder}", "zero3=per_module",
+                                "zero3.param_persistence_threshold=0", *overrides))
+
+    large, small = given("world_size=8"), given("world_size=2")
+    assert large["world_size"] == 8 and large["ranks_per_trace"] == {"0": 8}
+    assert large["zero3_emulation"]["world_size"] == 8 and small["zero3_emulation"]["world_size"] == 2
+    # the preset's path (capture + workload.zero3_emulation) and the given trace + zero3= agree
+    for key in ("accounted_peak_bytes", "predicted_reserved_peak_bytes", "breakdown"):
+        assert large[key] == preset[key], key
+    assert large["accounted_peak_bytes"] < small["accounted_peak_bytes"]  # 1/8 < 1/2 of states
+    plain = predict(_compose(f"trace.dir={folder}"))  # no emulation: the trace as recorded
+    assert plain["zero3_emulation"] is None and plain["world_size"] == 1
+    assert plain["accounted_peak_bytes"] != large["accounted_peak_bytes"]
+    with pytest.raises(ConfigError, match="holds 1 rank trace"):
+        predict(_compose(f"trace.dir={folder}", "world_size=8"))  # 8 ranks need zero3 or 8 traces
+    with pytest.raises(ConfigError, match="workload.zero3_emulation.strategy=per_module"):
+        _compose("workload=llama3_8b", "world_size=8", "zero3=per_module").validate()
+
+
 def test_a_trace_folder_replays_each_distinct_trace_once(tmp_path):
     cfg = _compose("trace.dir=" + str(REPO / "demo" / "traces" / "gpt_dp_4"), "target=a100_40gb")
     p = predict(cfg)

@@ -1,0 +1,169 @@
+"""How long ``tracefleet-predict`` and the dry runs behind it take; one JSON line.
+
+Every figure runs the real command in a fresh process (Python, imports and Hydra included: what
+the user waits for) and times it from outside; each driver's peak RSS is its own (``wait4``'s
+rusage of that child, or RUSAGE_SELF inside it):
+
+* ``predict_8b_cold_s``: ``tracefleet-predict workload=llama3_8b world_size=8`` with an empty
+  capture cache (``predict.cache_dir`` a fresh temporary folder): capture on fake included;
+* ``predict_8b_cached_s``: the same command again, the capture now in that cache;
+* ``predict_70b_cold_s``: ``workload=llama3_70b world_size=64``, empty cache;
+* ``dry_run_1024_s``, ``driver_rss_1024_gib``: ``tracefleet replay=dry_run`` of 1,024 rank
+  traces of a 70B meta capture (scripts/bench_dry_run_scale.py, whose traces are cached in
+  ``~/.cache/tracefleet/bench_dry_run/``);
+* ``meta_us_per_op_70b``: one meta iteration of the OOM study's 70B step per op
+  (scripts/bench_meta_dry_run.py on rank 0 of those traces);
+* ``fit_search_70b_s``: from scripts/bench_fit_search.py when that script exists (else null).
+
+Beside the wall times, ``*_cpu_s`` (the command's user + system CPU) and ``*_rss_gib``; on a
+machine shared with other jobs compare CPU seconds, the wall time follows the load.
+
+The targets (issue 14): 8B cold < 60 s, cached < 10 s, 70B cold < 180 s, the 1,024-rank dry
+run < 60 s with the driver < 1 GiB, <= 40 us per op. ``--quick``: the same commands on the
+presets cut to 2 layers at small worlds (seconds; the keys keep their names, ``quick`` says so).
+
+    python scripts/bench_predict_speed.py [--quick] [--skip 70b dry_run meta fit_search]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(SCRIPTS))
+
+import bench_dry_run_scale as scale  # noqa: E402
+import bench_meta_dry_run as meta_bench  # noqa: E402
+
+GIB = 1 << 30
+TIMEOUT_S = 1800
+TARGETS = {"predict_8b_cold_s": 60, "predict_8b_cached_s": 10, "predict_70b_cold_s": 180,
+           "dry_run_1024_s": 60, "driver_rss_1024_gib": 1.0, "meta_us_per_op_70b": 40,
+           "fit_search_70b_s": 60}
+QUICK_LAYERS = 2  # --quick: every model cut to this many layers
+
+
+def timed_command(cmd: list[str], log: Path) -> tuple[float, float, float]:
+    """Run ``cmd`` (stdout and stderr to ``log``); ``(wall s, CPU s, its peak RSS GiB)``: the
+    CPU time (user + system) is the figure to compare across runs on a loaded machine, where
+    the wall time follows the load. SystemExit with the log's tail when it fails or outlives
+    TIMEOUT_S."""
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    t0 = time.perf_counter()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        deadline = t0 + TIMEOUT_S
+        while True:  # wait4 gives this child's own rusage (RUSAGE_CHILDREN is the max of all)
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() > deadline:
+                proc.kill()
+                os.wait4(proc.pid, 0)
+                raise SystemExit(f"timed out after {TIMEOUT_S} s: {' '.join(cmd)}")
+            time.sleep(0.05)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+    if proc.returncode != 0:
+        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n"
+                         f"{log.read_text()[-3000:]}")
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024 / GIB
+
+
+def predict(tmp: Path, tag: str, cache: Path, *overrides: str) -> dict:
+    """One ``tracefleet-predict`` run; its wall time, RSS and prediction.json."""
+    run_dir = tmp / f"run-{tag}"
+    cmd = [sys.executable, "-m", "orchestrator.cli.predict", *overrides,
+           f"predict.cache_dir={cache}", f"hydra.run.dir={run_dir}"]
+    wall, cpu, rss = timed_command(cmd, tmp / f"{tag}.log")
+    prediction = json.loads((run_dir / "prediction.json").read_text())
+    print(f"{tag}: {wall:.1f} s, CPU {cpu:.1f} s, {rss:.2f} GiB, {prediction['timings_s']}",
+          file=sys.stderr, flush=True)
+    return {"s": wall, "cpu_s": cpu, "rss_gib": rss, "prediction": prediction}
+
+
+def fit_search(quick: bool) -> float | None:
+    """``fit_search_70b_s`` of scripts/bench_fit_search.py (another benchmark's figure), or None
+    when that script is not there."""
+    script = SCRIPTS / "bench_fit_search.py"
+    if not script.is_file():
+        return None
+    with tempfile.TemporaryDirectory(prefix="bench_fit_") as tmp:
+        timed_command([sys.executable, str(script), *(["--quick"] if quick else [])],
+                      Path(tmp) / "fit_search.log")
+        lines = (Path(tmp) / "fit_search.log").read_text().strip().splitlines()
+    # its --quick run names its keys so (fit_search_quick_s)
+    return json.loads(lines[-1]).get("fit_search_quick_s" if quick else "fit_search_70b_s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help=f"models cut to {QUICK_LAYERS} layers, small worlds: seconds")
+    parser.add_argument("--skip", nargs="*", default=[],
+                        choices=["70b", "dry_run", "meta", "fit_search"])
+    parser.add_argument("--dry-run-traces", type=Path,
+                        help="the 1,024 rank traces (default: bench_dry_run_scale's cache)")
+    args = parser.parse_args()
+    layers = [f"workload.n_layers={QUICK_LAYERS}"] if args.quick else []
+    out: dict = {"quick": args.quick}
+    with tempfile.TemporaryDirectory(prefix="bench_predict_speed_") as tmp_name:
+        tmp = Path(tmp_name)
+        cache_8b = tmp / "cache-8b"  # empty: cold
+        cold = predict(tmp, "8b_cold", cache_8b, "workload=llama3_8b", "world_size=8", *layers)
+        cached = predict(tmp, "8b_cached", cache_8b, "workload=llama3_8b", "world_size=8",
+                         *layers)
+        if not cached["prediction"]["capture"]["reused"]:
+            raise SystemExit("the second 8B run did not reuse the capture")
+        out.update(predict_8b_cold_s=round(cold["s"], 2), predict_8b_cached_s=round(cached["s"], 2),
+                   predict_8b_cold_cpu_s=round(cold["cpu_s"], 2),
+                   predict_8b_cached_cpu_s=round(cached["cpu_s"], 2),
+                   predict_8b_cold_rss_gib=round(cold["rss_gib"], 3),
+                   predict_8b_cached_rss_gib=round(cached["rss_gib"], 3),
+                   predict_8b_timings_s={"cold": cold["prediction"]["timings_s"],
+                                         "cached": cached["prediction"]["timings_s"]},
+                   predicted_reserved_8b_bytes=cached["prediction"]
+                   ["predicted_reserved_peak_bytes"])
+        if "70b" not in args.skip:
+            world = 8 if args.quick else 64
+            run = predict(tmp, "70b_cold", tmp / "cache-70b", "workload=llama3_70b",
+                          f"world_size={world}", *layers)
+            out.update(predict_70b_cold_s=round(run["s"], 2),
+                       predict_70b_cold_cpu_s=round(run["cpu_s"], 2),
+                       predict_70b_cold_rss_gib=round(run["rss_gib"], 3),
+                       predict_70b_timings_s=run["prediction"]["timings_s"])
+        world = 8 if args.quick else 1024
+        workload = scale.QUICK_WORKLOAD if args.quick else "llama_70b"
+        traces = args.dry_run_traces or (tmp / "traces" if args.quick else
+                                         Path.home() / ".cache" / "tracefleet" / "bench_dry_run"
+                                         / f"{workload}-{world}")
+        if not ({"dry_run", "meta"} <= set(args.skip)):
+            scale.capture(workload, world, traces, *layers)
+        if "dry_run" not in args.skip:
+            run = scale.dry_run(traces, 1, tmp / "dry_run")
+            assert run["summary"]["status"] == "ok", run["summary"].get("error")
+            out.update(dry_run_1024_s=round(run["wall_s"], 2),
+                       driver_rss_1024_gib=round(run["rss_bytes"] / GIB, 3),
+                       dry_run_num_ranks=world, dry_run_num_replays=run["summary"]["num_replays"])
+        if "meta" not in args.skip:
+            trace = meta_bench.load_trace(next(traces.glob("rank-0.et.json*")))
+            report, _ = meta_bench.dry_run(trace, True, 1)
+            out["meta_us_per_op_70b"] = round(report["iteration_time_s"] / len(trace.ops) * 1e6,
+                                              2)
+            out["meta_num_ops"] = len(trace.ops)
+    out["fit_search_70b_s"] = None if "fit_search" in args.skip else fit_search(args.quick)
+    out["targets"] = TARGETS
+    out["targets_met"] = {k: out[k] <= v for k, v in TARGETS.items()
+                          if isinstance(out.get(k), (int, float))}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
