@@ -9,6 +9,7 @@ too_close, oom: a verdict is a result), 2 on a user error. Examples::
     tracefleet-predict workload=custom workload.entrypoint=examples/fsdp2_llama_step.py:build \
         world_size=8 target=custom target.device_memory=24GiB
     tracefleet-predict trace.dir=demo/traces/gpt_dp_4 target=a100_40gb
+    tracefleet-predict experiment=fit_search workload=llama3_70b world_size=64  # best that fits
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ from actors.replay.config import ReplayConfig
 from actors.replay.target import TargetConfig
 from orchestrator.cli import run_app, user_errors
 from orchestrator.config import CONF_DIR
+from orchestrator.fit_search_config import FitSearchRunConfig
+from orchestrator.fit_search_config import register_configs as register_fit_search
 from orchestrator.predict import PredictConfig, predict
 from orchestrator.predict_table import prediction_table
 
@@ -34,6 +37,7 @@ def register_configs() -> None:
     cs.store(group="workload", name="schema", node=WorkloadConfig)
     cs.store(group="target", name="schema", node=TargetConfig)
     cs.store(group="replay", name="schema", node=ReplayConfig)
+    register_fit_search()  # experiment=fit_search's root schema
 
 
 register_configs()
@@ -54,7 +58,13 @@ def _app(cfg: DictConfig) -> None:
         run_cfg = OmegaConf.to_object(cfg)
         hydra_cfg = HydraConfig.get()
         out_dir = Path(hydra_cfg.runtime.output_dir)
-        result = predict(run_cfg, out_dir, name=hydra_cfg.runtime.choices.get("workload"))
+        name = hydra_cfg.runtime.choices.get("workload")
+        if isinstance(run_cfg, FitSearchRunConfig):
+            from orchestrator.fit_search import run_fit_search
+            run_fit_search(run_cfg, out_dir, name)
+            print(f"fit_search: {out_dir / 'fit_search.json'}")
+            return
+        result = predict(run_cfg, out_dir, name=name)
     print(prediction_table(result))
     print(f"prediction: {out_dir / 'prediction.json'}")
 
