@@ -167,3 +167,13 @@ def test_bench_meta_dry_run():
     assert out["same_accounting"] is True and out["num_ops"] > 0
     assert _positive(out["meta_us_per_op_70b_2l"], out["meta_us_per_op_70b_2l_kernels"],
                      out["accounted_peak_bytes"])
+
+
+def test_bench_fit_search():
+    out = run_bench("fit_search")
+    assert _positive(out["fit_search_quick_s"], out["fit_search_quick_cold_s"])
+    assert out["num_captured"] > 0 and out["num_captured_cached_run"] == 0  # cold, then cached
+    assert out["same_answers"] is True
+    assert set(out["answers"]) == {"batch_size", "seq_len", "world_size",
+                                   "activation_checkpointing"}
+    assert out["num_probes"] == sum(a["num_probes"] for a in out["answers"].values())
