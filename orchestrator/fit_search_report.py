@@ -60,6 +60,8 @@ class FitSearchRecorder:
             "fit_search": orjson.loads(orjson.dumps(asdict(self.cfg.fit_search), default=str)),
             "error_band": self.cfg.predict.error_band,
             "num_probes": sum(a.num_probes for a in answers),
+            # probes of the job itself after the first reuse its prediction
+            "num_predictions": sum(not p["memoized"] for a in answers for p in a.probes),
             "total_s": total_s,
             "finished_at": time.time(),
         }
@@ -90,7 +92,8 @@ def print_answers(summary: dict) -> None:
                       "-" if a["first_failing"] is None else str(a["first_failing"]),
                       str(a["num_probes"]), a["reason"] or "")
     Console(width=120).print(table)
-    print(f"fit_search: {summary['num_probes']} predictions in {summary['total_s']:.1f} s")
+    print(f"fit_search: {summary['num_probes']} probes ({summary['num_predictions']} "
+          f"predictions) in {summary['total_s']:.1f} s")
 
 
 def plot_axis(axis: str, probes: list[dict], path: Path) -> bool:

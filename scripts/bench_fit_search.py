@@ -33,8 +33,9 @@ QUICK = ["workload=llama3_8b", "world_size=4", "target=custom", "target.device_m
 FULL = ["workload=llama3_70b", "world_size=64", "target=h100_80gb"]
 
 
-def timed_search(overrides: list[str]) -> tuple[float, list, list[dict]]:
-    """``(wall seconds, answers, probe records)`` of one fit_search."""
+def timed_search(overrides: list[str]) -> tuple[float, float, list, list[dict]]:
+    """``(wall seconds, CPU seconds of this process, answers, probe records)`` of one
+    fit_search (the machine is shared: CPU time is what it would take alone)."""
     cfg = predict_config("experiment=fit_search", *overrides)
     records: list[dict] = []
 
@@ -42,9 +43,9 @@ def timed_search(overrides: list[str]) -> tuple[float, list, list[dict]]:
         records.append(record)
         print(f"{record['axis']}={record['value']}: {record['verdict']} in "
               f"{record['probe_s']:.1f} s", file=sys.stderr, flush=True)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     answers = fit_search(cfg, name=overrides[0].split("=", 1)[1], on_probe=on_probe)
-    return time.perf_counter() - t0, answers, records
+    return time.perf_counter() - t0, time.process_time() - cpu0, answers, records
 
 
 def main() -> None:
@@ -62,12 +63,14 @@ def main() -> None:
             f"fit_search.axes=[{args.axes}]", f"predict.cache_dir={cache}",
             f"fit_search.seq_len_step={256 if args.quick else args.seq_len_step}",
             f"fit_search.max_probes={args.max_probes}"]
-        cold_s, answers, cold = timed_search(overrides)
-        cached_s, again, cached = timed_search(overrides)
+        cold_s, cold_cpu_s, answers, cold = timed_search(overrides)
+        cached_s, cached_cpu_s, again, cached = timed_search(overrides)
     key = "quick" if args.quick else "70b"
     print(json.dumps({
         f"fit_search_{key}_s": round(cached_s, 2),
         f"fit_search_{key}_cold_s": round(cold_s, 2),
+        f"fit_search_{key}_cpu_s": round(cached_cpu_s, 2),
+        f"fit_search_{key}_cold_cpu_s": round(cold_cpu_s, 2),
         "num_probes": len(cold),
         "num_predictions": sum(not r["memoized"] for r in cold),
         "num_captured": sum(not (r["capture_reused"] or r["memoized"]) for r in cold),

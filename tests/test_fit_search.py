@@ -147,4 +147,5 @@ def test_cli_prints_a_line_per_probe_and_the_table_and_predicts_the_job_once(cac
     line = next(x for x in proc.stdout.splitlines() if "workload.batch_size=1 -> " in x)
     assert "-> fits" not in line and "the same job as an earlier probe" in line
     assert len(ResultsStore(tmp_path).rows()) == 5
+    assert "fit_search: 5 probes (4 predictions)" in proc.stdout
     assert "best that fits" in proc.stdout and (tmp_path / FIT_SEARCH_JSON).is_file()
