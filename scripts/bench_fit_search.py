@@ -2,8 +2,8 @@
 target h100_80gb), cold (the probes' captures made) then cached (the same search again, every
 capture reused), in one process; prints one JSON line.
 
-    python scripts/bench_fit_search.py [--axes batch_size,seq_len,world_size,activation_checkpointing]
-        [--cache-dir DIR] [--seq-len-step 1024] [--max-probes 12] [--quick]
+    python scripts/bench_fit_search.py [--cache-dir DIR] [--seq-len-step 1024] [--max-probes 12]
+        [--axes batch_size,seq_len,world_size,activation_checkpointing] [--quick]
 
 ``--quick``: a small llama3_8b-shaped job (d_model 256, 2 layers) on a small custom target in a
 temporary cache (the keys then say ``quick``). A cold run whose captures are already in
