@@ -182,3 +182,13 @@ def test_bench_predict_speed():
     assert out["predict_8b_timings_s"]["cold"]["capture_s"] > 0
     assert out["dry_run_num_ranks"] == 8 and out["dry_run_num_replays"] == 1
     assert set(out["targets_met"]) == set(out["targets"]) - {"fit_search_70b_s"}
+
+
+def test_bench_fit_search():
+    out = run_bench("fit_search")
+    assert _positive(out["fit_search_quick_s"], out["fit_search_quick_cold_s"])
+    assert out["num_captured"] > 0 and out["num_captured_cached_run"] == 0  # cold, then cached
+    assert out["same_answers"] is True
+    assert set(out["answers"]) == {"batch_size", "seq_len", "world_size",
+                                   "activation_checkpointing"}
+    assert out["num_probes"] == sum(a["num_probes"] for a in out["answers"].values())

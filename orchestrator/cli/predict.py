@@ -10,6 +10,7 @@ too_close, oom: a verdict is a result), 2 on a user error. Examples::
         world_size=8 target=custom target.device_memory=24GiB
     tracefleet-predict trace.dir=demo/traces/gpt_dp_4 target=a100_40gb
     tracefleet-predict trace.dir=plain_traces/ world_size=64 zero3=per_module target=a100_80gb
+    tracefleet-predict experiment=fit_search workload=llama3_70b world_size=64  # best that fits
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ def register_configs() -> None:
     from actors.replay.config import ReplayConfig
     from actors.replay.memory.target import TargetConfig
     from actors.zero3.config import Zero3Config
+    from orchestrator.studies.fit_search_config import register_configs as register_fit_search
     from orchestrator.studies.predict import PredictConfig
 
     cs = ConfigStore.instance()
@@ -48,6 +50,7 @@ def register_configs() -> None:
     cs.store(group="target", name="schema", node=TargetConfig)
     cs.store(group="replay", name="schema", node=ReplayConfig)
     cs.store(group="zero3", name="schema", node=Zero3Config)
+    register_fit_search()  # experiment=fit_search's root schema
 
 
 def predict_config(*overrides: str) -> PredictConfig:
@@ -62,14 +65,21 @@ def predict_config(*overrides: str) -> PredictConfig:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="predict", version_base="1.3")
 def _app(cfg: DictConfig) -> None:
-    from orchestrator.studies.predict import predict
     from orchestrator.reports.predict_table import prediction_table
+    from orchestrator.studies.fit_search_config import FitSearchRunConfig
+    from orchestrator.studies.predict import predict
 
     with user_errors("tracefleet-predict"):
         run_cfg = OmegaConf.to_object(cfg)
         hydra_cfg = HydraConfig.get()
         out_dir = Path(hydra_cfg.runtime.output_dir)
-        result = predict(run_cfg, out_dir, name=hydra_cfg.runtime.choices.get("workload"))
+        name = hydra_cfg.runtime.choices.get("workload")
+        if isinstance(run_cfg, FitSearchRunConfig):
+            from orchestrator.studies.fit_search import run_fit_search
+            run_fit_search(run_cfg, out_dir, name)
+            print(f"fit_search: {out_dir / 'fit_search.json'}")
+            return
+        result = predict(run_cfg, out_dir, name=name)
     print(prediction_table(result))
     print(f"prediction: {out_dir / 'prediction.json'}")
 

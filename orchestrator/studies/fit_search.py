@@ -1,0 +1,175 @@
+"""``tracefleet-predict experiment=fit_search``: the largest local batch, the longest sequence,
+the fewest GPUs and the cheapest activation checkpointing that still ``fits`` the target.
+
+One axis at a time, the others at the composed job's values. Every probe is one prediction
+(orchestrator/predict.py ``predict``: the capture on meta/fake cached by the config's hash, the
+in-process dry run, the allocator model, the verdict with its error band); a value is accepted
+only when its verdict is ``fits``, so the answer keeps the verdict's margin.
+
+The integer axes and the GPU count are searched over a list of candidates ordered from the
+safest to the most ambitious (batch and sequence ascending, GPU counts descending), assuming
+that whatever fits, every safer candidate fits too: a gallop from the job's own value (index
+``i`` -> ``2i + 1``: the value doubles for batch and sequence; downwards ``i`` ->
+``(i - 1) // 2``), then bisection between the last candidate seen to fit and the first seen
+not to. Activation checkpointing is walked from the cheapest level up, no assumption made.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Callable, Sequence
+
+from actors.errors import ConfigError
+from orchestrator.studies.fit_search_config import AC_ORDER, Axis, FitSearchRunConfig
+from orchestrator.studies.predict import PredictConfig, Verdict, predict
+
+log = logging.getLogger("tracefleet")
+
+
+@dataclass
+class AxisAnswer:
+    """The outcome of one axis' search."""
+
+    axis: str
+    best: int | str | None  # the best candidate seen to fit; None: none did
+    # the nearest more ambitious candidate seen not to fit (None: the search ran to the end of
+    # its candidates, or was stopped)
+    first_failing: int | str | None
+    num_probes: int
+    reason: str | None  # why the answer is not a proven boundary, None when it is
+    probes: list[dict] = field(default_factory=list)  # the probe records, in probe order
+
+
+def gallop_bisect(values: Sequence, start: int, fits: Callable[[object], bool],
+                  max_probes: int) -> tuple[int | None, int | None, str | None]:
+    """``(last index seen to fit, first index seen not to, reason)`` over ``values`` ordered
+    safest first (assumed: whatever fits, every earlier value fits). Probes ``start`` first,
+    then gallops and bisects (see the module doc); ``reason`` says why the pair is not adjacent
+    (None when it is, or when an end of ``values`` was reached)."""
+    ok = fail = None
+    for _ in range(max_probes):
+        if ok is None and fail is None:
+            i = start
+        elif fail is None:
+            if ok == len(values) - 1:
+                return ok, None, None
+            i = min(2 * ok + 1, len(values) - 1)
+        elif ok is None:
+            if fail == 0:
+                return None, 0, None
+            i = (fail - 1) // 2
+        elif fail - ok <= 1:
+            return ok, fail, None
+        else:
+            i = (ok + fail) // 2
+        if fits(values[i]):
+            ok = i
+        else:
+            fail = i
+    done = (ok is not None and fail is not None and fail - ok <= 1) or ok == len(values) - 1 \
+        or fail == 0
+    return ok, fail, None if done else f"stopped after fit_search.max_probes={max_probes}"
+
+
+class _Prober:
+    """Predictions of the job with one field changed; one record per probe, reported through
+    ``on_probe`` as it finishes. Every axis starts at the job's own values: that prediction
+    is made once and its figures reused (``memoized``) by the other axes' first probe."""
+
+    def __init__(self, cfg: FitSearchRunConfig, name: str, on_probe: Callable[[dict], None]):
+        self.cfg, self.name, self.on_probe = cfg, name, on_probe
+        self.done: dict[tuple, dict] = {}  # (batch, seq, world size, AC) -> prediction
+
+    def fits(self, axis: Axis, value, probes: list[dict]) -> bool:
+        """Whether ``value`` on ``axis`` fits with the verdict's margin (recorded in ``probes``)."""
+        cfg = copy.deepcopy(self.cfg)
+        if axis == Axis.world_size:
+            cfg.world_size = value
+        else:
+            setattr(cfg.workload, str(axis), value)
+        t0 = time.perf_counter()
+        wl = cfg.workload
+        job = (wl.batch_size, wl.seq_len, cfg.world_size, str(wl.activation_checkpointing))
+        memoized = job in self.done
+        if not memoized:
+            try:
+                self.done[job] = predict(_as_predict_config(cfg), name=self.name)
+            except ConfigError as e:
+                raise ConfigError(f"fit_search {axis}={value}: {e}") from None
+        p = self.done[job]
+        record = {"axis": str(axis), "value": value, "verdict": p["verdict"],
+                  "predicted_allocated_peak_bytes": p["predicted_allocated_peak_bytes"],
+                  "predicted_reserved_peak_bytes": p["predicted_reserved_peak_bytes"],
+                  "usable_capacity_bytes": p["usable_capacity_bytes"],
+                  "headroom_bytes": p["headroom_bytes"], "error_band": p["error_band"],
+                  "capture_reused": bool(p["capture"] and p["capture"]["reused"]),
+                  "probe_s": time.perf_counter() - t0, "num_probe": len(probes) + 1,
+                  "memoized": memoized}
+        probes.append(record)
+        self.on_probe(record)
+        return p["verdict"] == Verdict.fits
+
+
+def _as_predict_config(cfg: FitSearchRunConfig) -> PredictConfig:
+    """The job as a plain PredictConfig (predict validates it; the search fields are not its)."""
+    return PredictConfig(**{f.name: getattr(cfg, f.name) for f in fields(PredictConfig)})
+
+
+def _candidates(cfg: FitSearchRunConfig, axis: Axis) -> tuple[Sequence, int]:
+    """``(candidates safest first, index of the job's own value)`` of an integer axis."""
+    fs, wl = cfg.fit_search, cfg.workload
+    if axis == Axis.batch_size:
+        values = range(1, fs.max_batch_size + 1)
+        return values, min(wl.batch_size, fs.max_batch_size) - 1
+    if axis == Axis.seq_len:
+        step = fs.seq_len_step
+        values = range(step, fs.max_seq_len // step * step + 1, step)
+        return values, max(min(wl.seq_len // step, len(values)) - 1, 0)
+    sizes = fs.candidate_world_sizes(cfg.world_size)[::-1]  # most GPUs (safest) first
+    start = min(range(len(sizes)), key=lambda i: (abs(sizes[i] - cfg.world_size), i))
+    return sizes, start
+
+
+def search_axis(cfg: FitSearchRunConfig, axis: Axis, prober: _Prober) -> AxisAnswer:
+    """One axis' search (see the module doc)."""
+    probes: list[dict] = []
+    max_probes = cfg.fit_search.max_probes
+    if axis == Axis.activation_checkpointing:
+        for level in AC_ORDER[:max_probes]:
+            if prober.fits(axis, level, probes):
+                failing = str(AC_ORDER[AC_ORDER.index(level) - 1]) if level != AC_ORDER[0] else None
+                return AxisAnswer(str(axis), str(level), failing, len(probes), None, probes)
+        reason = None if len(probes) == len(AC_ORDER) else \
+            f"stopped after fit_search.max_probes={max_probes}"
+        return AxisAnswer(str(axis), None, str(AC_ORDER[len(probes) - 1]), len(probes), reason,
+                          probes)
+    values, start = _candidates(cfg, axis)
+    ok, fail, reason = gallop_bisect(values, start, lambda v: prober.fits(axis, v, probes),
+                                     max_probes)
+    return AxisAnswer(str(axis), None if ok is None else values[ok],
+                      None if fail is None else values[fail], len(probes), reason, probes)
+
+
+def fit_search(cfg: FitSearchRunConfig, name: str | None = None,
+               on_probe: Callable[[dict], None] = lambda record: None) -> list[AxisAnswer]:
+    """Every axis of ``cfg.fit_search.axes``, searched in turn; ``on_probe`` sees each probe's
+    record as it finishes (axis, value, allocated and reserved peaks, usable capacity,
+    headroom, verdict, probe_s). ConfigError before any capture on a bad config."""
+    cfg.validate()
+    prober = _Prober(cfg, name or f"{cfg.workload.model}_{cfg.workload.parallel}", on_probe)
+    return [search_axis(cfg, Axis(a), prober) for a in dict.fromkeys(cfg.fit_search.axes)]
+
+
+def run_fit_search(cfg: FitSearchRunConfig, out_dir: Path, name: str | None = None) -> dict:
+    """``tracefleet-predict experiment=fit_search``: the search with one progress line and one
+    results row per probe, ``fit_search.json``, a plot per axis in ``out_dir``, the answers
+    printed as a table; returns the summary written to ``fit_search.json``."""
+    from orchestrator.studies.fit_search_report import FitSearchRecorder
+
+    recorder = FitSearchRecorder(Path(out_dir), cfg)
+    t0 = time.perf_counter()
+    answers = fit_search(cfg, name, recorder.probe)
+    return recorder.finish(answers, time.perf_counter() - t0)

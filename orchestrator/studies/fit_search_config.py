@@ -1,0 +1,105 @@
+"""The config of ``tracefleet-predict experiment=fit_search`` (orchestrator/fit_search.py).
+
+``FitSearchConfig`` says which axes are searched and within which bounds; ``FitSearchRunConfig``
+is tracefleet-predict's root config with it added. conf/experiment/fit_search.yaml puts the
+latter in place of ``PredictConfig`` (OmegaConf re-types a node merged with a subclass of its
+schema), so ``PredictConfig`` itself knows nothing of the search. The schema is registered in
+Hydra's ConfigStore by ``register_configs`` below, called from orchestrator/predict_main.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hydra.core.config_store import ConfigStore
+
+from actors.capture.checkpointing import ActivationCheckpointing
+from actors.choices import Choice
+from actors.errors import ConfigError
+from orchestrator.studies.predict import PredictConfig
+
+SCHEMA_NAME = "fit_search_schema"
+# Cheapest first: what each level recomputes in backward grows along the list.
+AC_ORDER = (ActivationCheckpointing.none, ActivationCheckpointing.selective_op,
+            ActivationCheckpointing.selective_layer, ActivationCheckpointing.full)
+
+
+class Axis(Choice):
+    """One knob of the job searched with the others held at the workload's values."""
+
+    batch_size = "batch_size"  # the largest local batch (workload.batch_size) that fits
+    seq_len = "seq_len"  # the longest sequence (workload.seq_len, a multiple of seq_len_step)
+    world_size = "world_size"  # the fewest GPUs (world_size among world_sizes)
+    activation_checkpointing = "activation_checkpointing"  # the cheapest AC level that fits
+
+
+@dataclass
+class FitSearchConfig:
+    """What ``experiment=fit_search`` searches: one axis at a time, the best value whose
+    prediction's verdict is ``fits`` (headroom above the error band), the other knobs at the
+    workload's (and world_size's) values."""
+
+    # Axes searched, in this order (each from the composed job, not from another axis' answer).
+    axes: list[Axis] = field(default_factory=lambda: list(Axis))
+    # Largest local batch probed; the search doubles from workload.batch_size up to it, then
+    # bisects between the last value that fits and the first that does not.
+    max_batch_size: int = 64
+    # Longest sequence probed, and the granularity of the sequence search (every probed
+    # seq_len is a multiple of seq_len_step; a workload.seq_len off the grid is rounded down).
+    max_seq_len: int = 131072
+    seq_len_step: int = 256
+    # Candidate GPU counts for the fewest-GPU search; empty: the powers of two from 1 up to
+    # world_size. Fitting is assumed monotone (more GPUs, smaller shards): the candidates are
+    # probed from world_size down by doubling steps, then bisected.
+    world_sizes: list[int] = field(default_factory=list)
+    # Bound on the predictions of one axis (a search stopped by it says so in its answer).
+    max_probes: int = 12
+
+    def validate(self, world_size: int | None) -> None:
+        """ConfigError on bounds that leave nothing to search (before any capture)."""
+        key = "fit_search"
+        if not self.axes:
+            raise ConfigError(f"{key}.axes is empty; expected one or more of "
+                              f"{', '.join(a.value for a in Axis)}")
+        for name in ("max_batch_size", "max_seq_len", "seq_len_step", "max_probes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{key}.{name}={getattr(self, name)}; expected >= 1")
+        if self.max_seq_len < self.seq_len_step:
+            raise ConfigError(f"{key}.max_seq_len={self.max_seq_len} is below "
+                              f"{key}.seq_len_step={self.seq_len_step}: no sequence to probe")
+        bad = [w for w in self.world_sizes if w < 1]
+        if bad:
+            raise ConfigError(f"{key}.world_sizes={list(self.world_sizes)}: {bad} not >= 1")
+        if Axis.world_size in self.axes and world_size is None:
+            raise ConfigError(f"{key}.axes has world_size but world_size is null: the fewest-GPU "
+                              "search starts from the job's world_size=N")
+
+    def candidate_world_sizes(self, world_size: int) -> list[int]:
+        """The GPU counts the fewest-GPU search may answer, ascending."""
+        if self.world_sizes:
+            return sorted(set(self.world_sizes))
+        sizes, w = [], 1
+        while w <= world_size:
+            sizes.append(w)
+            w *= 2
+        return sizes if world_size in sizes else sizes + [world_size]
+
+
+@dataclass
+class FitSearchRunConfig(PredictConfig):
+    """tracefleet-predict's root config with the fit search (experiment=fit_search)."""
+
+    fit_search: FitSearchConfig = field(default_factory=FitSearchConfig)
+
+    def validate(self) -> None:
+        """PredictConfig's checks and the search's bounds; ConfigError otherwise."""
+        super().validate()
+        if self.trace.dir is not None:
+            raise ConfigError("experiment=fit_search changes the workload and captures it: "
+                              f"trace.dir={self.trace.dir!r} cannot be searched; give a "
+                              "workload preset instead")
+        self.fit_search.validate(self.world_size)
+
+
+def register_configs() -> None:
+    """Register the fit search's root schema (conf/experiment/fit_search.yaml's defaults)."""
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=FitSearchRunConfig)
