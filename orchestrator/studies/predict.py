@@ -33,10 +33,12 @@ from actors.zero3.config import Zero3Config
 log = logging.getLogger("tracefleet")
 
 PREDICTION_JSON = "prediction.json"
-# bench_predict's measured max |error| (2026-12-01: 0.059, FSDP2 bf16 with full activation
-# checkpointing; conf/predict.yaml says the same).
-DEFAULT_ERROR_BAND = 0.06
-DEFAULT_ERROR_BAND_SOURCE = "bench_predict max |error|, 2026-12-01"
+# bench_predict's target band, which every configuration is measured within (2026-12-01: max
+# |error| 0.0125); wider than that maximum because the measured peak itself moves ~1% between
+# identical runs and the GPU's allocator adds its own (conf/predict.yaml says the same).
+DEFAULT_ERROR_BAND = 0.03
+DEFAULT_ERROR_BAND_SOURCE = ("bench_predict's target band (every row within it; max |error| "
+                             "0.0125, 2026-12-01)")
 
 
 class Verdict(Choice):
