@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from actors.capture import trace_file_name  # noqa: E402
+from actors.trace.conventions import trace_file_name  # noqa: E402
 from actors.replay.config import AllocationConfig, ReplayConfig  # noqa: E402
 from actors.replay.engine import ReplayEngine  # noqa: E402
 from actors.trace import load_trace  # noqa: E402

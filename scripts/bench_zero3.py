@@ -48,7 +48,7 @@ import torch.multiprocessing as mp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from actors.capture import trace_file_name  # noqa: E402
+from actors.trace.conventions import trace_file_name  # noqa: E402
 from actors.rank_base import free_port  # noqa: E402
 from actors.capture import finegrained_model as fg  # noqa: E402
 

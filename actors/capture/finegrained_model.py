@@ -111,7 +111,7 @@ def build(cfg: FineGrainedConfig, rank: int):
 
 def _capture_rank(rank: int, world: int, port: int, out_dir: str, cfg: FineGrainedConfig,
                   grad_all_reduce: bool = True) -> None:
-    from actors.capture import trace_file_name
+    from actors.trace.conventions import trace_file_name
     from actors.capture.recorder import record_iteration
 
     torch.set_num_threads(1)

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from actors.capture import trace_file_name
+from actors.trace.conventions import trace_file_name
 from actors.capture.fake_mode import (CaptureFakeMode, ranges_outside_fake_mode, refuse_ddp,
                                       strip_dispatch_mode_nodes)
 from actors.capture.memory import MemoryMeter

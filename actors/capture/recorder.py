@@ -23,7 +23,7 @@ import torch.nn as nn
 from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, record_function
 from torch.utils._python_dispatch import _disable_current_modes
 
-from actors.capture import BWD_BEGIN, BWD_END, STEP_PREFIX, module_range_name
+from actors.trace.conventions import BWD_BEGIN, BWD_END, STEP_PREFIX, module_range_name
 from actors.capture.host_profile import write_relabeled
 from actors.gc_pause import gc_paused
 

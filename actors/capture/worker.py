@@ -25,7 +25,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from actors.capture import kineto_file_name, trace_file_name
+from actors.trace.conventions import kineto_file_name, trace_file_name
 from actors.capture.memory import MemoryMeter
 from actors.capture.profiler_cost import profiler_op_cost
 from actors.capture.recorder import profiler_activities, record_iteration

@@ -1,7 +1,7 @@
 """Module backward markers of a captured trace, as positions between the trace's ops.
 
 Capture writes zero-length ``## module_bwd_begin/end:<qualname> ##`` nodes (see
-actors/capture/__init__.py). They are not operators, so the trace model does not keep them;
+actors/trace/conventions.py). They are not operators, so the trace model does not keep them;
 this reads them from the raw trace once. A marker's position is the boundary before the first
 op recorded after it (node ids are handed out in time order, across threads).
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 
-from actors.capture import BWD_BEGIN, BWD_END, MODULE_BWD_BEGIN_PREFIX, MODULE_BWD_END_PREFIX, \
+from actors.trace.conventions import BWD_BEGIN, BWD_END, MODULE_BWD_BEGIN_PREFIX, MODULE_BWD_END_PREFIX, \
     parse_module_range
 from actors.gc_pause import gc_paused
 from actors.trace.loader import read_json

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from actors.capture import FORWARD, parse_module_range
+from actors.trace.conventions import FORWARD, parse_module_range
 from actors.trace.model import Trace
 from actors.trace.phases import BWD, FWD, UPDATE, is_backward_op, phases  # noqa: F401 (re-exported)
 from actors.zero3.params import Param

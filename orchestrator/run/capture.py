@@ -22,7 +22,7 @@ from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 
-from actors.capture import kineto_file_name, trace_file_name
+from actors.trace.conventions import kineto_file_name, trace_file_name
 from actors.capture.workload_config import WorkloadConfig, validate as validate_workload
 from actors.errors import ConfigError, TracefleetError
 from orchestrator.config import ClusterConfig, Transfer

@@ -16,7 +16,7 @@ import orjson
 import pytest
 import ray
 
-from actors.capture import (BWD_BEGIN, BWD_END, FORWARD, MODULE_PREFIX, kineto_file_name,
+from actors.trace.conventions import (BWD_BEGIN, BWD_END, FORWARD, MODULE_PREFIX, kineto_file_name,
                             module_range_name, parse_module_range, trace_file_name)
 from actors.capture.gpt import Block
 from actors.capture.workloads import WorkloadConfig, build_model

@@ -16,7 +16,7 @@ import pytest
 import ray
 import torch
 
-from actors.capture import trace_file_name
+from actors.trace.conventions import trace_file_name
 from actors.capture.context import CaptureContext
 from actors.capture.custom import build_custom, load_build
 from actors.capture.workloads import WorkloadConfig

@@ -13,7 +13,7 @@ import orjson
 import pytest
 import torch
 
-from actors.capture import trace_file_name
+from actors.trace.conventions import trace_file_name
 from actors.capture.custom import load_build
 from actors.capture.fake_mode import (DISPATCH_MODE_NODE, SUBCLASS_NODE, CaptureFakeMode,
                                       _devices)

@@ -16,7 +16,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from actors.capture import trace_file_name
+from actors.trace.conventions import trace_file_name
 from actors.capture.meta_storage import unique_meta_storages
 from actors.capture.meta_world import record_meta_rank
 from actors.capture.workloads import WorkloadConfig, build_model

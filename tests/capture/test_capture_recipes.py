@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from actors.capture import trace_file_name
+from actors.trace.conventions import trace_file_name
 from actors.capture.recorder import record_iteration
 from actors.capture.worker import warm_up
 from actors.capture.workloads import WorkloadConfig, build_model, build_workload

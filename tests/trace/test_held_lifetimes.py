@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import actors.replay.program as program_module
-from actors.capture import trace_file_name
+from actors.trace.conventions import trace_file_name
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
 from actors.trace import load_trace

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from actors.capture import trace_file_name
+from actors.trace.conventions import trace_file_name
 from actors.errors import ConfigError
 from actors.trace import compute_liveness, load_trace
 from actors.capture import finegrained_model as fg

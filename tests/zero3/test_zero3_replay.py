@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.capture import trace_file_name
+from actors.trace.conventions import trace_file_name
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
 from actors.trace import load_trace
