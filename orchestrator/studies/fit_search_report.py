@@ -14,11 +14,12 @@ import orjson
 from matplotlib.figure import Figure
 
 from orchestrator.studies.fit_search_config import AC_ORDER, FitSearchRunConfig
-from orchestrator.results import ResultsStore, atomic_write, make_row
+from orchestrator.results import ResultsStore, RowKind, atomic_write, make_row
+from orchestrator.status import RunStatus
 from orchestrator.units import byte_unit, human_bytes
 
 FIT_SEARCH_JSON = "fit_search.json"
-PROBE = "fit_search_probe"  # the kind of a probe's results row
+PROBE = RowKind.fit_search_probe.value  # the kind of a probe's results row
 # the command-line key of each axis (a row carries its value under that column)
 OVERRIDE_KEYS = {"batch_size": "workload.batch_size", "seq_len": "workload.seq_len",
                  "world_size": "world_size",
@@ -36,7 +37,7 @@ class FitSearchRecorder:
     def probe(self, record: dict) -> None:
         """One probe: its results row, and one progress line."""
         override = f"{OVERRIDE_KEYS[record['axis']]}={record['value']}"
-        self.store.put(make_row(PROBE, f"{PROBE} {override}", [override], "ok", None, None,
+        self.store.put(make_row(PROBE, f"{PROBE} {override}", [override], RunStatus.ok, None, None,
                                 {k: v for k, v in record.items() if k != "value"},
                                 value=str(record["value"])))
         print(f"fit_search {record['axis']} probe {record['num_probe']}/"

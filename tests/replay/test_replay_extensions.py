@@ -18,8 +18,10 @@ from actors.replay.extensions import build_extensions
 from actors.replay.memory.target import TargetConfig
 from actors.trace import load_trace
 from actors.zero3.config import Zero3Config
+from actors.zero3.extension import zero3_extensions
+from orchestrator.config import DEMO_TRACES
 
-DEMO = Path(__file__).resolve().parents[1] / "demo" / "traces" / "gpt_dp_4" / "rank-0.et.json.gz"
+DEMO = DEMO_TRACES / "gpt_dp_4" / "rank-0.et.json.gz"
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +74,8 @@ class _Probe(ReplayExtension):
 def test_extensions_are_built_in_one_place_and_order(trace):
     cfg = _cfg("comms", device="cpu", allocation=AllocationConfig(mode="faithful"))
     probe = _Probe()
-    exts = build_extensions(trace, cfg, torch.device("cpu"), FakeComm(), [probe],
-                            Zero3Config(strategy="per_module", world_size=4),
+    zero3 = zero3_extensions(Zero3Config(strategy="per_module", world_size=4), trace)
+    exts = build_extensions(trace, cfg, torch.device("cpu"), FakeComm(), [probe, *zero3],
                             TargetConfig(name="h100_80gb"))
     names = [e.name for e in exts]
     # the meter measures what the others allocate, the allocator model sees what they

@@ -118,7 +118,7 @@ def test_verdicts_around_the_predicted_peak_and_the_cache(tmp_path):
     assert sorted(p.name for p in cache.iterdir()) == folders
     assert (cache / folders[0] / "rank-0.et.json.gz").stat().st_mtime_ns == trace_mtime
     table = prediction_table(p)
-    assert "**oom**" in table and "reserved peak*" in table and "error band 6%" in table
+    assert "**oom**" in table and "reserved peak*" in table and "error band 3%" in table
 
     cfg.predict.error_band = 0.5  # a wider band turns the roomy target's answer too_close
     cfg.target = _bare_target(int(reserved * 1.3))
