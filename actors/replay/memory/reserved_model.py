@@ -4,13 +4,16 @@ replay's allocations and frees, on any replay device (meta dry runs and CPU repl
 The stream is what the replay accounts: a storage becomes held (an op made it, or the replay
 materialized it) with its bytes, then released; an extension's charge (ZeRO-3's gathered
 buffers, shards) is one allocation and its discharge frees the latest charge of that size.
-It lacks what the real run allocates inside ops (temporaries, workspaces other than cuBLAS's)
-and assumes one stream. The cuBLAS workspace is the first request, kept for the whole run,
-as PyTorch keeps it per handle and stream.
+It lacks what the real run allocates inside ops (temporaries, workspaces other than cuBLAS's).
+Storages FSDP2 allocates on its all-gather copy-in and reduce-scatter streams are served from
+those streams' own pools (actors/trace/fsdp2_streams.py), everything else from the compute
+stream's. The cuBLAS workspace is the first request, kept for the whole run, as PyTorch keeps
+it per handle and stream.
 """
 from __future__ import annotations
 
 from actors.replay.memory.cuda_allocator import CachingAllocatorModel
+from actors.trace.fsdp2_streams import side_stream_storages
 from actors.replay.extension import ReplayContext, ReplayExtension
 from actors.replay.memory.target import TargetConfig
 
@@ -30,17 +33,19 @@ class ReservedMemoryModel(ReplayExtension):
                                            self.figures["device_memory_bytes"])
         self._blocks: dict[int, object] = {}  # suid -> its block
         self._charges: dict[int, list] = {}  # charged size -> blocks, latest last
+        self._streams: dict[int, int] = {}  # suid -> its side stream (absent: compute stream)
         self.num_unmatched_discharges = 0
 
     def attach(self, ctx: ReplayContext) -> None:
         """Observe the replay's memory; serve the cuBLAS workspace first."""
+        self._streams = side_stream_storages(ctx.trace.ops)
         if self.figures["cublas_workspace_bytes"]:
             self.model.malloc(self.figures["cublas_workspace_bytes"])
         ctx.memory.observe(self)
 
     # --- the MemoryTracker observer ------------------------------------------------------
     def held(self, suid: int, nbytes: int) -> None:
-        self._blocks[suid] = self.model.malloc(nbytes)
+        self._blocks[suid] = self.model.malloc(nbytes, self._streams.get(suid, 0))
 
     def released(self, suid: int) -> None:
         block = self._blocks.pop(suid, None)
@@ -68,7 +73,7 @@ class ReservedMemoryModel(ReplayExtension):
                              "garbage_collection_threshold":
                                  self.settings.garbage_collection_threshold},
                 "num_unmatched_discharges": self.num_unmatched_discharges,
-                "streams": 1}
+                "streams": len({stream for stream, _ in self.model.pools})}
 
     def headline(self) -> dict:
         stats = {**self.model.stats(), "num_predicted_ooms": self.model.num_ooms}
