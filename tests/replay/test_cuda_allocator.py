@@ -263,3 +263,21 @@ def test_random_streams_keep_the_invariants(settings):
     _check_segments(m, [])
     m.release_cached()
     assert m.allocated_bytes == 0 and m.reserved_bytes == 0
+
+
+def test_a_block_cached_by_one_stream_serves_only_that_stream():
+    """PyTorch's pools key free blocks by stream: what FSDP2's reduce-scatter stream freed is
+    not reused by the compute stream (a new segment), but is by its own stream."""
+    m = model()
+    side = m.malloc(100 * MiB, stream=2)
+    m.free(side)
+    assert m.reserved_bytes == 100 * MiB
+    compute = m.malloc(60 * MiB)  # stream 0: cannot take the side stream's cached 100 MiB
+    assert m.reserved_bytes == 160 * MiB and compute.pool is m.large_pool
+    again = m.malloc(60 * MiB, stream=2)  # its own stream's cache: split, no new segment
+    assert m.reserved_bytes == 160 * MiB and again.addr == side.addr
+    assert again.pool is m.pools[(2, False)] and cached_sizes(m) == []
+    m.free(again)
+    m.free(compute)
+    m.release_cached()  # empty_cache releases every stream's cached segments
+    assert m.reserved_bytes == 0

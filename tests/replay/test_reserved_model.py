@@ -253,3 +253,40 @@ def test_every_target_preset_composes():
             workspace = 32 * MiB if hopper else 8 * MiB + 128 * 1024
             assert figures["cublas_workspace_bytes"] == workspace
             assert figures["usable_capacity_bytes"] == figures["device_memory_bytes"] - 528 * MiB
+
+
+def test_optimizer_state_is_requested_at_the_first_optimizer_step():
+    """torch.optim makes AdamW's state in the first step(), after the first backward: the
+    model serves the state held before the replay when the warm-up's optimizer step first
+    allocates, not ahead of the first forward's activations."""
+    from actors.replay.memory.reserved_model import OPTIMIZER_RANGE
+    from actors.trace.categories import OPTIMIZER_STATE
+
+    trace = load_trace(DEMO / "rank-0.et.json.gz")
+    assert any(op.module.startswith(OPTIMIZER_RANGE) for op in trace.ops)
+    ext = ReservedMemoryModel(TargetConfig(name="h100_80gb"))
+    requests = []  # the op running at each request, in order (None: before the first op)
+    order = {}  # id(block) -> its request's position
+    malloc = ext.model.malloc
+
+    def logged(nbytes, stream=0):
+        step = ext._memory.step if ext._memory is not None else None
+        requests.append(None if step is None else step.op)
+        block = malloc(nbytes, stream)
+        order[id(block)] = len(requests) - 1
+        return block
+
+    ext.model.malloc = logged
+    cfg = ReplayConfig(mode="compute", device="meta", iters=1, warmup_iters=1,
+                       allocation=AllocationConfig(mode="faithful"))
+    engine = ReplayEngine(trace, cfg, extensions=[ext])
+    report = engine.run().to_dict()
+    assert report["status"] == "ok", report["error"]
+    state = [s for s, c in enumerate(engine.memory.categories) if c == OPTIMIZER_STATE
+             and engine.memory.held[s]]
+    assert state  # the demo's AdamW state, held through the replay
+    first_optimizer = next(i for i, op in enumerate(requests)
+                           if op is not None and op.module.startswith(OPTIMIZER_RANGE))
+    assert any(op is not None for op in requests[:first_optimizer])  # the forward came first
+    assert ext._lazy_state is None
+    assert all(order[id(ext._blocks[s])] >= first_optimizer for s in state)

@@ -117,3 +117,32 @@ def test_a_reduce_scatter_input_lives_until_the_next_post_backward(fsdp2_trace):
     for s in inputs:
         assert live.storage_last[s] == start - 1 > calls[0].index
         assert s in live.free_after[start - 1] and s not in live.free_after[calls[0].index]
+
+
+def test_side_stream_storages_are_the_flat_gathers_and_the_reduce_scatter_outputs(fsdp2_trace):
+    """The allocator model serves these from FSDP2's side-stream pools (fsdp2_streams.py):
+    each all-gather's flat output on the copy-in stream, each reduce-scatter's output (the
+    sharded gradients) on the reduce-scatter stream, no compute op's output on either."""
+    from actors.trace.fsdp2_streams import (ALL_GATHER_COPY_IN_STREAM, REDUCE_SCATTER_STREAM,
+                                            side_stream_storages)
+
+    trace = fsdp2_trace
+    streams = side_stream_storages(trace.ops)
+    gathers = [op for op in trace.ops if op.name == "fsdp::all_gather_copy_in"]
+    scatters = [op for op in trace.ops if op.collective is not None
+                and op.collective.kind == "reduce_scatter_tensor"]
+    assert len(gathers) >= 4 and len(scatters) >= 2
+    flat_outputs = {op.output_tensors()[-1].suid for op in gathers}
+    assert {streams.get(s) for s in flat_outputs} == {ALL_GATHER_COPY_IN_STREAM}
+    rs_outputs = {op.input_tensors()[0].suid for op in scatters}
+    rs_inputs = {op.input_tensors()[1].suid for op in scatters}
+    assert {s for s, v in streams.items() if v == REDUCE_SCATTER_STREAM} == rs_outputs
+    assert not rs_inputs & streams.keys()  # the flat input is made on the compute stream
+    computed = {t.suid for op in trace.ops if op.name in ("aten::addmm", "aten::mm")
+                for t in op.output_tensors()}
+    assert computed and not computed & streams.keys()
+    # the unsharded parameters FSDP2 copies out are compute-stream storages too
+    copies = [t.suid for op in trace.ops if op.name == "fsdp::split_with_sizes_copy"
+              for arg in op.inputs if getattr(arg, "kind", None) == "tensor_list"
+              for t in arg.value]
+    assert copies and not set(copies) & streams.keys()

@@ -1,7 +1,7 @@
 """A model of PyTorch's CUDA caching allocator: which segments a stream of allocations and
 frees reserves, hence ``max_memory_reserved``, the figure a CUDA OOM is decided by.
 
-Pure Python (no torch, no GPU), one stream, one device. The rules (PyTorch's
+Pure Python (no torch, no GPU), one device. The rules (PyTorch's
 ``c10/cuda/CUDACachingAllocator.cpp``, re-implemented from their behaviour):
 
 * sizes are rounded (cuda_alloc_conf.round_size); requests up to 1 MiB use the small pool,
@@ -15,7 +15,10 @@ Pure Python (no torch, no GPU), one stream, one device. The rules (PyTorch's
   refuses it, release cached oversize blocks (with max_split_size set) and try again, then
   release every cached whole segment and try once more (``num_alloc_retries`` counts this
   step); still refused: an out-of-memory;
-* a freed block stays reserved, merged with its free neighbours in the segment.
+* a freed block stays reserved, merged with its free neighbours in the segment;
+* every stream has its own pools: a block freed by one stream's allocation is cached for that
+  stream only (PyTorch's pools key free blocks by stream), so memory a side stream (FSDP2's
+  all-gather copy-in and reduce-scatter streams) cached is not reused by the compute stream.
 
 Free blocks live in one sorted list of integer keys per pool, ``size << 64 | address``, so a
 best fit is one ``bisect``. Expandable segments are in cuda_expandable.py.
@@ -34,10 +37,10 @@ ADDR_BITS = 64  # addresses are counters below 2**64: keys order by size, then a
 class Block:
     """A range of a segment: allocated, cached free, or (expandable) not mapped."""
 
-    __slots__ = ("addr", "size", "small", "allocated", "mapped", "prev", "next", "gc_base")
+    __slots__ = ("addr", "size", "pool", "allocated", "mapped", "prev", "next", "gc_base")
 
-    def __init__(self, addr: int, size: int, small: bool, prev=None, next=None):
-        self.addr, self.size, self.small = addr, size, small
+    def __init__(self, addr: int, size: int, pool: "Pool", prev=None, next=None):
+        self.addr, self.size, self.pool = addr, size, pool  # the pool it is cached in when free
         self.allocated = False
         self.mapped = True
         self.prev, self.next = prev, next
@@ -45,12 +48,12 @@ class Block:
 
 
 class Pool:
-    """The cached free blocks of the small or the large pool."""
+    """The cached free blocks of one stream's small or large pool."""
 
-    __slots__ = ("small", "keys", "blocks", "num_lookups", "unmapped")
+    __slots__ = ("small", "stream", "keys", "blocks", "num_lookups", "unmapped")
 
-    def __init__(self, small: bool):
-        self.small = small
+    def __init__(self, small: bool, stream: int = 0):
+        self.small, self.stream = small, stream
         self.keys: list[int] = []  # sorted size << ADDR_BITS | addr of every cached free block
         self.blocks: dict[int, Block] = {}  # key -> block
         self.num_lookups = 0  # best-fit searches so far: the garbage collector's clock
@@ -86,7 +89,8 @@ class CachingAllocatorModel(ExpandableSegments):
         self.divisions = s.roundup_power2_divisions
         self.plain_rounding = not any(n > 1 for n in self.divisions)  # the common fast path
         self.expandable = s.expandable_segments
-        self.small_pool, self.large_pool = Pool(True), Pool(False)
+        self.small_pool, self.large_pool = Pool(True), Pool(False)  # the compute stream's (0)
+        self.pools = {(0, True): self.small_pool, (0, False): self.large_pool}  # (stream, small)
         self.next_addr = LARGE_BUFFER  # address counter: never 0, page-aligned segment bases
         self.allocated_bytes = self.allocated_peak_bytes = 0
         self.reserved_bytes = self.reserved_peak_bytes = 0
@@ -96,15 +100,17 @@ class CachingAllocatorModel(ExpandableSegments):
         self.first_oom: dict | None = None  # the first request the capacity refused
 
     # --- allocation ---------------------------------------------------------------------
-    def malloc(self, nbytes: int) -> Block:
-        """Serve a request of ``nbytes``; an out-of-memory is counted (``num_ooms``, and the
-        first one in ``first_oom``) and the segment reserved beyond the capacity, so the
-        stream goes on and the peak shows how much was needed."""
+    def malloc(self, nbytes: int, stream: int = 0) -> Block:
+        """Serve a request of ``nbytes`` on ``stream`` (0: the compute stream); an out-of-memory
+        is counted (``num_ooms``, and the first one in ``first_oom``) and the segment reserved
+        beyond the capacity, so the stream goes on and the peak shows how much was needed."""
         if self.plain_rounding:
             size = (nbytes + MIN_BLOCK - 1) & -MIN_BLOCK if nbytes > MIN_BLOCK else MIN_BLOCK
         else:
             size = round_size(nbytes, self.divisions)
-        pool = self.small_pool if size <= SMALL_SIZE else self.large_pool
+        small = size <= SMALL_SIZE
+        pool = self.pools.get((stream, small)) or self.pools.setdefault((stream, small),
+                                                                        Pool(small, stream))
         self.num_allocs += 1
         block = self._best_fit(pool, size)
         if block is None:
@@ -152,7 +158,7 @@ class CachingAllocatorModel(ExpandableSegments):
         if not force and self.capacity_bytes is not None and \
                 self.reserved_bytes + seg > self.capacity_bytes:
             return None
-        block = Block(self.next_addr, seg, pool.small)
+        block = Block(self.next_addr, seg, pool)
         self.next_addr += seg
         self._add_reserved(seg)
         self.num_segment_allocs += 1
@@ -171,7 +177,7 @@ class CachingAllocatorModel(ExpandableSegments):
         else:
             split = size < self.max_split and rest > SMALL_SIZE
         if split:
-            tail = Block(block.addr + size, rest, pool.small, block, block.next)
+            tail = Block(block.addr + size, rest, pool, block, block.next)
             if block.next is not None:
                 block.next.prev = tail
             block.next = tail
@@ -188,7 +194,7 @@ class CachingAllocatorModel(ExpandableSegments):
         """Return ``block`` to its pool, merged with its free neighbours (still reserved)."""
         block.allocated = False
         self.allocated_bytes -= block.size
-        pool = self.small_pool if block.small else self.large_pool
+        pool = block.pool
         self._merge(pool, block)
         pool.insert(block)
 
@@ -250,7 +256,7 @@ class CachingAllocatorModel(ExpandableSegments):
     def release_cached(self) -> None:
         """``torch.cuda.empty_cache()``: release every cached whole segment (and unmap the
         free pages of expandable segments)."""
-        for pool in (self.large_pool, self.small_pool):
+        for pool in self.pools.values():
             for block in list(pool.blocks.values()):
                 if self.expandable:
                     self._unmap(pool, block)
@@ -266,16 +272,15 @@ class CachingAllocatorModel(ExpandableSegments):
         if self.reserved_bytes <= limit:
             return
         target, reclaimed = self.reserved_bytes - limit, 0
-        pool = self.large_pool
-        ages = {b: pool.num_lookups - b.gc_base for b in pool.blocks.values()
-                if b.prev is None and b.next is None and b.mapped}
+        ages = {b: pool.num_lookups - b.gc_base for pool in self.pools.values() if not pool.small
+                for b in pool.blocks.values() if b.prev is None and b.next is None and b.mapped}
         while ages and reclaimed < target:
             threshold = sum(ages.values()) / len(ages)
             old = [b for b, age in ages.items() if age >= threshold]
             for block in old:
                 del ages[block]
                 reclaimed += block.size
-                self._release_segment(pool, block)
+                self._release_segment(block.pool, block)
 
     def stats(self) -> dict:
         """The figures PyTorch's ``memory_stats()`` names alike."""

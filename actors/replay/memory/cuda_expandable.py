@@ -73,7 +73,7 @@ class ExpandableSegments:
         space = -(-(self.device_bytes * 9 // 8) // LARGE_BUFFER) * LARGE_BUFFER
         base = -(-self.next_addr // LARGE_BUFFER) * LARGE_BUFFER  # page-aligned in both pools
         self.next_addr = base + space
-        block = self._new_block(base, space, pool.small)
+        block = self._new_block(base, space, pool)
         block.mapped = False
         insort(pool.unmapped, block, key=_by_addr)
         return block
@@ -88,7 +88,7 @@ class ExpandableSegments:
             return None
         pool.unmapped.remove(block)
         if nbytes < block.size:
-            rest = self._new_block(block.addr + nbytes, block.size - nbytes, pool.small,
+            rest = self._new_block(block.addr + nbytes, block.size - nbytes, pool,
                                    block, block.next)
             rest.mapped = False
             if block.next is not None:
@@ -113,13 +113,13 @@ class ExpandableSegments:
             return
         pool.remove(block)
         if begin > block.addr:  # the partial page in front stays mapped and free
-            before = self._new_block(block.addr, begin - block.addr, pool.small, block.prev, block)
+            before = self._new_block(block.addr, begin - block.addr, pool, block.prev, block)
             if block.prev is not None:
                 block.prev.next = before
             block.prev = before
             pool.insert(before)
         if stop < end:
-            after = self._new_block(stop, end - stop, pool.small, block, block.next)
+            after = self._new_block(stop, end - stop, pool, block, block.next)
             if block.next is not None:
                 block.next.prev = after
             block.next = after

@@ -63,6 +63,7 @@ def test_reference_presets_carry_the_public_recipes():
         ("fsdp2", "bf16_mixed", "selective_op")
     assert (l3.vocab, l3.d_model, l3.n_layers, l3.n_heads, l3.n_kv_heads, l3.ffn_dim,
             l3.seq_len, l3.rope_theta) == (128256, 4096, 32, 32, 8, 14336, 8192, 500000.0)
+    assert l3.batch_size == 2  # torchtitan's performance.md Table 1: local batch size 2
     l70 = _compose("workload=llama3_70b", "world_size=64").workload
     assert (str(l70.activation_checkpointing), l70.batch_size, l70.seq_len, l70.d_model,
             l70.n_layers, l70.ffn_dim) == ("full", 1, 8192, 8192, 80, 28672)
