@@ -15,7 +15,8 @@ from actors.capture.workload_config import validate as validate_workload
 from actors.errors import ConfigError
 from actors.replay.memory.target import TargetConfig
 from orchestrator.config import CONF_DIR, REPO_ROOT
-from orchestrator.studies.predict import PredictConfig, capture_workload, predict, verdict
+from orchestrator.studies.predict import (DEFAULT_ERROR_BAND, PredictConfig, capture_workload,
+                                          predict, verdict)
 from orchestrator.cli.predict import predict_config
 from orchestrator.reports.predict_table import prediction_table
 
@@ -118,7 +119,8 @@ def test_verdicts_around_the_predicted_peak_and_the_cache(tmp_path):
     assert sorted(p.name for p in cache.iterdir()) == folders
     assert (cache / folders[0] / "rank-0.et.json.gz").stat().st_mtime_ns == trace_mtime
     table = prediction_table(p)
-    assert "**oom**" in table and "reserved peak*" in table and "error band 6%" in table
+    assert "**oom**" in table and "reserved peak*" in table \
+        and f"error band {100 * DEFAULT_ERROR_BAND:g}%" in table  # the default band (3%)
 
     cfg.predict.error_band = 0.5  # a wider band turns the roomy target's answer too_close
     cfg.target = _bare_target(int(reserved * 1.3))
