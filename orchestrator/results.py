@@ -44,6 +44,7 @@ class RowKind(Choice):
     min_memory = "min_memory"  # the answer of one minimum-memory search
     study = "study"  # one replay of the OOM study (orchestrator/studies/oom_study.py)
     estimate = "estimate"  # one of DeepSpeed's ZeRO-3 estimates in the OOM study
+    fit_search_probe = "fit_search_probe"  # one prediction of a fit search (studies/fit_search.py)
 
 
 class StudyPart(Choice):
