@@ -20,6 +20,8 @@ the trace does not record:
 """
 from __future__ import annotations
 
+import bisect
+
 from actors.trace.autograd_lifetimes import is_backward_node
 from actors.trace.liveness import Liveness
 from actors.trace.model import Op
@@ -55,34 +57,58 @@ def hold_reduce_scatter_inputs(ops: list[Op], live: Liveness) -> int:
     return moved
 
 
-def _reshard_index(ops: list[Op], copy_out: int, suffix: str, module: str) -> int:
+class _ModuleIndex:
+    """The op indices of each module range (``op.module``), built in one pass so each copy-out's
+    reshard is found by bisection instead of a scan of the ops after it (160 copy-outs over
+    37k ops on llama3_70b)."""
+
+    def __init__(self, ops: list[Op]):
+        self.ops = ops
+        self.by_module: dict[str, list[int]] = {}
+        for op in ops:
+            self.by_module.setdefault(op.module, []).append(op.index)
+
+    def first_after(self, module: str, index: int) -> int | None:
+        """The first op after ``index`` in range ``module``, None when there is none."""
+        found = self.by_module.get(module, ())
+        k = bisect.bisect_right(found, index)
+        return found[k] if k < len(found) else None
+
+    def last_inside(self, module: str, lo: int, hi: int) -> int:
+        """The last op in ``[lo, hi)`` inside module ``module`` or its submodules (``lo`` when
+        there is none)."""
+        inside = (f"## module:{module} ##", f"## module:{module}.")
+        last = lo
+        for name, found in self.by_module.items():
+            if name.startswith(inside):
+                k = bisect.bisect_left(found, hi) - 1
+                if k >= 0 and found[k] >= lo:
+                    last = max(last, found[k])
+        return last
+
+
+def _reshard_index(index: _ModuleIndex, copy_out: int, suffix: str, module: str) -> int:
     """The last op before FSDP2 reshards the parameters gathered at op ``copy_out``: before
     the module's post-backward reduce when no other gather of the module comes first (a
     backward gather, or a forward one kept through backward), else its forward's last op."""
-    reduce_at = next_gather = None
-    for op in ops[copy_out + 1:]:
-        if op.module == REDUCE_RANGE + suffix:
-            reduce_at = op.index
-            break
-        if op.module == GATHER_RANGE + suffix:
-            next_gather = op.index
-            break
-    if reduce_at is not None:
-        return _range_start(ops, reduce_at) - 1
-    stop = next_gather if next_gather is not None else len(ops)
-    inside = (f"## module:{module} ##", f"## module:{module}.")
-    return max((op.index for op in ops[copy_out:stop] if op.module.startswith(inside)),
-               default=copy_out)
+    reduce_at = index.first_after(REDUCE_RANGE + suffix, copy_out)
+    next_gather = index.first_after(GATHER_RANGE + suffix, copy_out)
+    if reduce_at is not None and (next_gather is None or reduce_at < next_gather):
+        return _range_start(index.ops, reduce_at) - 1
+    stop = next_gather if next_gather is not None else len(index.ops)
+    return index.last_inside(module, copy_out, stop)
 
 
 def hold_unsharded_parameters(ops: list[Op], live: Liveness) -> int:
     """Extend, in ``live``, each FSDP2 unsharded parameter storage (an ``out`` of
     ``fsdp::split_with_sizes_copy``) to its module's reshard; returns how many moved."""
     moved = 0
-    for op in _copy_outs(ops):
+    copy_outs = _copy_outs(ops)
+    index = _ModuleIndex(ops) if copy_outs else None
+    for op in copy_outs:
         suffix = op.module[len(COPY_OUT_RANGE):]  # " (layers.2)"; "" for the root
         module = suffix.strip()[1:-1] or "<root>"
-        end = _reshard_index(ops, op.index, suffix, module)
+        end = _reshard_index(index, op.index, suffix, module)
         for t in op.input_tensors()[1:]:  # the first is the gathered flat buffer
             if t.suid >= 0:
                 moved += live.hold_until(t.suid, end)

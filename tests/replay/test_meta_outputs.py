@@ -117,3 +117,45 @@ def test_multi_output_and_offset_outputs():
     again = steps[0].fn(x)
     assert type(again) is tuple and [t.shape for t in again] == [t.shape for t in outs[0]]
     assert [t.dtype for t in steps[1].fn(x)] == [torch.float32, torch.int64]
+
+
+def test_a_repeated_signature_reuses_the_recipe_without_the_kernel():
+    calls = []
+    add = torch.ops.aten.add.Tensor
+
+    def kernel(a, b, alpha=1):
+        calls.append((a.shape, type(alpha)))
+        return add(a, b, alpha=alpha)
+    x, y = torch.empty(4, 6, device="meta"), torch.empty(4, 6, device="meta")
+    z = torch.empty(2, 3, device="meta", dtype=torch.bfloat16)
+    steps = [_step(f"add{i}", kernel, (0, 1)) for i in range(5)]
+    recorded = RecordedOutputs(steps)
+    recorded.probe()
+    outs = [steps[0].fn(x, y), steps[1].fn(y, x), steps[2].fn(z, z), steps[3].fn(x, y, alpha=2),
+            steps[4].fn(x, y, alpha=2.0)]
+    # same callable, metadata and values: rebuilt (step 1); another shape or dtype, a keyword of
+    # another value or type (2 vs 2.0 are equal in Python): the kernel ran
+    assert recorded.num_reused == 1 and len(calls) == 4
+    assert outs[1].shape == outs[0].shape and outs[1].dtype == outs[0].dtype \
+        and outs[1].untyped_storage()._cdata != outs[0].untyped_storage()._cdata
+    assert [o.dtype for o in outs[2:]] == [torch.bfloat16, torch.float32, torch.float32]
+    recorded.install()
+    assert recorded.num_recorded == 5  # a reused recipe is installed like a probed one
+    assert steps[1].fn(x, y).shape == (4, 6)
+
+
+def test_signature_tells_shared_storages_and_unkeyable_arguments_apart():
+    calls = []
+
+    def kernel(a, b, extra=None):
+        calls.append(1)
+        return torch.ops.aten.add.Tensor(a, b)
+    x, y = torch.empty(3, device="meta"), torch.empty(3, device="meta")
+    steps = [_step(f"k{i}", kernel, (0, 1)) for i in range(4)]
+    recorded = RecordedOutputs(steps)
+    recorded.probe()
+    steps[0].fn(x, y)
+    steps[1].fn(x, x)  # one storage for both inputs: another signature
+    steps[2].fn(x, y, extra=object())  # an argument a signature cannot key by value
+    steps[3].fn(x, y, extra=object())
+    assert len(calls) == 4 and recorded.num_reused == 0

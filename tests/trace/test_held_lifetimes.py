@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -16,7 +17,8 @@ from actors.replay.engine import ReplayEngine
 from actors.trace import load_trace
 from actors.trace.autograd_lifetimes import (_gradient_ops, _recomputes, hold_checkpoint_inputs,
                                              hold_node_inputs, is_backward_node)
-from actors.trace.fsdp2_lifetimes import (COPY_OUT_RANGE, REDUCE_RANGE,
+from actors.trace.fsdp2_lifetimes import (COPY_OUT_RANGE, GATHER_RANGE, REDUCE_RANGE,
+                                          _ModuleIndex, _reshard_index,
                                           hold_forward_all_gather_outputs,
                                           hold_unsharded_parameters)
 from actors.trace.liveness import compute_liveness
@@ -56,6 +58,22 @@ def capture(tmp_path_factory):
 @pytest.fixture(scope="module")
 def trace(capture):
     return load_trace(capture / trace_file_name(0))
+
+
+def test_reshard_index_before_the_reduce_or_at_the_forward_end():
+    """The reshard of a gather: before the module's post-backward reduce when it comes first,
+    else the last op inside the module (not a sibling sharing its name's start) before the
+    next gather of the module."""
+    sfx = " (layers.0)"
+    modules = [GATHER_RANGE + sfx, COPY_OUT_RANGE + sfx, "## module:layers.0 ##",
+               "## module:layers.0.attn ##", "## module:layers.01 ##", GATHER_RANGE + sfx,
+               COPY_OUT_RANGE + sfx, "## module:layers.0 ##", REDUCE_RANGE + sfx,
+               REDUCE_RANGE + sfx, "## module:layers.0 ##"]
+    ops = [SimpleNamespace(index=i, module=m) for i, m in enumerate(modules)]
+    index = _ModuleIndex(ops)
+    assert _reshard_index(index, 1, sfx, "layers.0") == 3  # the regather at 5 comes first
+    assert _reshard_index(index, 6, sfx, "layers.0") == 7  # the reduce range starts at 8
+    assert _reshard_index(index, 9, sfx, "layers.0") == 10  # neither follows: the last inside
 
 
 def test_unsharded_parameters_live_until_their_module_reshards(trace):

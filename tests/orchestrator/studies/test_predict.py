@@ -2,6 +2,7 @@
 prediction.json has its keys, and the CLI's exit codes (tiny shapes through the real path)."""
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -174,6 +175,31 @@ def test_a_trace_folder_replays_each_distinct_trace_once(tmp_path):
     with pytest.raises(ConfigError, match="holds 4 rank trace"):
         predict(_compose("trace.dir=" + str(REPO / "demo" / "traces" / "gpt_dp_4"),
                          "world_size=8"))
+
+
+def test_the_collector_stays_paused_from_the_load_to_the_end_of_the_run(monkeypatch):
+    """predict's dry run pauses the cyclic GC once over the load, the engine's build and its
+    run (between them it would rescan the trace's objects), and resumes it afterwards."""
+    import actors.trace
+    from actors.replay.engine import ReplayEngine
+
+    seen = []
+    load, run = actors.trace.load_trace, ReplayEngine.run
+
+    def loaded(*args, **kwargs):
+        trace = load(*args, **kwargs)
+        seen.append(("after load", gc.isenabled()))
+        return trace
+
+    def ran(engine):
+        seen.append(("before run", gc.isenabled()))
+        return run(engine)
+    monkeypatch.setattr(actors.trace, "load_trace", loaded)
+    monkeypatch.setattr(ReplayEngine, "run", ran)
+    demo = REPO / "demo" / "traces" / "gpt_dp_4"
+    p = predict(_compose(f"trace.dir={demo}", "target=a100_40gb"))
+    assert p["verdict"] == "fits" and gc.isenabled()
+    assert seen[:2] == [("after load", False), ("before run", False)]
 
 
 def test_identical_rank_traces_replay_once(tmp_path):
