@@ -12,12 +12,18 @@ that whatever fits, every safer candidate fits too: a gallop from the job's own 
 ``i`` -> ``2i + 1``: the value doubles for batch and sequence; downwards ``i`` ->
 ``(i - 1) // 2``), then bisection between the last candidate seen to fit and the first seen
 not to. Activation checkpointing is walked from the cheapest level up, no assumption made.
+
+With ``fit_search.num_workers`` > 1 the axes are searched side by side in worker processes
+(spawned: no torch state forked); the job's own prediction is made first, here, and handed to
+them, and each axis' probes are reported when its search ends.
 """
 from __future__ import annotations
 
 import copy
 import logging
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Sequence
@@ -79,9 +85,23 @@ class _Prober:
     ``on_probe`` as it finishes. Every axis starts at the job's own values: that prediction
     is made once and its figures reused (``memoized``) by the other axes' first probe."""
 
-    def __init__(self, cfg: FitSearchRunConfig, name: str, on_probe: Callable[[dict], None]):
+    def __init__(self, cfg: FitSearchRunConfig, name: str, on_probe: Callable[[dict], None],
+                 done: dict[tuple, dict] | None = None):
         self.cfg, self.name, self.on_probe = cfg, name, on_probe
-        self.done: dict[tuple, dict] = {}  # (batch, seq, world size, AC) -> prediction
+        # (batch, seq, world size, AC) -> prediction
+        self.done: dict[tuple, dict] = dict(done or {})
+        # predictions made on this prober's behalf elsewhere (the job's, by the parent of a
+        # worker): its first probe of them is not a reuse
+        self.made_for_me: set[tuple] = set()
+
+    def predict_job(self) -> None:
+        """The job's own prediction, made once for every axis' first probe."""
+        job = _job_key(self.cfg)
+        if job not in self.done:
+            try:
+                self.done[job] = predict(_as_predict_config(self.cfg), name=self.name)
+            except ConfigError as e:
+                raise ConfigError(f"fit_search: the job itself: {e}") from None
 
     def fits(self, axis: Axis, value, probes: list[dict]) -> bool:
         """Whether ``value`` on ``axis`` fits with the verdict's margin (recorded in ``probes``)."""
@@ -91,10 +111,10 @@ class _Prober:
         else:
             setattr(cfg.workload, str(axis), value)
         t0 = time.perf_counter()
-        wl = cfg.workload
-        job = (wl.batch_size, wl.seq_len, cfg.world_size, str(wl.activation_checkpointing))
-        memoized = job in self.done
-        if not memoized:
+        job = _job_key(cfg)
+        memoized = job in self.done and job not in self.made_for_me
+        self.made_for_me.discard(job)
+        if job not in self.done:
             try:
                 self.done[job] = predict(_as_predict_config(cfg), name=self.name)
             except ConfigError as e:
@@ -111,6 +131,12 @@ class _Prober:
         probes.append(record)
         self.on_probe(record)
         return p["verdict"] == Verdict.fits
+
+
+def _job_key(cfg: FitSearchRunConfig) -> tuple:
+    """What tells one probed job from another: (batch, seq, world size, AC)."""
+    wl = cfg.workload
+    return wl.batch_size, wl.seq_len, cfg.world_size, str(wl.activation_checkpointing)
 
 
 def _as_predict_config(cfg: FitSearchRunConfig) -> PredictConfig:
@@ -159,8 +185,34 @@ def fit_search(cfg: FitSearchRunConfig, name: str | None = None,
     record as it finishes (axis, value, allocated and reserved peaks, usable capacity,
     headroom, verdict, probe_s). ConfigError before any capture on a bad config."""
     cfg.validate()
-    prober = _Prober(cfg, name or f"{cfg.workload.model}_{cfg.workload.parallel}", on_probe)
-    return [search_axis(cfg, Axis(a), prober) for a in dict.fromkeys(cfg.fit_search.axes)]
+    name = name or f"{cfg.workload.model}_{cfg.workload.parallel}"
+    axes = [Axis(a) for a in dict.fromkeys(cfg.fit_search.axes)]
+    prober = _Prober(cfg, name, on_probe)
+    workers = min(cfg.fit_search.num_workers, len(axes))
+    if workers <= 1:
+        return [search_axis(cfg, axis, prober) for axis in axes]
+    prober.predict_job()
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=spawn) as pool:
+        futures = [pool.submit(_search_in_worker, cfg, name, axis, prober.done, i == 0)
+                   for i, axis in enumerate(axes)]
+        answers = []
+        for future in futures:  # in axis order; each reported when its search ends
+            answer = future.result()
+            for record in answer.probes:
+                on_probe(record)
+            answers.append(answer)
+    return answers
+
+
+def _search_in_worker(cfg: FitSearchRunConfig, name: str, axis: Axis, done: dict[tuple, dict],
+                      first: bool) -> AxisAnswer:
+    """One axis' search in a worker process (the probes come back in the answer); the first
+    axis' probe of the job stands for the job's prediction (made by the parent)."""
+    prober = _Prober(cfg, name, lambda record: None, done)
+    if first:
+        prober.made_for_me = set(done)
+    return search_axis(cfg, axis, prober)
 
 
 def run_fit_search(cfg: FitSearchRunConfig, out_dir: Path, name: str | None = None) -> dict:

@@ -53,6 +53,10 @@ class FitSearchConfig:
     world_sizes: list[int] = field(default_factory=list)
     # Bound on the predictions of one axis (a search stopped by it says so in its answer).
     max_probes: int = 12
+    # Processes searching axes side by side (each axis is a sequential search; the axes are
+    # independent). 1: one after another in this process. Each worker imports torch once
+    # (~2 s) and holds one trace at a time.
+    num_workers: int = 2
 
     def validate(self, world_size: int | None) -> None:
         """ConfigError on bounds that leave nothing to search (before any capture)."""
@@ -60,7 +64,7 @@ class FitSearchConfig:
         if not self.axes:
             raise ConfigError(f"{key}.axes is empty; expected one or more of "
                               f"{', '.join(a.value for a in Axis)}")
-        for name in ("max_batch_size", "max_seq_len", "seq_len_step", "max_probes"):
+        for name in ("max_batch_size", "max_seq_len", "seq_len_step", "max_probes", "num_workers"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{key}.{name}={getattr(self, name)}; expected >= 1")
         if self.max_seq_len < self.seq_len_step:

@@ -151,3 +151,23 @@ def test_cli_prints_a_line_per_probe_and_the_table_and_predicts_the_job_once(cac
     assert len(ResultsStore(tmp_path).rows()) == 5
     assert "fit_search: 5 probes (4 predictions)" in proc.stdout
     assert "best that fits" in proc.stdout and (tmp_path / FIT_SEARCH_JSON).is_file()
+
+
+def test_axes_searched_side_by_side_answer_as_one_after_another(cache):
+    """num_workers=2 (the axes in spawned workers, the job predicted once by the parent) gives
+    the same answers and the same probes, in axis order, as the serial search."""
+    capacity = _capacity_fitting(cache, "activation_checkpointing", "selective_op")
+    axes = "fit_search.axes=[batch_size,activation_checkpointing]"
+    runs = {}
+    for workers in (1, 2):
+        seen = []
+        answers = fit_search(_cfg(cache, capacity, axes, "fit_search.max_batch_size=4",
+                                  f"fit_search.num_workers={workers}"), on_probe=seen.append)
+        runs[workers] = ([(a.axis, a.best, a.first_failing, a.num_probes) for a in answers],
+                         [(r["axis"], str(r["value"]), r["verdict"], r["memoized"],
+                           r["predicted_reserved_peak_bytes"]) for r in seen])
+    assert runs[2] == runs[1]
+    assert runs[1][0][1][:3] == ("activation_checkpointing", "selective_op", "none")
+    # the job (batch 1, selective_op) is probed by both axes and predicted once
+    job = [r for r in runs[2][1] if r[1] in ("1", "selective_op")]
+    assert [r[3] for r in job] == [False, True]
