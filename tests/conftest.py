@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.trace_factory import run_rank_script
+from tests.support.trace_factory import et_tail, run_rank_script
 
 
 def _shared_dir() -> Path:
@@ -67,20 +67,7 @@ def step():
     fc, group = torch.ops._c10d_functional, dist.group.WORLD.group_name
     fc.wait_tensor(fc.all_gather_into_tensor(torch.ones(5), world, group))
     fc.wait_tensor(fc.reduce_scatter_tensor(torch.ones(6 * world), "sum", world, group))
-
-step()
-et = ExecutionTraceObserver()
-et.register_callback(os.path.join(out, f"rank-{rank}.json"))
-et.start()
-step()
-et.stop()
-et.unregister_callback()
-dist.destroy_process_group()
-# torch 2.13 sometimes aborts in C++ static destructors at exit after a gloo + ET run
-# (see trace_factory._rank_main); the trace is written: skip finalization.
-sys.stdout.flush()
-os._exit(0)
-'''
+''' + et_tail()
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from actors.replay.config import ReplayConfig
 from actors.trace import load_trace
 from orchestrator.config import ClusterConfig, ExperimentConfig, RunConfig, TraceConfig
 from orchestrator.preflight.validate import preflight
-from tests.support.trace_factory import run_rank_script
+from tests.support.trace_factory import et_tail, run_rank_script
 
 CAPTURE_TIMEOUT_S = 180
 _DDP_CAPTURE = r'''
@@ -41,18 +41,7 @@ def step():
     model(torch.randn(4, 6)).sum().backward()
     opt.step()
     opt.zero_grad()
-
-step()
-et = ExecutionTraceObserver()
-et.register_callback(os.path.join(out, f"rank-{rank}.et.json"))
-et.start()
-step()
-et.stop()
-et.unregister_callback()
-dist.destroy_process_group()
-sys.stdout.flush()
-os._exit(0)  # see conftest._GLOO_CAPTURE: skip finalization after a gloo + ET run
-'''
+''' + et_tail(".et.json")
 
 
 def _buffer_broadcasts(doc: dict) -> tuple[dict, dict]:

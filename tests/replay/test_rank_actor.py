@@ -7,6 +7,7 @@ from actors.rank_actor import RankActor
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.zero3.config import Zero3Config
 from orchestrator.config import DEMO_TRACES
+from tests.support.trace_factory import et_tail
 
 DEMO = DEMO_TRACES / "gpt_dp_4"
 
@@ -62,18 +63,7 @@ def step():
     nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten()).backward()
     opt.step()
     opt.zero_grad()
-
-step()
-et = ExecutionTraceObserver()
-et.register_callback(os.path.join(out, f"rank-{rank}.json"))
-et.start()
-step()
-et.stop()
-et.unregister_callback()
-dist.destroy_process_group()
-sys.stdout.flush()
-os._exit(0)
-'''
+''' + et_tail()
 DRY_RUN = dict(mode="compute", device="meta", iters=1, warmup_iters=0)
 
 

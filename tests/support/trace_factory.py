@@ -164,3 +164,22 @@ def capture_ranks(out_dir: Path, world_size: int) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     mp.spawn(_rank_main, args=(world_size, free_port(), str(out_dir)), nprocs=world_size)
     return out_dir
+
+
+def et_tail(suffix: str = ".json", warmup: str = "step()", recorded: str = "step()") -> str:
+    """The end of a rank capture script whose ``step()`` is defined: ``warmup``, then
+    ``recorded`` under the ET observer into ``out/rank-<rank><suffix>``, then exit without
+    finalization (torch 2.13 sometimes aborts in C++ static destructors after a gloo + ET run;
+    the trace is written by then)."""
+    return f"""
+{warmup}
+et = ExecutionTraceObserver()
+et.register_callback(os.path.join(out, f"rank-{{rank}}{suffix}"))
+et.start()
+{recorded}
+et.stop()
+et.unregister_callback()
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
+"""

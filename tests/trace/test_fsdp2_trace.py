@@ -10,7 +10,7 @@ from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
 from actors.trace import load_trace
 from actors.trace.liveness import compute_liveness
-from tests.support.trace_factory import run_rank_script
+from tests.support.trace_factory import et_tail, run_rank_script
 
 # Two blocks of Linears under fully_shard with a bf16 MixedPrecisionPolicy, AdamW (foreach
 # off: one op per parameter and state), one iteration recorded after two warm-ups.
@@ -39,19 +39,8 @@ def step():
     model(torch.randn(8, 64)).float().pow(2).mean().backward()
     opt.step()
     opt.zero_grad()
-
-step(); step()
-et = ExecutionTraceObserver()
-et.register_callback(os.path.join(out, f"rank-{rank}.json"))
-et.start()
-with record_function("ProfilerStep#2"):
-    step()
-et.stop()
-et.unregister_callback()
-dist.destroy_process_group()
-sys.stdout.flush()
-os._exit(0)
-'''
+''' + et_tail(warmup="step(); step()",
+                  recorded='with record_function("ProfilerStep#2"):\n    step()')
 NUM_PARAMS = 8  # 2 blocks x 2 Linears x (weight, bias)
 
 
