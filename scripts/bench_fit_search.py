@@ -12,8 +12,8 @@ temporary cache (the keys then say ``quick``). A cold run whose captures are alr
 from __future__ import annotations
 
 import argparse
-import resource
 import json
+import resource
 import logging
 import sys
 import tempfile
@@ -65,7 +65,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
-        cache = tmp if args.quick else args.cache_dir
+        cache = tmp if args.quick else str(Path(args.cache_dir).expanduser())
         overrides = (QUICK if args.quick else FULL) + [
             f"fit_search.axes=[{args.axes}]", f"predict.cache_dir={cache}",
             f"fit_search.seq_len_step={256 if args.quick else args.seq_len_step}",
