@@ -174,14 +174,23 @@ def _accounted_peak(path: Path) -> int:
 
 
 def test_dry_run_peak_matches_the_measured_peak(capture, monkeypatch):
-    """With the rules the faithful dry run's peak is the measured one (within 2%: gloo's
-    worker thread frees at its own pace, the measured peak moves by ~1% between runs);
-    without them it is ~6% short."""
+    """With the rules the faithful dry run's peak is the measured one (within 2%, or within 2%
+    of it less one gloo reduce-scatter copy freed late; see below); without them it is ~6%
+    short."""
     measured = max(json.loads((capture / f"facts-{r}.json").read_text())["peak_memory_bytes"]
                    for r in range(2))
     paths = [capture / trace_file_name(r) for r in range(2)]
-    ratio = max(_accounted_peak(p) for p in paths) / measured
-    assert 0.98 <= ratio <= 1.02, ratio
+    accounted = max(_accounted_peak(p) for p in paths)
+    ratio = accounted / measured
+    # gloo (CPU only) copies a reduce-scatter's input and frees the copy from its worker
+    # thread at its own pace: when that lands on the peak, the measured peak holds one copy
+    # more (seen here: +221 KB, in about one run of five), which NCCL never makes and the dry
+    # run does not model (docs/prediction.md)
+    trace = load_trace(paths[0])
+    gloo_copy = max(t.numel * t.itemsize for op in trace.collectives
+                    if op.collective.kind == "reduce_scatter_tensor" for t in op.input_tensors())
+    assert 0.98 <= ratio <= 1.02 or 0.98 <= accounted / (measured - gloo_copy) <= 1.02, \
+        (ratio, measured, gloo_copy)
     for name in RULES:
         monkeypatch.setattr(program_module, name, lambda ops, live: 0)
     without = max(_accounted_peak(p) for p in paths) / measured
