@@ -128,7 +128,7 @@ def _tracker_rank(workload: dict, env: dict, out: str) -> None:
 
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD)
     cfg = WorkloadConfig(**workload, device="fake")
-    with _shapes_only("fake", WORLD) as (device, mesh):
+    with _shapes_only("fake", WORLD) as (device, mesh, _):
         wl = build_workload(cfg, 0, WORLD, device, mesh)
         wl.step(wl.next_batch())
         optimizer = getattr(wl.step, "optimizer", None)

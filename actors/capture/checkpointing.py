@@ -11,8 +11,9 @@
   here).
 
 Non-reentrant ``torch.utils.checkpoint`` without RNG state stashing and without early stop, as
-torchtitan applies it (early stop would also abort the recompute inside submodules, leaving
-their module ranges open in the trace).
+torchtitan applies it (its ``early_stop`` defaults to off). A user's own step may keep torch's
+default early stop: it ends the recompute by raising inside a submodule's forward, and the
+recorder's module ranges close on that too (actors/capture/recorder.py).
 The block's own ``forward`` is wrapped rather than the module (``checkpoint_wrapper`` would add
 ``_checkpoint_wrapped_module`` to every qualified name in the trace's module ranges); hooks of
 the block itself therefore run once, those of its submodules again during recomputation, as

@@ -33,7 +33,10 @@ from contextlib import contextmanager
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConverter, FakeTensorMode
 
+from actors.capture import free_markers
+from actors.capture.fake_values import UNANSWERED, VALUE_RANGE, KnownValues
 from actors.errors import ConfigError
+from actors.trace.conventions import FREED_OP
 from actors.trace.tensor_ids import UNIQUE_STORAGES_KEY
 
 DISPATCH_MODE_NODE = "PythonDispatchMode"  # torch's pythonFallback frame under a mode
@@ -50,11 +53,25 @@ class _FreshOutputConverter(FakeTensorConverter):
 
 
 class CaptureFakeMode(FakeTensorMode):
-    """``FakeTensorMode`` whose parameters survive ``module.to(device)``."""
+    """``FakeTensorMode`` whose parameters survive ``module.to(device)`` and whose small
+    tensors computed from known data carry their values (actors/capture/fake_values.py)."""
 
     def __init__(self):
         super().__init__()
         self.fake_tensor_converter = _FreshOutputConverter()
+        self.values = KnownValues()
+        self.emit_frees = False  # actors/capture/free_markers.py: recording(mode) turns it on
+
+    def dispatch(self, func, types, args=(), kwargs=None):
+        if self.emit_frees:
+            free_markers.emit()
+        kwargs = kwargs or {}
+        answer = self.values.before(self, func, args, kwargs)
+        if answer is not UNANSWERED:
+            return answer
+        out = super().dispatch(func, types, args, kwargs)
+        self.values.after(func, args, kwargs, out)
+        return out
 
 
 @contextmanager
@@ -120,6 +137,10 @@ def strip_dispatch_mode_nodes(doc: dict) -> int:
     """Make the fake trace ``doc`` (the parsed ET, edited in place) read like a real device's;
     returns how many nodes were dropped.
 
+    * Real computations of known values (:data:`actors.capture.fake_values.VALUE_RANGE`)
+      go, with everything under them.
+    * The run's recorded frees (FREED_OP, actors/capture/free_markers.py) stay, moved under
+      their nearest kept ancestor (they are written from inside the mode's frame).
     * Ops on ``meta`` tensors go, with everything under them: every tensor of the workload
       reports the real device, so they are the fake mode's own kernels (below each op; a
       Python number's 0-dim tensor stays a real cpu one there) or its re-wrapping of a tensor
@@ -143,8 +164,11 @@ def strip_dispatch_mode_nodes(doc: dict) -> int:
                        if "meta" not in devs and any(devs)
                        and name.get(parent.get(parent[nid])) == name[nid]}
     wrapper = set()
+    freed = [n for n in nodes if n["name"] == FREED_OP]
     for n in nodes:
-        if "meta" in devices[n["id"]]:
+        if n["name"] == FREED_OP:
+            continue
+        if "meta" in devices[n["id"]] or n["name"] == VALUE_RANGE:
             wrapper.add(n["id"])
         elif n["name"] == DISPATCH_MODE_NODE:
             if n["id"] in subclass_frames:
@@ -164,6 +188,12 @@ def strip_dispatch_mode_nodes(doc: dict) -> int:
             dropped[seen] = verdict
         return verdict
 
+    for n in freed:  # below the nearest ancestor that stays
+        anchor = n["ctrl_deps"]
+        while anchor in parent and under_wrapper(anchor) and parent[anchor] != anchor:
+            anchor = parent[anchor]
+        n["ctrl_deps"] = anchor
+        dropped[n["id"]] = False
     kept = [n for n in nodes if not under_wrapper(n["id"])]
     removed = len(nodes) - len(kept)
     doc["nodes"] = kept

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import time
 from contextlib import contextmanager
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -31,6 +32,8 @@ import torch.distributed as dist
 from actors.trace.conventions import trace_file_name
 from actors.capture.fake_mode import (CaptureFakeMode, ranges_outside_fake_mode, refuse_ddp,
                                       strip_dispatch_mode_nodes)
+from actors.capture import free_markers
+from actors.capture.fake_values import known_values_look_real
 from actors.capture.memory import MemoryMeter
 from actors.capture.meta_storage import unique_meta_storages
 from actors.capture.recorder import record_iteration
@@ -47,13 +50,15 @@ FAKE_MEMORY_METHOD = "not measured: fake tensors allocate nothing"
 
 @contextmanager
 def _shapes_only(device: str, world_size: int):
-    """Yield ``(torch device, mesh)`` with the fake tensor mode entered on fake."""
+    """Yield ``(torch device, mesh, fake mode or None)`` with the fake tensor mode entered on
+    fake."""
     if device != "fake":
-        yield META, None
+        yield META, None, None
         return
     mesh = world_mesh("cpu", world_size)  # before the mode: see world_mesh
-    with ranges_outside_fake_mode(), refuse_ddp(), CaptureFakeMode():
-        yield torch.device("cpu"), mesh
+    with ranges_outside_fake_mode(), refuse_ddp(), known_values_look_real(), \
+            CaptureFakeMode() as mode:
+        yield torch.device("cpu"), mesh, mode
 
 
 def record_meta_rank(cfg: dict, out_dir: str, rank: int, world_size: int) -> tuple[Workload, str]:
@@ -67,15 +72,17 @@ def record_meta_rank(cfg: dict, out_dir: str, rank: int, world_size: int) -> tup
     with unique_meta_storages():
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
         try:
-            with _shapes_only(str(wl_cfg.device), world_size) as (device, mesh):
+            with _shapes_only(str(wl_cfg.device), world_size) as (device, mesh, mode):
                 workload = build_workload(wl_cfg, rank, world_size, device, mesh)
                 warm_up(workload, WARMUP_ITERS)
+                fake = mode is not None
                 record_iteration(workload.step, workload.next_batch(), workload.model,
                                  step_index=WARMUP_ITERS, out_path=path,
                                  module_backward=bool(cfg.get("module_backward_ranges", True)),
                                  tensor_ranges=False,
-                                 rewrite=strip_dispatch_mode_nodes
-                                 if wl_cfg.device == "fake" else None)
+                                 rewrite=strip_dispatch_mode_nodes if fake else None,
+                                 around_step=partial(free_markers.recording, mode)
+                                 if fake else None)
         finally:
             dist.destroy_process_group()
     return workload, path

@@ -15,7 +15,8 @@ import os
 import shutil
 import time
 import warnings
-from typing import Callable
+from contextlib import nullcontext
+from typing import Callable, ContextManager
 
 import orjson
 import torch
@@ -68,7 +69,9 @@ class ModuleRanges:
             _outside_dispatch_modes(record_function(name).__enter__))
 
     def _exit(self, key: int) -> None:
-        _outside_dispatch_modes(self._open[key].pop().__exit__, None, None, None)
+        ranges = self._open.get(key)
+        if ranges:  # a global pre hook that raised before ours ran opened none
+            _outside_dispatch_modes(ranges.pop().__exit__, None, None, None)
 
     def __enter__(self):
         for qualname, module in self.model.named_modules():
@@ -76,7 +79,11 @@ class ModuleRanges:
             self._handles += [
                 module.register_forward_pre_hook(
                     lambda m, a, k=key, n=name: self._enter(k, n), prepend=True),
-                module.register_forward_hook(lambda m, a, o, k=key: self._exit(k)),
+                # always_call: the range also closes when the forward raises (checkpoint's
+                # early stop ends every recompute that way; a user's try/except around a
+                # module too); left open, every later op would hang under a node never written
+                module.register_forward_hook(lambda m, a, o, k=key: self._exit(k),
+                                             always_call=True),
             ]
             if self.backward and module is not self.model:
                 begin, end = (module_range_name(qualname, kind) for kind in (BWD_BEGIN, BWD_END))
@@ -101,7 +108,8 @@ def record_iteration(step: Callable[[tuple], None], batch: tuple, model: nn.Modu
                      step_index: int, out_path: str, module_backward: bool = True,
                      kineto_path: str | None = None, tensor_ranges: bool = True,
                      num_timing_iters: int = 3,
-                     rewrite: Callable[[dict], object] | None = None) -> dict:
+                     rewrite: Callable[[dict], object] | None = None,
+                     around_step: Callable[[], ContextManager] | None = None) -> dict:
     """Run ``step(batch)`` once under the ET observer and write the gzipped trace to out_path.
 
     With ``kineto_path``, the profiler (Kineto) trace of the host time between ops is
@@ -113,6 +121,8 @@ def record_iteration(step: Callable[[tuple], None], batch: tuple, model: nn.Modu
     The batch is made before the observer starts: data loading is not part of the step.
     ``rewrite`` edits the parsed trace in place before it is written (the fake capture's
     :func:`actors.capture.fake_mode.strip_dispatch_mode_nodes`); None writes it as recorded.
+    ``around_step`` makes a context entered around the recorded step, inside its range (the
+    fake capture's :func:`actors.capture.free_markers.recording`).
     Returns ``{"path", "kineto_path", "aligned_host_ops", "et_host_ops"}``.
     """
     if tensor_ranges:
@@ -131,7 +141,7 @@ def record_iteration(step: Callable[[tuple], None], batch: tuple, model: nn.Modu
                 warnings.filterwarnings("ignore", message="Full backward hook is firing")
                 if kineto_path is None:
                     observer.start()
-                    with record_function(step_name):
+                    with record_function(step_name), (around_step or nullcontext)():
                         step(batch)
                     observer.stop()
                 else:  # the profiler starts, stops and finalizes the observer with itself

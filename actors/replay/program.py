@@ -32,6 +32,7 @@ from actors.trace.categories import storage_categories
 from actors.trace.fsdp2_lifetimes import (hold_forward_all_gather_outputs,
                                           hold_reduce_scatter_inputs, hold_unsharded_parameters)
 from actors.trace.liveness import compute_liveness
+from actors.trace.recorded_frees import hold_recorded_frees
 from actors.trace.model import Trace
 
 
@@ -77,6 +78,7 @@ def compile_program(trace: Trace, cfg: ReplayConfig, device: torch.device, rank:
         hold_forward_all_gather_outputs(trace.ops, live)  # ... until the next copy-out
         hold_checkpoint_inputs(trace.ops, live)  # the checkpoint frame keeps them
         hold_node_inputs(trace.ops, live)  # a backward node releases them when it returns
+        hold_recorded_frees(trace.recorded_frees, live)  # the run's own frees, where recorded
     steps = [planning.compile_step(op, device, cfg.mode) for op in trace.ops]
     if all(s.reason == "out of scope" for s in steps):
         raise ReplayError(f"rank {rank}: {trace.path} has no op in scope for "

@@ -74,10 +74,15 @@ class RankReport:
         self.last_op = f"node {op.node_id} {op.name}" if op is not None else None
         med = statistics.median
         memory = engine.memory
+        meta = engine.trace.meta
+        dropped = meta.get("num_dropped_ops", 0)
         self.data = {
             "num_ops": len(engine.steps), "num_in_scope": in_scope, "num_replayed": replayed,
             "num_skipped": in_scope - replayed, "skipped_reasons": dict(reasons),
-            "coverage": replayed / in_scope,
+            # ops the loader left out count too: what was recorded and did not run
+            "num_dropped_ops": dropped, "num_orphan_ops": meta.get("num_orphan_ops", 0),
+            "coverage": replayed / (in_scope + dropped),
+            "not_run_ops": not_run_ops(engine.steps, meta.get("dropped_ops") or {}),
             "translated_ops": _op_name_counts(engine.steps, "translated_from"),
             "standin_ops": _op_name_counts(engine.steps, "standin"),
             "num_shape_mismatches": engine.calls.num_shape_mismatches,
@@ -156,6 +161,32 @@ def coverage(engine) -> tuple[int, int, Counter]:
         elif stop is None or step.op.index < stop:
             replayed += 1
     return replayed, in_scope, reasons
+
+
+DROPPED_WHY = "outside every ProfilerStep window (set-up, not the recorded iteration)"
+
+
+def not_run_ops(steps, dropped: dict) -> list[dict]:
+    """Every op that did not run as recorded, grouped: ``{op, kind, why, num_ops, bytes}``
+    (kind ``skipped`` or ``failed``: its outputs are missing from memory; ``stand-in``: outputs
+    made from the trace's shapes, not computed; ``dropped``: left out by the loader, given as
+    ``dropped`` = {name: [count, output bytes]}), largest bytes first."""
+    groups: dict[tuple, list[int]] = {}
+    for step in steps:
+        if step.kind in ("skip", "failed") and step.reason != "out of scope":
+            key = (step.op.name, "failed" if step.kind == "failed" else "skipped", step.reason)
+        elif step.standin:
+            key = (step.op.name, "stand-in", step.standin)
+        else:
+            continue
+        group = groups.setdefault(key, [0, 0])
+        group[0] += 1
+        group[1] += sum(t.numel * t.itemsize for t in step.op.output_tensors())
+    for name, (count, nbytes) in dropped.items():
+        groups[(name, "dropped", DROPPED_WHY)] = [count, nbytes]
+    rows = [{"op": name, "kind": kind, "why": why[:MAX_ERROR_CHARS], "num_ops": n, "bytes": b}
+            for (name, kind, why), (n, b) in groups.items()]
+    return sorted(rows, key=lambda r: (-r["bytes"], -r["num_ops"], r["op"]))
 
 
 def top_ops(steps, iters: int, n: int = 15) -> list[dict]:

@@ -17,6 +17,12 @@ actors/zero3 and the driver read them). No torch import, so trace readers parse 
   corrupt the observer's parent stack. A module none of whose inputs require grad (an
   embedding) gets both markers at once, when its output gradient is ready.
 
+* a fake capture writes the run's own frees: a ``tracefleet::freed`` op (:data:`FREED_OP`)
+  whose one input lists zero-size views of the storages freed since the previous op ran
+  (or, at the end of the step, since the last one); storages the user's code held past their
+  last use die there, not at their last use (actors/capture/free_markers.py,
+  actors/trace/recorded_frees.py).
+
 A parameter ``blocks.0.attn.qkv.weight`` belongs to the innermost module whose qualified
 name is a prefix of it.
 """
@@ -28,6 +34,7 @@ MODULE_BWD_BEGIN_PREFIX = "## module_bwd_begin:"
 MODULE_BWD_END_PREFIX = "## module_bwd_end:"
 MODULE_SUFFIX = " ##"
 ROOT_MODULE_NAME = "<root>"
+FREED_OP = "tracefleet::freed"
 
 FORWARD, BWD_BEGIN, BWD_END = "forward", "bwd_begin", "bwd_end"
 _PREFIXES = ((MODULE_PREFIX, FORWARD), (MODULE_BWD_BEGIN_PREFIX, BWD_BEGIN),

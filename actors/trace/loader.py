@@ -26,6 +26,7 @@ wrapper op is dropped and the ops under ``PythonSubclass`` are top-level in its 
 from __future__ import annotations
 
 import bisect
+from dataclasses import dataclass
 from functools import lru_cache
 
 import orjson
@@ -36,6 +37,8 @@ from actors.trace import collectives as coll
 from actors.trace.archive import rank_from_name
 from actors.trace.made_inside import NestedAllocations, storages_made_inside
 from actors.trace.nested_lifetimes import nested_lifetimes
+from actors.trace.conventions import FREED_OP
+from actors.trace.recorded_frees import free_positions, freed_storage_ids
 from actors.trace.args import ArgParser, preview
 from actors.trace.model import MAX_WORLD_SIZE, Op, ProcessGroupInfo, Step, Trace
 from actors.trace.op_schema import parse_schema
@@ -53,6 +56,7 @@ _BACKEND_PREFIXES = ("gloo:", "nccl:")
 _MAX_BACKEND_HOPS = 64  # backend nodes chained under backend nodes (bounds a parent cycle)
 # What encloses a node: no op, some op, or a functional collective (which calls c10d ops).
 _FREE, _IN_OP, _IN_FUNCTIONAL = 0, 1, 2
+_NO_CONTEXT = (_FREE, -1, "")  # a node at the top, or one whose parent was never written
 
 
 def read_json(path, data: bytes | None = None) -> dict:
@@ -109,28 +113,63 @@ def _load_trace(source: TraceSource, rank: int | None, data: bytes | None) -> Tr
     except (KeyError, TypeError):
         bad = next((n for n in nodes if not isinstance(n, dict) or not isinstance(n.get("id"), int)), None)
         raise TraceError(path, f"a node has no integer 'id' (node starts {preview(bad, 80)})") from None
-    ops, pgs, steps, num_outside, (nested, step_first_ids) = _build_ops(path, nodes, flat)
+    built = _build_ops(path, nodes, flat)
+    ops, nested = built.ops, built.nested
     # meta and fake captures never hand an address out twice (meta: every tensor says so)
     unique = doc.get(UNIQUE_STORAGES_KEY) is True or next(
         (t.device == "meta" for op in ops for t in op.input_tensors()), False)
     assigner = TensorIdAssigner(refill_starts(ops), nested.by_storage, unique_storages=unique)
+    freed_after = free_positions(built.freed_marks, [op.node_id for op in ops])
+    recorded_frees = []
     for op in ops:
         assigner.assign(op)
+        for storage_id in freed_after.get(op.index, ()):
+            suid = assigner.current_suid(storage_id)
+            if suid is not None:
+                recorded_frees.append((suid, op.index))
     coll.link_waits(ops)
-    made = storages_made_inside(ops, nested, step_first_ids)
+    made = storages_made_inside(ops, nested, built.step_first_ids)
     return Trace(path=str(path), schema=doc["schema"], num_nodes=num_nodes, ops=ops,
-                 process_groups=pgs, steps=steps, num_tensors=assigner.num_tensors,
+                 process_groups=built.pgs, steps=built.steps, num_tensors=assigner.num_tensors,
                  num_storages=assigner.num_storages,
                  made_inside=frozenset(made) | frozenset(assigner.refilled),
                  nested_lifetimes=nested_lifetimes(ops, nested, made, assigner.unique),
+                 recorded_frees=tuple(recorded_frees),
                  rank=rank if rank is not None else rank_from_name(source.name),
                  meta={"pid": doc.get("pid"), "time": doc.get("time"),
-                       "num_ops_outside_steps": num_outside})
+                       "num_dropped_ops": built.num_dropped,
+                       "dropped_ops": built.dropped_ops,
+                       "num_orphan_ops": built.num_orphans,
+                       "num_recorded_frees": len(recorded_frees)})
 
 
-def _build_ops(path, nodes: list, flat: bool):
-    """Select top-level ops in id order and build them; returns (ops, pgs, steps, num_outside,
-    (nested allocations, first node id of each step)) (see actors/trace/made_inside.py).
+@dataclass
+class _Built:
+    """What ``_build_ops`` selected (see its docstring)."""
+
+    ops: list[Op]
+    pgs: list[ProcessGroupInfo]
+    steps: list[Step]
+    # top-level ops outside every ProfilerStep window, not replayed: how many, and per op
+    # name [count, output bytes]
+    num_dropped: int
+    dropped_ops: dict
+    # top-level ops under a range that was never written (it never closed: a forward that
+    # raised), placed in the step window they ran in
+    num_orphans: int
+    nested: NestedAllocations
+    step_first_ids: list[int]  # first node id of each step
+    freed_marks: list  # (node id, storage ids) of each FREED_OP node
+
+
+def _build_ops(path, nodes: list, flat: bool) -> "_Built":
+    """Select top-level ops in id order and build them (nested allocations: see
+    actors/trace/made_inside.py).
+
+    A node whose parent was never written (a range that never closed: the observer writes a
+    node when it exits, and a module forward that raised never exits its range) is an orphan:
+    its ops are top-level ops of the step window they ran in, when that range opened inside the
+    window; the rest of the window's ops are untouched.
 
     Empties ``nodes``: once the ops are selected the other raw nodes are dropped, and each
     selected one right after its op is built, so the raw JSON and the model never peak together.
@@ -148,6 +187,9 @@ def _build_ops(path, nodes: list, flat: bool):
     pgs: list[ProcessGroupInfo] = []
     nested = NestedAllocations()
     top_of: dict[int, int] = {}  # node id -> id of the selected op it runs inside
+    lost: dict[int, int] = {}  # node id -> the never-written range above it (orphans)
+    lost_ops: dict[int, int] = {}  # the same, for selected ops
+    freed_marks: list = []
     schema_of = OpSchemaReader(flat)
     for raw in nodes:
         try:
@@ -172,9 +214,19 @@ def _build_ops(path, nodes: list, flat: bool):
         if not is_op and name.startswith(_BACKEND_PREFIXES):
             backend_parent[nid] = parent
             continue
-        enclosing, step, module = ctx.get(parent, (_FREE, -1, ""))
+        entry = ctx.get(parent)
+        if entry is None:
+            entry = _NO_CONTEXT
+            if 0 < parent != nid:
+                lost[nid] = parent
+        elif lost and parent in lost:
+            lost[nid] = lost[parent]
+        enclosing, step, module = entry
         if step >= 0:
             step_spans[step][1] = nid
+        if name == FREED_OP:
+            freed_marks.append((nid, freed_storage_ids(NodeView(raw, flat).side("inputs")[0])))
+            continue
         if is_op:
             collective = name == "record_param_comms" or name in coll.C10D_KINDS
             if name == "record_param_comms" and parent in c10d_calls and parent not in rpc_child:
@@ -185,6 +237,8 @@ def _build_ops(path, nodes: list, flat: bool):
                 top_of[nid] = nid
                 if enclosing == _FREE:
                     selected[nid] = top_level[-1]
+                if nid in lost:
+                    lost_ops[nid] = lost[nid]
                 if name in coll.C10D_KINDS and name not in coll.FUNCTIONAL_WAITS:
                     c10d_calls.add(nid)
             else:
@@ -211,13 +265,19 @@ def _build_ops(path, nodes: list, flat: bool):
             top_of[nid] = top_of[parent]
         ctx[nid] = (enclosing, step, module)
     nodes.clear()
-    del ctx, backend_parent, selected, top_of
+    del ctx, backend_parent, selected, top_of, lost
     top_level = [t for t in top_level if t[0] is not None]
-    num_outside = 0
+    num_orphans, dropped = 0, {}
     if step_names:  # honour ProfilerStep windows: ops outside them are set-up, not iterations
-        _assign_steps(top_level, step_spans)
-        kept = [t for t in top_level if t[1] >= 0]
-        num_outside = len(top_level) - len(kept)
+        num_orphans = _assign_steps(top_level, step_spans, lost_ops)
+        kept = []
+        for t in top_level:
+            if t[1] >= 0:
+                kept.append(t)
+            else:
+                count = dropped.setdefault(t[0]["name"], [0, 0])
+                count[0] += 1
+                count[1] += _output_bytes(t[0], flat)
         top_level = kept
     parser = ArgParser(path)
     ops: list[Op] = []
@@ -229,7 +289,22 @@ def _build_ops(path, nodes: list, flat: bool):
             # steps cover disjoint, increasing id spans, so each one's ops are contiguous
             bounds.setdefault(step, [i, i])[1] = i + 1
     steps = [Step(step_names[k], first, end) for k, (first, end) in sorted(bounds.items())]
-    return ops, pgs, steps, num_outside, (nested, [span[0] for span in step_spans])
+    return _Built(ops, pgs, steps, sum(c for c, _ in dropped.values()), dropped, num_orphans,
+                  nested, [span[0] for span in step_spans], freed_marks)
+
+
+def _output_bytes(raw: dict, flat: bool) -> int:
+    """Bytes of the tensors a raw node returns (what a dropped op would have made)."""
+    try:
+        values = raw["outputs"] if flat else raw["outputs"]["values"]
+    except (KeyError, TypeError):
+        return 0
+    total = 0
+    for v in values if isinstance(values, list) else ():
+        for t in (v if isinstance(v, list) and v and isinstance(v[0], list) else [v]):
+            if isinstance(t, list) and len(t) == 6 and all(type(x) is int for x in t[2:5]):
+                total += max(0, t[3]) * max(0, t[4])
+    return total
 
 
 def _side_values(raw: dict, flat: bool) -> tuple[list, list]:
@@ -242,16 +317,25 @@ def _side_values(raw: dict, flat: bool) -> tuple[list, list]:
     return tuple(side.get("values") if isinstance(side, dict) else None for side in sides)
 
 
-def _assign_steps(top_level, spans) -> None:
+def _assign_steps(top_level, spans, lost_ops: dict[int, int]) -> int:
     """Ops of other threads (autograd, comm hooks) sit outside the step's subtree but inside its
-    id span: ids are handed out on op entry, across threads, in time order."""
+    id span: ids are handed out on op entry, across threads, in time order. An orphan (under a
+    range never written, ``lost_ops``: op id -> that range's id) belongs to the window its
+    range opened in, up to the next step's start. Returns how many orphans were placed."""
     starts = [span[0] for span in spans]
+    placed = 0
     for entry in top_level:
         if entry[1] < 0:
             nid = entry[0]["id"]
             k = bisect.bisect_right(starts, nid) - 1
-            if k >= 0 and nid <= spans[k][1]:
+            if k < 0:
+                continue
+            if nid <= spans[k][1]:
                 entry[1] = k
+            if nid in lost_ops and starts[k] <= lost_ops[nid]:
+                entry[1] = k
+                placed += 1
+    return placed
 
 
 def _build_op(path, parser, raw, flat, index, step, module, rpc_child) -> Op:

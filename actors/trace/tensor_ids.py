@@ -96,6 +96,11 @@ class TensorIdAssigner:
             if t.storage_id:
                 last[t.storage_id] = (node_id, True)
 
+    def current_suid(self, storage_id: int) -> int | None:
+        """The generation storage ``storage_id`` is on after the ops assigned so far."""
+        current = self._storage.get(storage_id)
+        return None if current is None else current[0]
+
     def _remade_inside(self, sid: int, node_id: int) -> bool:
         """Whether a nested op allocated on storage ``sid`` after its last top-level use (an
         input, not an output whose own making the nested ops were) and before ``node_id``."""

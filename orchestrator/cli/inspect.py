@@ -70,7 +70,9 @@ def _print_human(report: dict) -> None:
         for key, value in [
             ("schema", s["schema"]), ("nodes", f"{s['num_nodes']:,}"),
             ("replayable ops", f"{s['num_ops']:,} ({s['num_op_names']} distinct; "
-                               f"{s['num_ops_outside_steps']} outside ProfilerStep windows dropped)"),
+                               f"{s['num_dropped_ops']} outside ProfilerStep windows dropped"
+                               + (f"; {s['num_orphan_ops']} under a range never closed, "
+                                  "placed by position" if s["num_orphan_ops"] else "") + ")"),
             ("steps", steps),
             ("parameter-like", f"{s['params']['num_storages']} storages, "
                                f"{human_bytes(s['params']['bytes'])}"),

@@ -1,6 +1,7 @@
 """The table ``tracefleet-predict`` prints: one prediction (orchestrator/studies/predict.py) for people."""
 from __future__ import annotations
 
+from orchestrator.reports.not_run import not_run_lines
 from orchestrator.units import human_bytes
 
 
@@ -59,8 +60,9 @@ def prediction_table(p: dict) -> str:
         lines.append(f"the allocator model ran out {p['num_predicted_ooms']} time(s) after "
                      f"{p['num_alloc_retries']} cache release(s)")
     if p["coverage"] < 1:
-        lines.append(f"warning: {100 * (1 - p['coverage']):.1f}% of the ops did not run on meta "
-                     "(their outputs are missing from the peak)")
+        lines.append(f"warning: {100 * (1 - p['coverage']):.1f}% of the recorded ops did not run "
+                     "on meta as recorded (named below; prediction.json: not_run_ops)")
+    lines += not_run_lines(p.get("not_run_ops"))
     cap, tm = p.get("capture"), p["timings_s"]
     where = "no capture (trace.dir)" if cap is None else \
         f"capture {'reused from ' + cap['dir'] if cap['reused'] else 'on ' + cap['device']}"

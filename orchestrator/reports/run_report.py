@@ -27,6 +27,7 @@ from rich.table import Table
 from actors.hardlink import link_or_copy
 from orchestrator.reports.plots import plot_iteration_times, plot_memory_timeline, timeline_points
 from orchestrator.reports.plots import timeline_scale  # noqa: F401 (re-exported)
+from orchestrator.reports.not_run import not_run_lines
 from orchestrator.status import RunStatus
 from orchestrator.units import human_bytes
 
@@ -317,6 +318,8 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
         console.print(line, markup=False)
     for warning in summary.get("machine_warnings") or ():
         console.print("warning: " + warning, style="yellow", markup=False)
+    for warning in not_run_lines(summary.get("not_run_ops"), summary.get("not_run_rank")):
+        console.print(warning, style="yellow", markup=False)
     if summary.get("zero3"):
         console.print(_zero3_line(summary["zero3"]), markup=False)
     if summary.get("target"):

@@ -167,6 +167,16 @@ def _peak_breakdown(ranks: list[dict]) -> dict:
             "peak_op": {"rank": top["rank"], **top["peak_op"]} if top.get("peak_op") else None}
 
 
+def _not_run(ranks: list[dict]) -> dict:
+    """The ops that did not run as recorded on the rank with the lowest coverage (the weakest
+    rank bounds what the replay is worth), with that rank."""
+    weakest = min((r for r in ranks if r.get("coverage") is not None),
+                  key=lambda r: r["coverage"], default=None)
+    if weakest is None:
+        return {"not_run_ops": [], "not_run_rank": None}
+    return {"not_run_ops": weakest.get("not_run_ops") or [], "not_run_rank": weakest["rank"]}
+
+
 def _first_oom(reports: list[dict]) -> dict | None:
     for report in reports:
         if report.get("status") == RunStatus.oom or report.get("oom"):
@@ -238,6 +248,9 @@ def aggregate(rank_reports: list[dict], *, world_size: int,
         "flushed_bytes": sum(_values(ranks, "flushed_bytes")),
         # The weakest rank bounds what the replay is worth, so report the minimum, not a mean.
         "coverage": min(_values(ranks, "coverage"), default=None),
+        # recorded ops the loader left out (outside every ProfilerStep window), summed
+        "num_dropped_ops": sum(_values(ranks, "num_dropped_ops")),
+        **_not_run(ranks),
         "num_shape_mismatches": sum(_values(ranks, "num_shape_mismatches")),
         "skipped_reasons": _merge_counts(ranks, "skipped_reasons"),
         "translated_ops": _merge_counts(ranks, "translated_ops"),

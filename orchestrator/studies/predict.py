@@ -279,6 +279,10 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
         "num_predicted_ooms": worst["num_predicted_ooms"],
         "num_alloc_retries": worst["num_alloc_retries"],
         "coverage": worst["coverage"],
+        # what did not run as recorded (actors/replay/report.py: not_run_ops), with its bytes
+        "num_dropped_ops": worst["num_dropped_ops"],
+        "num_orphan_ops": worst["num_orphan_ops"],
+        "not_run_ops": worst["not_run_ops"],
         "target": figures,
         "zero3_emulation": _plain(zero3) if zero3 is not None else None,
         "rank": worst["rank"],

@@ -244,7 +244,7 @@ def test_profiler_step_windows(tmp_path):
     assert [(op.node_id, op.step) for op in trace.ops] == [(5, 0), (7, 0), (9, 0), (10, 0), (13, 1)]
     assert [(s.name, s.first, s.end) for s in trace.steps] == [("ProfilerStep#0", 0, 4),
                                                                 ("ProfilerStep#1", 4, 5)]
-    assert trace.meta["num_ops_outside_steps"] == 3 and trace.ops[1].module == "## forward ##"
+    assert trace.meta["num_dropped_ops"] == 3 and trace.ops[1].module == "## forward ##"
 
 
 def test_no_profiler_step_keeps_every_op(tmp_path):
@@ -447,3 +447,21 @@ def test_backend_nodes_are_transparent(tmp_path):
         node(8, "gloo:all_reduce", parent=2), _relu(9, parent=8, k=40),
     ]))
     assert [(op.node_id, op.module) for op in trace.ops] == [(3, ""), (9, "")]
+
+
+def test_orphans_of_a_range_never_closed_stay_in_their_step(tmp_path):
+    """A range that never closed (a module forward that raised: checkpoint's early stop) is
+    never written; its ops are placed in the step window it opened in, and counted."""
+    path = write_trace(tmp_path, [
+        step_node(4, 0), _relu(5, 4, k=10),
+        # node 6, a module range opened inside the step, was never written
+        _relu(7, 6, k=20), node(8, "## module:x ##", parent=6), _relu(9, 8, k=30),
+        _relu(10, 4, k=40),
+        _relu(12, 3, k=50),  # under a range (3) opened before the step: not placed
+        _relu(13, k=60),     # after the step, under no range: set-up
+    ])
+    trace = load_trace(path)
+    assert [(op.node_id, op.step) for op in trace.ops] == [(5, 0), (7, 0), (9, 0), (10, 0)]
+    assert trace.meta["num_orphan_ops"] == 2
+    assert trace.meta["num_dropped_ops"] == 2
+    assert trace.meta["dropped_ops"] == {"aten::relu": [2, 2 * 4 * 4]}

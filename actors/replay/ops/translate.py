@@ -3,8 +3,9 @@ equivalent with the same semantics and the same outputs (shapes, dtypes, count).
 
 `TRANSLATIONS` is the one table: recorded op name -> `Translation`. A translation applies when
 the recorded op has no kernel for the replay device (cudnn batch norm's backward on cpu,
-fused SGD on meta, an fbgemm op when fbgemm_gpu is not loaded), or, for entries marked
-``off_cuda``, on every device but CUDA (the op dispatches there, then needs a GPU). A builder
+fused SGD on meta, an fbgemm op when fbgemm_gpu is not loaded), for entries marked
+``off_cuda``, on every device but CUDA (the op dispatches there, then needs a GPU), and for
+entries marked ``everywhere``, on every device (``detach_``: the replay's tensors are views). A builder
 may decline one op (packed variable-length attention, an attention-bias gradient); the op then
 stays skipped with that reason. Outputs the equivalent does not produce (cudnn's reserve
 space, philox seeds) are zero stand-ins of the recorded shape.
@@ -37,6 +38,7 @@ class Translation:
     # particular op has no equivalent (it then stays skipped with that reason)
     build: Callable
     off_cuda: bool = False  # replace on every non-CUDA device, even where the op dispatches
+    everywhere: bool = False  # replace on every device (the recorded op cannot run in a replay)
 
 
 # --- batch norm and convolution ------------------------------------------------------------
@@ -109,6 +111,15 @@ def _record_stream(op: Op, schema: OpSchema, device):
     """Marks a tensor in use on another stream for the caching allocator: no streams here."""
     def run(self, s=None):
         return None
+    return run
+
+
+def _detach_inplace(op: Op, schema: OpSchema, device):
+    """Drops a tensor's autograd history in place. Replayed tensors carry none, and the store
+    hands the op a view of its storage, on which autograd refuses ``detach_`` ("Can't detach
+    views in-place"; a foreach optimizer detaches a 0-dim step this way): the tensor as is."""
+    def run(self):
+        return self
     return run
 
 
@@ -189,6 +200,8 @@ TRANSLATIONS: dict[str, Translation] = {
     "aten::pin_memory": Translation("aten::clone", _pin_memory, off_cuda=True),
     "aten::_pin_memory": Translation("aten::clone", _pin_memory, off_cuda=True),
     "aten::record_stream": Translation("nothing (no streams)", _record_stream, off_cuda=True),
+    "aten::detach_": Translation("nothing (no autograd in a replay)", _detach_inplace,
+                                 everywhere=True),
     "fbgemm::asynchronous_complete_cumsum": Translation("aten::cumsum", _complete_cumsum),
     "fbgemm::bounds_check_indices": Translation("aten::masked_fill_", _bounds_check_indices),
 }
@@ -200,7 +213,7 @@ def lookup(op: Op, device: torch.device) -> resolve.ResolvedOp | resolve.Unresol
     entry = TRANSLATIONS.get(op.name)
     if entry is None or device.type == "cuda" and entry.off_cuda:
         return None
-    if not entry.off_cuda and runs_natively(op.name, op.schema, device.type):
+    if not (entry.off_cuda or entry.everywhere) and runs_natively(op.name, op.schema, device.type):
         return None
     schema = schema_of(op)
     if isinstance(schema, str):
