@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from actors.trace.conventions import trace_file_name
+from actors.capture.fake_idioms import torch_idioms_on_fake, value_read_error
 from actors.capture.fake_mode import (CaptureFakeMode, ranges_outside_fake_mode, refuse_ddp,
                                       strip_dispatch_mode_nodes)
 from actors.capture.memory import MemoryMeter
@@ -52,7 +53,7 @@ def _shapes_only(device: str, world_size: int):
         yield META, None
         return
     mesh = world_mesh("cpu", world_size)  # before the mode: see world_mesh
-    with ranges_outside_fake_mode(), refuse_ddp(), CaptureFakeMode():
+    with ranges_outside_fake_mode(), refuse_ddp(), torch_idioms_on_fake(), CaptureFakeMode():
         yield torch.device("cpu"), mesh
 
 
@@ -76,6 +77,11 @@ def record_meta_rank(cfg: dict, out_dir: str, rank: int, world_size: int) -> tup
                                  tensor_ranges=False,
                                  rewrite=strip_dispatch_mode_nodes
                                  if wl_cfg.device == "fake" else None)
+        except Exception as e:  # a value read on fake: say where, not torch's traceback
+            error = value_read_error(e) if wl_cfg.device == "fake" else None
+            if error is None:
+                raise
+            raise error from e
         finally:
             dist.destroy_process_group()
     return workload, path

@@ -1,0 +1,187 @@
+"""torch's everyday training idioms on ``workload.device=fake``: the branch a real cpu run takes,
+or a clear refusal.
+
+A fake tensor has a shape but no value, and its type is ``FakeTensor``. torch's own code
+branches on both, so left alone a fake step would run another program than the real one, or
+stop deep inside torch:
+
+* **foreach paths.** ``clip_grad_norm_``, ``clip_grad_value_`` and the optimizers take the
+  multi-tensor path only for tensors whose exact type is in torch's ``_foreach_supported_types``
+  lists (``type(t) in [Tensor, Parameter]``), so on fake they silently fall back to one op per
+  tensor. :func:`torch_idioms_on_fake` adds ``FakeTensor`` to both lists, as DTensor adds itself
+  at import: a fake tensor stands for a plain one. (One case stays apart: ``torch.utils``'s list
+  holds ``Tensor`` but not ``Parameter``, so a foreach check there on the parameters
+  themselves, rather than their gradients, takes the foreach path on fake only.)
+* **GradScaler's found-inf check.** ``GradScaler.step`` reads the flags
+  ``_amp_foreach_non_finite_check_and_unscale_`` wrote (``found_inf.item()``) to decide
+  whether the optimizer steps. On fake the flags are read as 0: the step with finite
+  gradients, the one that updates the weights and holds the optimizer's memory. The
+  unscale, the checks and the ``.item()`` themselves run and are recorded as on cpu.
+* **nn.Transformer*'s causal-mask check.** Given a mask and no ``is_causal`` hint,
+  ``nn.TransformerEncoder``, ``TransformerDecoderLayer`` and ``nn.Transformer`` compare the mask
+  with a causal one and read the result (``bool((mask == causal).all())``), which decides
+  whether attention takes ``is_causal`` or the mask. On fake, a mask made by
+  ``nn.Transformer.generate_square_subsequent_mask`` is known to be causal: the comparison
+  runs and is recorded, and its read answers True, as on cpu. Any other mask without a hint is
+  refused, naming the hint to pass.
+* **Any other value read** (``.item()``, ``float(t)``, ``if t > 0``: the loss for logging,
+  LBFGS's line search, ASGD's ``mu.item()``, Adafactor's ``param.norm().item()``) or an op
+  whose output shape depends on values (``nonzero``, ``masked_select``, boolean indexing) cannot
+  be answered from shapes: :func:`value_read_error` turns torch's exception into a ConfigError
+  naming the op and the line that asked.
+"""
+from __future__ import annotations
+
+import os
+import traceback
+from contextlib import ExitStack, contextmanager
+
+import torch
+from torch._subclasses.fake_tensor import (DataDependentOutputException,
+                                           DynamicOutputShapeException, FakeTensor)
+
+from actors.capture.fake_mode import answering_next_read
+from actors.errors import ConfigError
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_CAPTURE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the capture's own frames
+FINITE = 0.0  # what a found-inf flag reads on fake: no inf or NaN in the gradients
+
+
+@contextmanager
+def _appended(types: list, new_type: type):
+    """``new_type`` in the list ``types`` within the block (removed after, if added here)."""
+    added = new_type not in types
+    if added:
+        types.append(new_type)
+    try:
+        yield
+    finally:
+        if added:
+            types.remove(new_type)
+
+
+@contextmanager
+def _finite_grad_scaler():
+    """Within the block, GradScaler reads every found-inf flag as FINITE (module docstring)."""
+    from torch.amp.grad_scaler import GradScaler
+
+    original = GradScaler._maybe_opt_step
+
+    def maybe_opt_step(self, optimizer, optimizer_state, *args, **kwargs):
+        for found_inf in optimizer_state["found_inf_per_device"].values():
+            if isinstance(found_inf, FakeTensor):
+                found_inf.item_memo = FINITE  # fake's .item() answers from it (this version)
+        return original(self, optimizer, optimizer_state, *args, **kwargs)
+
+    GradScaler._maybe_opt_step = maybe_opt_step
+    try:
+        yield
+    finally:
+        GradScaler._maybe_opt_step = original
+
+
+@contextmanager
+def _causal_masks_known():
+    """Within the block, nn.Transformer*'s check whether a fake mask is causal answers from how
+    the mask was made (module docstring)."""
+    import torch.nn.modules.transformer as transformer
+
+    generate = transformer._generate_square_subsequent_mask
+    detect = transformer._detect_is_causal_mask
+
+    def generate_causal(sz, device=None, dtype=None):
+        mask = generate(sz, device=device, dtype=dtype)
+        if isinstance(mask, FakeTensor):
+            mask.tracefleet_causal_size = sz
+        return mask
+
+    def detect_causal(mask, is_causal=None, size=None):
+        if is_causal is not None or not isinstance(mask, FakeTensor):
+            return detect(mask, is_causal, size)
+        sz = size if size is not None else mask.size(-2)
+        if tuple(mask.shape) != (sz, sz):
+            return detect(mask, is_causal, size)  # False without reading the mask
+        if getattr(mask, "tracefleet_causal_size", None) != sz:
+            raise ConfigError(
+                f"workload.device=fake: nn.Transformer* got a {sz}x{sz} attention mask and no "
+                "is_causal hint, and reads the mask's values to tell whether it is causal; "
+                "fake tensors have no values: pass is_causal=True or False with the mask (the "
+                "encoder's is_causal, the decoder's tgt_is_causal / memory_is_causal), or make "
+                "it with nn.Transformer.generate_square_subsequent_mask")
+        with answering_next_read(True):
+            return detect(mask, is_causal, size)
+
+    transformer._generate_square_subsequent_mask = generate_causal
+    transformer._detect_is_causal_mask = detect_causal
+    try:
+        yield
+    finally:
+        transformer._generate_square_subsequent_mask = generate
+        transformer._detect_is_causal_mask = detect
+
+
+@contextmanager
+def torch_idioms_on_fake():
+    """Within the block (around a fake capture), torch's idioms take the real cpu branch on
+    fake tensors (see the module docstring)."""
+    import torch.optim.optimizer as optimizer_module
+    import torch.utils._foreach_utils as foreach_utils
+
+    with ExitStack() as stack:
+        stack.enter_context(_appended(optimizer_module._foreach_supported_types, FakeTensor))
+        stack.enter_context(_appended(foreach_utils._foreach_supported_types, FakeTensor))
+        stack.enter_context(_finite_grad_scaler())
+        stack.enter_context(_causal_masks_known())
+        yield
+
+
+def _site(frame: traceback.FrameSummary) -> str:
+    code = f": `{frame.line.strip()}`" if frame.line else ""
+    rel = os.path.relpath(frame.filename, _TORCH_DIR)
+    path = frame.filename if rel.startswith("..") else os.path.join("torch", rel)
+    return f"{path}:{frame.lineno} in {frame.name}{code}"
+
+
+def _asking_frames(exc: BaseException) -> str:
+    """Where the value was asked for: the two innermost frames outside torch's private modules
+    (the fake mode, the tensor's dunder methods) and the capture's own code, and the innermost
+    frame outside torch (the user's line, which may have called into torch)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith(_CAPTURE_DIR)]
+
+    def in_torch(f):
+        return not os.path.relpath(f.filename, _TORCH_DIR).startswith("..")
+
+    def private(f):  # torch/_subclasses/..., torch/_tensor.py, torch/utils/_stats.py, ...
+        parts = os.path.relpath(f.filename, _TORCH_DIR).split(os.sep)
+        return in_torch(f) and (parts[0].startswith("_")
+                                or parts[0] == "utils" and parts[-1].startswith("_"))
+
+    public = [f for f in reversed(frames) if not private(f)][:2]  # innermost and its caller
+    outside = next((f for f in reversed(frames) if not in_torch(f)), None)
+    if not public:
+        return "an unknown line"
+    where = ", in ".join(_site(f) for f in public if f is not outside)
+    if outside is not None:
+        where += f"{', ' if where else ''}called from {_site(outside)}"
+    return where
+
+
+def value_read_error(exc: BaseException) -> ConfigError | None:
+    """A ConfigError saying which value the step read and where, when ``exc`` (or what caused
+    it) is the fake mode's refusal to read one; None for any other exception."""
+    cause = exc
+    while cause is not None and not isinstance(cause, (DataDependentOutputException,
+                                                       DynamicOutputShapeException)):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None:
+        return None
+    if isinstance(cause, DataDependentOutputException):
+        what = (f"reads a tensor's value ({cause.func}: .item(), float(), int(), bool() or an "
+                "`if` on a tensor)")
+    else:
+        what = f"runs an op whose output shape depends on tensor values ({cause.func})"
+    return ConfigError(f"workload.device=fake: the step {what} at {_asking_frames(cause)}; fake "
+                       "tensors have shapes, not values: capture this step on workload.device="
+                       "cpu or cuda, or keep the value out of the recorded step")
