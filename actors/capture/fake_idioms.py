@@ -5,6 +5,13 @@ A fake tensor has a shape but no value, and its type is ``FakeTensor``. torch's 
 branches on both, so left alone a fake step would run another program than the real one, or
 stop deep inside torch:
 
+* **deepcopy.** ``Tensor.__deepcopy__`` clones a fake tensor when its data pointer is 0 and
+  otherwise copies its storage as a real tensor's (the capture's unique meta storages give
+  every fake tensor a data pointer), and in both cases deep-copies the tensor's ``__dict__``,
+  where the fake mode keeps the real value of a small tensor it tracks (``torch.tensor(0)``:
+  BatchNorm's ``num_batches_tracked``): copying that real tensor inside the mode fails, so
+  ``AveragedModel(model)`` (an EMA copy) did. Within the capture a fake tensor deep-copies by
+  ``clone``, its tracked value with it (the copy's mode: ``CaptureFakeMode.__deepcopy__``).
 * **foreach paths.** ``clip_grad_norm_``, ``clip_grad_value_`` and the optimizers take the
   multi-tensor path only for tensors whose exact type is in torch's ``_foreach_supported_types``
   lists (``type(t) in [Tensor, Parameter]``), so on fake they silently fall back to one op per
@@ -25,13 +32,16 @@ stop deep inside torch:
   runs and is recorded, and its read answers True, as on cpu. Any other mask without a hint is
   refused, naming the hint to pass.
 * **Any other value read** (``.item()``, ``float(t)``, ``if t > 0``: the loss for logging,
-  LBFGS's line search, ASGD's ``mu.item()``, Adafactor's ``param.norm().item()``) or an op
-  whose output shape depends on values (``nonzero``, ``masked_select``, boolean indexing) cannot
-  be answered from shapes: :func:`value_read_error` turns torch's exception into a ConfigError
-  naming the op and the line that asked.
+  LBFGS's line search, ASGD's ``mu.item()``, Adafactor's ``param.norm().item()``), an op
+  whose output shape depends on values (``nonzero``, ``masked_select``, boolean indexing,
+  ``pack_padded_sequence``) or a sparse tensor (its number of stored elements) cannot be
+  answered from shapes, and torch.compile traces with a fake mode of its own:
+  :func:`fake_step_error` turns torch's exception into a ConfigError naming what and the line
+  that asked.
 """
 from __future__ import annotations
 
+import copy
 import os
 import traceback
 from contextlib import ExitStack, contextmanager
@@ -40,10 +50,11 @@ import torch
 from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            DynamicOutputShapeException, FakeTensor)
 
-from actors.capture.fake_mode import answering_next_read
+from actors.capture.fake_mode import SparseOnFake, answering_next_read
 from actors.errors import ConfigError
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
+_TENSOR_DEEPCOPY = torch.Tensor.__deepcopy__
 _CAPTURE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # the capture's own frames
 FINITE = 0.0  # what a found-inf flag reads on fake: no inf or NaN in the gradients
 
@@ -121,6 +132,39 @@ def _causal_masks_known():
         transformer._detect_is_causal_mask = detect
 
 
+def _deepcopy_fake(self, memo):
+    """``Tensor.__deepcopy__``'s branch for a storage-less tensor subclass (which torch takes for
+    a fake tensor whose data pointer is 0; the capture's unique meta storages give it one),
+    keeping the real value of a constant out of the deep copy."""
+    if id(self) in memo:
+        return memo[id(self)]
+    if not self.is_leaf:
+        return _TENSOR_DEEPCOPY(self, memo)  # torch's refusal of a non-leaf tensor
+    with torch.no_grad():
+        new = self.clone()
+        if self.requires_grad:
+            new.requires_grad_()
+        if self.grad is not None:
+            new.grad = self.grad.__deepcopy__(memo)
+        self._clear_non_serializable_cached_data()
+        # The mode copies as itself; a real value the mode keeps (``constant``) is the clone's
+        # own: deep-copying that real tensor inside the mode would fake its copy.
+        state = {k: v for k, v in self.__dict__.items() if k != "constant"}
+        new.__dict__.update(copy.deepcopy(state, memo))
+    memo[id(self)] = new
+    return new
+
+
+@contextmanager
+def _deepcopy_by_clone():
+    """Within the block, ``copy.deepcopy`` of a fake tensor clones it (module docstring)."""
+    FakeTensor.__deepcopy__ = _deepcopy_fake
+    try:
+        yield
+    finally:
+        del FakeTensor.__deepcopy__
+
+
 @contextmanager
 def torch_idioms_on_fake():
     """Within the block (around a fake capture), torch's idioms take the real cpu branch on
@@ -133,6 +177,7 @@ def torch_idioms_on_fake():
         stack.enter_context(_appended(foreach_utils._foreach_supported_types, FakeTensor))
         stack.enter_context(_finite_grad_scaler())
         stack.enter_context(_causal_masks_known())
+        stack.enter_context(_deepcopy_by_clone())
         yield
 
 
@@ -168,20 +213,49 @@ def _asking_frames(exc: BaseException) -> str:
     return where
 
 
-def value_read_error(exc: BaseException) -> ConfigError | None:
-    """A ConfigError saying which value the step read and where, when ``exc`` (or what caused
-    it) is the fake mode's refusal to read one; None for any other exception."""
-    cause = exc
-    while cause is not None and not isinstance(cause, (DataDependentOutputException,
-                                                       DynamicOutputShapeException)):
-        cause = cause.__cause__ or cause.__context__
-    if cause is None:
-        return None
-    if isinstance(cause, DataDependentOutputException):
-        what = (f"reads a tensor's value ({cause.func}: .item(), float(), int(), bool() or an "
-                "`if` on a tensor)")
-    else:
-        what = f"runs an op whose output shape depends on tensor values ({cause.func})"
-    return ConfigError(f"workload.device=fake: the step {what} at {_asking_frames(cause)}; fake "
-                       "tensors have shapes, not values: capture this step on workload.device="
-                       "cpu or cuda, or keep the value out of the recorded step")
+def _chain(exc: BaseException | None):
+    """``exc`` and what caused it, outermost first (bounded: a cycle ends it)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _compiled(exc: BaseException) -> bool:
+    """Whether the exception went through torch.compile's machinery (dynamo, inductor)."""
+    dirs = tuple(os.path.join(_TORCH_DIR, d) + os.sep for d in ("_dynamo", "_inductor"))
+    return any(f.filename.startswith(dirs) for e in _chain(exc)
+               for f in traceback.extract_tb(e.__traceback__))
+
+
+def fake_step_error(exc: BaseException) -> ConfigError | None:
+    """A ConfigError saying what a fake capture cannot do and where the step asked for it, when
+    ``exc`` (or what caused it) is one of: a value read, an op whose output shape depends on
+    values, a sparse tensor, torch.compile; None for any other exception."""
+    keep_out = "keep the value out of the recorded step"
+    for cause in _chain(exc):
+        if isinstance(cause, DataDependentOutputException):
+            what = (f"reads a tensor's value ({cause.func}: .item(), float(), int(), bool() or an "
+                    "`if` on a tensor)")
+            instead = keep_out
+        elif isinstance(cause, DynamicOutputShapeException):
+            what = f"runs an op whose output shape depends on tensor values ({cause.func})"
+            instead = keep_out
+        elif isinstance(cause, SparseOnFake):
+            what = (f"makes a sparse tensor ({cause.func}: nn.Embedding/EmbeddingBag(sparse=True) "
+                    "gradients, SparseAdam, torch.sparse), whose number of stored elements "
+                    "depends on values")
+            instead = "use dense gradients (sparse=False)"
+        else:
+            continue
+        return ConfigError(f"workload.device=fake: the step {what} at {_asking_frames(cause)}; "
+                           "fake tensors have shapes, not values: capture this step on "
+                           f"workload.device=cpu or cuda, or {instead}")
+    if _compiled(exc):
+        return ConfigError(f"workload.device=fake: torch.compile raised {type(exc).__name__} on "
+                           "fake tensors: its default backend, inductor, compiles kernels that "
+                           "take real ones; capture the step with backend='eager' or "
+                           "'aot_eager' (which run on fake), without torch.compile, or on "
+                           "workload.device=cpu or cuda")
+    return None

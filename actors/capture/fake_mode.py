@@ -55,8 +55,20 @@ DISPATCH_MODE_NODE = "PythonDispatchMode"  # torch's pythonFallback frame under 
 SUBCLASS_NODE = "PythonSubclass"  # its frame for a tensor subclass without a mode
 _UNRECORDED = threading.local()  # depth of CaptureFakeMode.dispatch calls on this thread
 _ANSWERS = threading.local()  # the pending answer of answering_next_read, on this thread
+_SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr,
+                   torch.sparse_bsc)
 _PYTHON_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Python) | torch._C.DispatchKeySet(
     torch._C.DispatchKey.PythonTLSSnapshot)
+
+
+class SparseOnFake(RuntimeError):
+    """An op made a sparse tensor on fake: its number of stored elements (``nnz``) depends on
+    values, so the fake one's is made up (a coalesced gradient's is 0: the optimizer then skips
+    the update, silently)."""
+
+    def __init__(self, func):
+        super().__init__(f"{func} made a sparse tensor on fake")
+        self.func = func
 
 
 class _FreshOutputConverter(FakeTensorConverter):
@@ -85,11 +97,14 @@ class CaptureFakeMode(FakeTensorMode):
             torch._C._autograd._enable_record_function(False)
         _UNRECORDED.depth = depth + 1
         try:
-            return super().dispatch(func, types, args, kwargs)
+            out = super().dispatch(func, types, args, kwargs)
         finally:
             _UNRECORDED.depth = depth
             if depth == 0:
                 torch._C._autograd._enable_record_function(True)
+        if isinstance(out, torch.Tensor) and out.layout in _SPARSE_LAYOUTS:
+            raise SparseOnFake(func)
+        return out
 
     def __deepcopy__(self, memo):
         # A FakeTensor keeps its mode in __dict__, which Tensor.__deepcopy__ deep-copies: each

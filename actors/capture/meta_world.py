@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from actors.trace.conventions import trace_file_name
-from actors.capture.fake_idioms import torch_idioms_on_fake, value_read_error
+from actors.capture.fake_idioms import fake_step_error, torch_idioms_on_fake
 from actors.capture.fake_mode import (CaptureFakeMode, ranges_outside_fake_mode, refuse_ddp,
                                       strip_dispatch_mode_nodes)
 from actors.capture.memory import MemoryMeter
@@ -77,8 +77,8 @@ def record_meta_rank(cfg: dict, out_dir: str, rank: int, world_size: int) -> tup
                                  tensor_ranges=False,
                                  rewrite=strip_dispatch_mode_nodes
                                  if wl_cfg.device == "fake" else None)
-        except Exception as e:  # a value read on fake: say where, not torch's traceback
-            error = value_read_error(e) if wl_cfg.device == "fake" else None
+        except Exception as e:  # what fake cannot do: say what and where
+            error = fake_step_error(e) if wl_cfg.device == "fake" else None
             if error is None:
                 raise
             raise error from e

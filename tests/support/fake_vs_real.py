@@ -20,6 +20,7 @@ place); :func:`engine_accumulations` counts them from the trace's autograd frame
 from __future__ import annotations
 
 import gzip
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -41,11 +42,11 @@ ENGINE_FRAME = "autograd::engine::evaluate_function: "
 
 
 def as_entrypoint(build: Callable, name: str) -> str:
-    """``build`` bound as ``name`` in this module; its ``workload.entrypoint`` spec."""
-    assert name.isidentifier() and not hasattr(sys.modules[__name__], name) \
-        or getattr(sys.modules[__name__], name) is build, f"{name} is taken"
-    setattr(sys.modules[__name__], name, build)
-    return f"{__name__}:{name}"
+    """``build`` bound in this module under ``name`` (made an identifier; a later binding of the
+    same name replaces it); its ``workload.entrypoint`` spec."""
+    attr = "build_" + re.sub(r"\W", "_", name)
+    setattr(sys.modules[__name__], attr, build)
+    return f"{__name__}:{attr}"
 
 
 def _capture_cfg(spec: str, device: str) -> dict:
