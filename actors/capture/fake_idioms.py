@@ -12,6 +12,11 @@ stop deep inside torch:
   BatchNorm's ``num_batches_tracked``): copying that real tensor inside the mode fails, so
   ``AveragedModel(model)`` (an EMA copy) did. Within the capture a fake tensor deep-copies by
   ``clone``, its tracked value with it (the copy's mode: ``CaptureFakeMode.__deepcopy__``).
+* **nn.init.trunc_normal_** (ViT, ConvNeXt, Swin) resamples until every value lies in its
+  bounds, reading the values (``mask.any()``); torch skips it on meta tensors (nothing to
+  sample), and on fake, whose tensors are meta ones, it is skipped too. Initial values are
+  not part of a trace (the model is built before the recorded step); torch's other value-free
+  inits run as they are.
 * **foreach paths.** ``clip_grad_norm_``, ``clip_grad_value_`` and the optimizers take the
   multi-tensor path only for tensors whose exact type is in torch's ``_foreach_supported_types``
   lists (``type(t) in [Tensor, Parameter]``), so on fake they silently fall back to one op per
@@ -166,6 +171,26 @@ def _deepcopy_by_clone():
 
 
 @contextmanager
+def _init_skipped_like_meta():
+    """Within the block, ``nn.init.trunc_normal_`` leaves a fake tensor as it leaves a meta one
+    (module docstring)."""
+    import torch.nn.init as init
+
+    original = init._no_grad_trunc_normal_
+
+    def trunc_normal(tensor, *args, **kwargs):
+        if isinstance(tensor, FakeTensor):
+            return tensor
+        return original(tensor, *args, **kwargs)
+
+    init._no_grad_trunc_normal_ = trunc_normal
+    try:
+        yield
+    finally:
+        init._no_grad_trunc_normal_ = original
+
+
+@contextmanager
 def torch_idioms_on_fake():
     """Within the block (around a fake capture), torch's idioms take the real cpu branch on
     fake tensors (see the module docstring)."""
@@ -178,6 +203,7 @@ def torch_idioms_on_fake():
         stack.enter_context(_finite_grad_scaler())
         stack.enter_context(_causal_masks_known())
         stack.enter_context(_deepcopy_by_clone())
+        stack.enter_context(_init_skipped_like_meta())
         yield
 
 

@@ -105,17 +105,31 @@ def histogram_diff(real: Counter, fake: Counter) -> str:
                      for name in sorted(set(real) | set(fake)) if real[name] != fake[name])
 
 
+def folded_histograms(real_path: Path, fake_path: Path) -> tuple[Counter, Counter]:
+    """The two traces' op histograms, the engine's in-place accumulations of the real one
+    counted as the out-of-place ones fake records (see the module docstring)."""
+    real = op_histogram(load_trace(real_path))
+    fake = op_histogram(load_trace(fake_path))
+    in_place = engine_accumulations(real_path, "aten::add_")
+    real["aten::add_"] -= in_place
+    real["aten::add"] += in_place
+    assert engine_accumulations(fake_path, "aten::add_") == 0
+    return +real, +fake
+
+
 def compare_fake_to_real(spec: str, out_dir: Path, world_size: int = 1) -> tuple[Trace, Trace]:
     """Capture ``spec`` both ways under ``out_dir`` and assert the same op histogram (the
     engine's in-place accumulations folded, see the module docstring); ``(real, fake)``."""
     fake_path = capture_fake(spec, out_dir / "fake", world_size)
     real_path = capture_real(spec, out_dir / "real")
-    real, fake = load_trace(real_path), load_trace(fake_path)
-    real_hist, fake_hist = op_histogram(real), op_histogram(fake)
-    in_place = engine_accumulations(real_path, "aten::add_")
-    real_hist["aten::add_"] -= in_place
-    real_hist["aten::add"] += in_place
-    assert engine_accumulations(fake_path, "aten::add_") == 0
-    diff = histogram_diff(+real_hist, +fake_hist)
+    diff = histogram_diff(*folded_histograms(real_path, fake_path))
     assert not diff, f"{spec}: fake and real op histograms differ: {diff}"
-    return real, fake
+    return load_trace(real_path), load_trace(fake_path)
+
+
+def known_difference(spec: str, out_dir: Path) -> str:
+    """Capture ``spec`` both ways under ``out_dir``; the histograms' difference (folded), for a
+    step whose fake run is known to differ (``histogram_diff``'s form)."""
+    fake_path = capture_fake(spec, out_dir / "fake")
+    real_path = capture_real(spec, out_dir / "real")
+    return histogram_diff(*folded_histograms(real_path, fake_path))
