@@ -22,9 +22,10 @@ registers ``ModelOutput``), and the *sinks* among them: nodes that hand every gr
 the call (to its inputs, its parameters' accumulators, earlier ops).
 
 * ``begin``: once the backward reaches one of the call's outputs (a multi-grad hook: just
-  before the node that made it runs), before any op of the call's backward. torch's wrapper holds every output's gradient back until all
-  are there and fires its pre hook then; without a wrapper, the backward of one output (a
-  ``ModelOutput``'s auxiliary loss) can start before another's gradient exists;
+  before the node that made it runs), before any op of the call's backward. torch's wrapper
+  holds every output's gradient back until all are there and fires its pre hook then; without
+  a wrapper, the backward of one output (a ``ModelOutput``'s auxiliary loss) can start before
+  another's gradient exists;
 * ``end``: once every sink the backward runs has run (node hooks): the call's own backward
   is over, its parameters' gradients computed. torch's full backward hook fires when the
   gradients w.r.t. the inputs are, the same moment for a module whose inputs need grad, and at

@@ -109,3 +109,52 @@ def test_qwen2_foreach_adamw_on_fake_records_and_replays_the_real_ops(tmp_path):
     for side in ("real", "fake"):
         markers = _markers(tmp_path / side / "rank-0.et.json.gz")
         assert {module_range_name("model", k) for k in (BWD_BEGIN, BWD_END)} <= set(markers)
+
+
+class InPlaceBlock(nn.Module):
+    """ResNet's shape: conv, BatchNorm, ReLU(inplace=True), ``out += identity``, ReLU again;
+    and an embedding (whose input needs no grad) in front."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+        self.conv, self.bn, self.relu = nn.Conv1d(4, 4, 1), nn.BatchNorm1d(4), nn.ReLU(True)
+
+    def forward(self, idx):
+        x = self.relu(self.emb(idx).transpose(1, 2).contiguous())
+        out = self.bn(self.conv(x))
+        out += x
+        return self.relu(out)
+
+
+def in_place_step(ctx):
+    torch.manual_seed(0)
+    model = InPlaceBlock().to(ctx.device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(batch):
+        model(batch[0]).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    return model, lambda: (torch.randint(0, 10, (2, 3), device=ctx.device),), step
+
+
+def test_in_place_ops_on_module_outputs_capture_with_markers(tmp_path):
+    """torch's full backward hooks failed this forward ("Output 0 of BackwardHookFunction is a
+    view and is being modified inplace"); the graph's hooks see it through, on cpu and fake.
+    The embedding's end follows its backward op (torch's hook fired at its begin)."""
+    real, fake = compare_fake_to_real(as_entrypoint(in_place_step, "in_place_block"), tmp_path)
+    for side in ("real", "fake"):
+        path = tmp_path / side / "rank-0.et.json.gz"
+        markers = _markers(path)
+        for name in ("conv", "bn", "emb"):
+            begin, end = (module_range_name(name, k) for k in (BWD_BEGIN, BWD_END))
+            assert markers.index(begin) < markers.index(end), (side, name)
+        assert markers.count(module_range_name("relu", BWD_BEGIN)) == 2  # called twice
+        with gzip.open(path) as f:
+            nodes = sorted(orjson.loads(f.read())["nodes"], key=lambda n: n["id"])
+        names = [n["name"] for n in nodes]
+        emb = names.index(module_range_name("emb", BWD_BEGIN))
+        assert "aten::embedding_backward" in names[emb:names.index(
+            module_range_name("emb", BWD_END))]
