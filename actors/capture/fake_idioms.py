@@ -163,11 +163,15 @@ def _deepcopy_fake(self, memo):
 @contextmanager
 def _deepcopy_by_clone():
     """Within the block, ``copy.deepcopy`` of a fake tensor clones it (module docstring)."""
+    own = FakeTensor.__dict__.get("__deepcopy__")  # None: FakeTensor inherits Tensor's
     FakeTensor.__deepcopy__ = _deepcopy_fake
     try:
         yield
     finally:
-        del FakeTensor.__deepcopy__
+        if own is None:
+            del FakeTensor.__deepcopy__
+        else:
+            FakeTensor.__deepcopy__ = own
 
 
 @contextmanager

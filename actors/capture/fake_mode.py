@@ -38,7 +38,8 @@ Storage ids: a fake tensor's storage is its meta tensor's, whose data pointer is
 :func:`actors.capture.meta_storage.unique_meta_storages` is active (it is, during a fake
 capture), so the trace names storages as a real one does.
 
-DistributedDataParallel does not run on fake tensors: :func:`refuse_ddp` says so clearly.
+DistributedDataParallel does not run on fake tensors: :func:`refuse_ddp` says so clearly. An op
+making a sparse tensor raises :class:`SparseOnFake` (actors/capture/fake_idioms.py names it).
 """
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ class _FreshOutputConverter(FakeTensorConverter):
 
 
 class CaptureFakeMode(FakeTensorMode):
-    """``FakeTensorMode`` whose parameters survive ``module.to(device)`` and ``deepcopy``."""
+    """``FakeTensorMode`` that records none of its own work, whose parameters survive
+    ``module.to(device)`` and ``deepcopy``, and that refuses sparse tensors (SparseOnFake)."""
 
     def __init__(self):
         super().__init__()
