@@ -4,45 +4,75 @@ that looks like the real one.
 Under ``FakeTensorMode`` every tensor is a ``FakeTensor``: it reports the real device
 (``cpu``) but is backed by a ``meta`` tensor, so nothing is computed or allocated and a model
 far larger than the machine trains at any world size. Unlike plain ``meta`` tensors, FSDP2
-accepts fake ones. Two things keep the ET observer's trace shaped like a real one:
+accepts fake ones. What keeps the ET observer's trace shaped like a real one:
 
 * Every op under a Python dispatch mode runs inside a ``PythonDispatchMode`` RecordFunction
-  (torch's ``pythonFallback``), with the mode's own meta kernels below it:
-  :func:`strip_dispatch_mode_nodes` removes them from the written trace (or renames the
-  frame where a tensor subclass such as DTensor ran its local ops under it). And
-  ``record_function`` ranges are themselves ops: their start would open inside that wrapper
-  and close outside it, so the observer would nest nothing under them (no
-  ``ProfilerStep#``, no module ranges). :func:`ranges_outside_fake_mode` starts and ends them
-  below the Python dispatch keys, as on a real device.
+  (torch's ``pythonFallback``), and the mode then does its own work: meta kernels,
+  decompositions, and constant propagation, which reruns the op (and a ``clone``) on *real* cpu
+  tensors for small values it tracks (``torch.tensor(1.0)``, an optimizer's step count).
+  :meth:`CaptureFakeMode.dispatch` does that work with RecordFunction off, so none of it is
+  recorded (constant propagation's real-tensor ops would otherwise read as a tensor subclass's
+  local call, below, and add ops a real run does not have: a foreach optimizer's
+  ``torch.tensor(1.0)`` step added a ``clone``). :func:`strip_dispatch_mode_nodes` removes the
+  frames themselves (or renames the frame where a tensor subclass such as DTensor ran its
+  local ops under it) and any ``meta`` node left. And ``record_function`` ranges are
+  themselves ops: their start would open inside that frame and close outside it, so the
+  observer would nest nothing under them (no ``ProfilerStep#``, no module ranges).
+  :func:`ranges_outside_fake_mode` starts and ends them below the Python dispatch keys, as
+  on a real device.
 * ``FakeTensorMode`` memoizes every fresh op output with a weak reference, and
   ``nn.Module._apply`` always swaps a fake parameter (``torch.utils.swap_tensors``), which
   refuses a tensor with a weak reference: ``model.to(device)`` would fail on fake. The
   memo only serves to map a tensor seen twice to one fake tensor, and a fresh output is
   never seen again, so :class:`CaptureFakeMode` wraps fresh outputs without it.
+* A FakeTensor keeps its mode in its ``__dict__``, which ``copy.deepcopy`` copies: every
+  deep-copied module (``nn.TransformerEncoder`` clones its layer ``num_layers`` times, an EMA
+  copy of the model) got tensors of a mode of their own, and the first op mixing them with
+  the capture's failed ("Mixing fake modes"; through ``model.to(device)``: ``_apply():
+  Couldn't swap <Module>.weight``). The capture's mode deep-copies as itself.
+
+The idioms torch branches on for fake tensors (foreach paths, GradScaler's found-inf check,
+value reads): actors/capture/fake_idioms.py.
 
 Storage ids: a fake tensor's storage is its meta tensor's, whose data pointer is 0 unless
 :func:`actors.capture.meta_storage.unique_meta_storages` is active (it is, during a fake
 capture), so the trace names storages as a real one does.
 
-DistributedDataParallel does not run on fake tensors: :func:`refuse_ddp` says so clearly.
+DistributedDataParallel does not run on fake tensors: :func:`refuse_ddp` says so clearly. An op
+making a sparse tensor raises :class:`SparseOnFake` (actors/capture/fake_idioms.py names it).
 """
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConverter, FakeTensorMode
 
 from actors.capture import free_markers
-from actors.capture.fake_values import UNANSWERED, VALUE_RANGE, KnownValues
+from actors.capture.fake_values import UNANSWERED, KnownValues
 from actors.errors import ConfigError
 from actors.trace.conventions import FREED_OP
 from actors.trace.tensor_ids import UNIQUE_STORAGES_KEY
 
 DISPATCH_MODE_NODE = "PythonDispatchMode"  # torch's pythonFallback frame under a mode
 SUBCLASS_NODE = "PythonSubclass"  # its frame for a tensor subclass without a mode
+_UNRECORDED = threading.local()  # depth of CaptureFakeMode.dispatch calls on this thread
+_ANSWERS = threading.local()  # the pending answer of answering_next_read, on this thread
+_SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr,
+                   torch.sparse_bsc)
 _PYTHON_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Python) | torch._C.DispatchKeySet(
     torch._C.DispatchKey.PythonTLSSnapshot)
+
+
+class SparseOnFake(RuntimeError):
+    """An op made a sparse tensor on fake: its number of stored elements (``nnz``) depends on
+    values, so the fake one's is made up (a coalesced gradient's is 0: the optimizer then skips
+    the update, silently)."""
+
+    def __init__(self, func):
+        super().__init__(f"{func} made a sparse tensor on fake")
+        self.func = func
 
 
 class _FreshOutputConverter(FakeTensorConverter):
@@ -53,25 +83,69 @@ class _FreshOutputConverter(FakeTensorConverter):
 
 
 class CaptureFakeMode(FakeTensorMode):
-    """``FakeTensorMode`` whose parameters survive ``module.to(device)`` and whose small
-    tensors computed from known data carry their values (actors/capture/fake_values.py)."""
+    """``FakeTensorMode`` that records none of its own work, whose parameters survive
+    ``module.to(device)`` and ``deepcopy``, whose small tensors computed from known data carry
+    their values (actors/capture/fake_values.py), that writes the run's frees into the trace
+    while recording (actors/capture/free_markers.py) and refuses sparse tensors
+    (SparseOnFake)."""
 
     def __init__(self):
         super().__init__()
         self.fake_tensor_converter = _FreshOutputConverter()
         self.values = KnownValues()
-        self.emit_frees = False  # actors/capture/free_markers.py: recording(mode) turns it on
+        self.emit_frees = False  # free_markers.recording(mode) turns it on
 
     def dispatch(self, func, types, args=(), kwargs=None):
-        if self.emit_frees:
+        """The mode's own work for one op, with no RecordFunction (see the module docstring);
+        nested calls (decompositions re-enter the mode) leave it off until the outer one ends.
+        A value read inside :func:`answering_next_read` gets its answer; one of a known value
+        gets that value."""
+        depth = getattr(_UNRECORDED, "depth", 0)
+        if depth == 0 and self.emit_frees:  # recorded: before the mode's own work
             free_markers.emit()
+        answers = getattr(_ANSWERS, "pending", None)
+        if func is torch.ops.aten._local_scalar_dense.default and answers:
+            return answers.pop(0)
         kwargs = kwargs or {}
-        answer = self.values.before(self, func, args, kwargs)
-        if answer is not UNANSWERED:
-            return answer
-        out = super().dispatch(func, types, args, kwargs)
-        self.values.after(func, args, kwargs, out)
+        if depth == 0:
+            torch._C._autograd._enable_record_function(False)
+        _UNRECORDED.depth = depth + 1
+        try:
+            out = self.values.before(self, func, args, kwargs)
+            if out is UNANSWERED:
+                out = super().dispatch(func, types, args, kwargs)
+                self.values.after(func, args, kwargs, out)
+        finally:
+            _UNRECORDED.depth = depth
+            if depth == 0:
+                torch._C._autograd._enable_record_function(True)
+        if isinstance(out, torch.Tensor) and out.layout in _SPARSE_LAYOUTS:
+            raise SparseOnFake(func)
         return out
+
+    def __deepcopy__(self, memo):
+        # A FakeTensor keeps its mode in __dict__, which Tensor.__deepcopy__ deep-copies: each
+        # copied tensor would get a mode of its own, and the first op mixing it with the
+        # capture's tensors fails ("Mixing fake modes"). The mode is the capture's state, not
+        # the tensor's: a copy stays in it.
+        return self
+
+
+@contextmanager
+def answering_next_read(value):
+    """Within the block, the first read of a fake tensor's value (``.item()``, ``bool()``: the
+    op ``aten::_local_scalar_dense``, recorded as on a real device) returns ``value``: for an
+    idiom whose answer the capture knows without the data (actors/capture/fake_idioms.py).
+    The block must read exactly once."""
+    if getattr(_ANSWERS, "pending", None):
+        raise AssertionError("answering_next_read blocks do not nest")
+    _ANSWERS.pending = [value]
+    try:
+        yield
+        if _ANSWERS.pending:
+            raise AssertionError("the block read no value")
+    finally:
+        _ANSWERS.pending = None
 
 
 @contextmanager
@@ -137,8 +211,6 @@ def strip_dispatch_mode_nodes(doc: dict) -> int:
     """Make the fake trace ``doc`` (the parsed ET, edited in place) read like a real device's;
     returns how many nodes were dropped.
 
-    * Real computations of known values (:data:`actors.capture.fake_values.VALUE_RANGE`)
-      go, with everything under them.
     * The run's recorded frees (FREED_OP, actors/capture/free_markers.py) stay, moved under
       their nearest kept ancestor (they are written from inside the mode's frame).
     * Ops on ``meta`` tensors go, with everything under them: every tensor of the workload
@@ -168,7 +240,7 @@ def strip_dispatch_mode_nodes(doc: dict) -> int:
     for n in nodes:
         if n["name"] == FREED_OP:
             continue
-        if "meta" in devices[n["id"]] or n["name"] == VALUE_RANGE:
+        if "meta" in devices[n["id"]]:
             wrapper.add(n["id"])
         elif n["name"] == DISPATCH_MODE_NODE:
             if n["id"] in subclass_frames:

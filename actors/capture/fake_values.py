@@ -7,19 +7,22 @@ that know this branch on fakeness instead: transformers' ``is_tracing`` counts a
 tracing, skips its packed-sequence check and materializes a ``[B, 1, S, S]`` causal mask that
 the real run never makes. Both come from one gap, and it closes for every library at once:
 
-* Values where they are cheap. An op whose tensor inputs all have known values (or a factory
-  with none: ``arange``, ``zeros``, ``randint``, ``torch.tensor``), with outputs of at most
-  ``max_numel`` elements, is also run for real on those values (below the dispatcher's Python
-  keys, inside a :data:`VALUE_RANGE` range the fake trace's rewrite drops). Token ids, position
-  ids, attention masks, lengths and step counters get values; activations, parameters and
-  anything computed from them do not (their inputs have none). A write into a tensor with a
+* Values where they are cheap and decide branches: integers and booleans. An op whose
+  tensor inputs all have known values (or a factory with none: ``arange``, ``randint``,
+  ``torch.tensor``), with integral or boolean outputs of at most ``max_numel`` elements, is
+  also run for real on those values (inside the mode's own work, which is not recorded:
+  actors/capture/fake_mode.py). Token ids, position ids, attention and padding masks,
+  lengths and counters get values; floating-point tensors (activations, parameters, anything
+  computed from them) do not, so no model math runs for real. A write into a tensor with a
   value from one without forgets the value of its whole storage.
 * Reading a known value works: ``item()``, ``bool()``, ``tolist()``, ``torch.equal``, and ops
   whose output shape depends on data (``nonzero``, ``masked_select``, ``unique``, ...).
-* Fakeness is hidden where the value is known: ``isinstance(t, torch._subclasses.FakeTensor)``
-  is false, outside torch's own code, for a tensor with a known value, so a library's "am I
-  tracing?" check lets the real branch run exactly where it can. Tensors without a value still
-  look fake, and code reading them still gets torch's data-dependent error.
+* Fakeness is hidden where the value is known, from the libraries that ask: their "is this
+  a fake tensor?" predicates (:data:`FAKE_PREDICATES`: transformers' ``is_fake_tensor``, which
+  its ``is_tracing`` asks) answer no for a tensor with a known value, so the real branch runs
+  exactly where it can. Tensors without a value still look fake, and code reading them still
+  gets torch's data-dependent error. (torch's own class is left alone: torch.compile tells
+  fake tensors by type, not by isinstance.)
 
 Random factories draw real values from torch's generator (the real run's data differs, its
 branch almost never does: "is any token padding" holds for every draw of random ids).
@@ -30,15 +33,11 @@ import sys
 from contextlib import contextmanager
 
 import torch
-import torch._subclasses
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._mode_utils import no_dispatch
 
 VALUE_ATTR = "_tracefleet_value"  # a fake tensor's real value (a cpu tensor), when known
-# The range around real computations of values: the fake trace's rewrite drops it and all
-# under it (actors/capture/fake_mode.py).
-VALUE_RANGE = "## tracefleet:known value ##"
 # 4 Mi elements: the ids and masks of a 32 x 128K batch; rotary tables of long sequences
 DEFAULT_MAX_NUMEL = 1 << 22
 _EMPTY = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
@@ -53,8 +52,6 @@ _DATA_SHAPED = {torch.ops.aten.nonzero.default, torch.ops.aten.masked_select.def
                 torch.ops.aten.repeat_interleave.Tensor, torch.ops.aten.argwhere.default}
 _VALUE_NAMESPACES = ("aten", "prims")  # collectives and custom ops: no real run on values
 UNANSWERED = object()
-_PYTHON_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Python) | torch._C.DispatchKeySet(
-    torch._C.DispatchKey.PythonTLSSnapshot)
 
 
 def value_of(t) -> torch.Tensor | None:
@@ -128,7 +125,8 @@ class KnownValues:
                 self._forget_written(func, args, kwargs)
             return
         outputs = _flat_outputs(out)
-        if not outputs or any(o.numel() > self.max_numel for o in outputs):
+        if not outputs or any(o.numel() > self.max_numel or o.is_floating_point()
+                              or o.is_complex() for o in outputs):
             if valued:
                 self._forget_written(func, args, kwargs)
             return
@@ -156,7 +154,7 @@ class KnownValues:
         if "device" in real_kwargs:
             real_kwargs["device"] = torch.device("cpu")
         try:
-            with no_dispatch(), _value_range():
+            with no_dispatch():
                 return func(*real_args, **real_kwargs)
         except Exception:  # noqa: BLE001 - an op that cannot run on the values has none
             return UNANSWERED
@@ -179,19 +177,6 @@ class KnownValues:
                     self._forgotten.add(StorageWeakRef(t.untyped_storage()))
 
 
-@contextmanager
-def _value_range():
-    """A record-function range around a real computation of values, opened below the Python
-    dispatch keys (as the capture's own ranges are, actors/capture/fake_mode.py)."""
-    with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEYS):
-        handle = torch.ops.profiler._record_function_enter_new(VALUE_RANGE, None)
-    try:
-        yield
-    finally:
-        with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEYS):
-            torch.ops.profiler._record_function_exit._RecordFunction(handle)
-
-
 def _fake_like(mode, real: torch.Tensor | tuple):
     """Fresh fake tensors shaped as ``real`` (a data-shaped op's real outputs), with their
     values."""
@@ -204,33 +189,29 @@ def _fake_like(mode, real: torch.Tensor | tuple):
     return fake
 
 
-class _LooksFakeType(type):
-    """``isinstance(t, torch._subclasses.FakeTensor)``, with a known value hidden from code
-    outside torch (see the module docstring)."""
-
-    def __instancecheck__(cls, obj) -> bool:
-        if not isinstance(obj, FakeTensor):
-            return False
-        if value_of(obj) is None:
-            return True
-        caller = sys._getframe(1).f_globals.get("__name__", "")
-        return caller == "torch" or caller.startswith("torch.")
-
-    def __subclasscheck__(cls, sub) -> bool:
-        return issubclass(sub, FakeTensor)
-
-
-class _FakeTensorAsSeen(metaclass=_LooksFakeType):
-    """Stands in for ``torch._subclasses.FakeTensor`` while a fake capture runs."""
+# Libraries' "is this tensor fake?" predicates: (module, function name). A predicate is
+# wrapped only when its module is already imported (the user's code imported the library).
+FAKE_PREDICATES = (("transformers.utils.import_utils", "is_fake_tensor"),)
 
 
 @contextmanager
 def known_values_look_real():
-    """Within the block, library code asking ``torch._subclasses.FakeTensor`` whether a tensor
-    is fake hears "no" for tensors whose values are known."""
-    original = torch._subclasses.FakeTensor
-    torch._subclasses.FakeTensor = _FakeTensorAsSeen
+    """Within the block, the libraries' fakeness predicates (:data:`FAKE_PREDICATES`) answer
+    no for tensors whose values are known."""
+    restore = []
+    for module_name, name in FAKE_PREDICATES:
+        module = sys.modules.get(module_name)
+        original = getattr(module, name, None) if module is not None else None
+        if original is None:
+            continue
+
+        def predicate(x, _original=original):
+            return _original(x) and value_of(x) is None
+
+        setattr(module, name, predicate)
+        restore.append((module, name, original))
     try:
         yield
     finally:
-        torch._subclasses.FakeTensor = original
+        for module, name, original in restore:
+            setattr(module, name, original)

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import partial
 
 import torch
 import torch.distributed as dist
 
 from actors.trace.conventions import trace_file_name
+from actors.capture.fake_idioms import fake_step_error, torch_idioms_on_fake
 from actors.capture.fake_mode import (CaptureFakeMode, ranges_outside_fake_mode, refuse_ddp,
                                       strip_dispatch_mode_nodes)
 from actors.capture import free_markers
@@ -56,7 +57,7 @@ def _shapes_only(device: str, world_size: int):
         yield META, None, None
         return
     mesh = world_mesh("cpu", world_size)  # before the mode: see world_mesh
-    with ranges_outside_fake_mode(), refuse_ddp(), known_values_look_real(), \
+    with ranges_outside_fake_mode(), refuse_ddp(), torch_idioms_on_fake(), \
             CaptureFakeMode() as mode:
         yield torch.device("cpu"), mesh, mode
 
@@ -74,15 +75,22 @@ def record_meta_rank(cfg: dict, out_dir: str, rank: int, world_size: int) -> tup
         try:
             with _shapes_only(str(wl_cfg.device), world_size) as (device, mesh, mode):
                 workload = build_workload(wl_cfg, rank, world_size, device, mesh)
-                warm_up(workload, WARMUP_ITERS)
                 fake = mode is not None
-                record_iteration(workload.step, workload.next_batch(), workload.model,
-                                 step_index=WARMUP_ITERS, out_path=path,
-                                 module_backward=bool(cfg.get("module_backward_ranges", True)),
-                                 tensor_ranges=False,
-                                 rewrite=strip_dispatch_mode_nodes if fake else None,
-                                 around_step=partial(free_markers.recording, mode)
-                                 if fake else None)
+                # after build(): the user's code has imported the libraries it uses
+                with known_values_look_real() if fake else nullcontext():
+                    warm_up(workload, WARMUP_ITERS)
+                    record_iteration(workload.step, workload.next_batch(), workload.model,
+                                     step_index=WARMUP_ITERS, out_path=path,
+                                     module_backward=bool(cfg.get("module_backward_ranges", True)),
+                                     tensor_ranges=False,
+                                     rewrite=strip_dispatch_mode_nodes if fake else None,
+                                     around_step=partial(free_markers.recording, mode)
+                                     if fake else None)
+        except Exception as e:  # what fake cannot do: say what and where
+            error = fake_step_error(e) if wl_cfg.device == "fake" else None
+            if error is None:
+                raise
+            raise error from e
         finally:
             dist.destroy_process_group()
     return workload, path

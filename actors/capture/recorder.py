@@ -3,10 +3,10 @@
 The trace follows the conventions in :mod:`actors.capture`: the iteration runs inside a
 ``ProfilerStep#<n>`` range, every module call inside a ``## module:<qualname> ##`` range,
 and each module's backward between ``## module_bwd_begin/end:<qualname> ##`` markers (from
-full backward hooks), so a replayer can tell which parameters each stretch of operators
-uses. Integral input tensors carry their value range (``tensor_range`` attr) so index ops
-replay with valid indices. Optionally a profiler (Kineto) trace is written beside it: the
-host time between ops that the ET does not show.
+hooks on the autograd graph, :mod:`actors.capture.backward_markers`), so a replayer can tell
+which parameters each stretch of operators uses. Integral input tensors carry their value range
+(``tensor_range`` attr) so index ops replay with valid indices. Optionally a profiler (Kineto)
+trace is written beside it: the host time between ops that the ET does not show.
 """
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import gzip
 import os
 import shutil
 import time
-import warnings
 from contextlib import nullcontext
 from typing import Callable, ContextManager
 
@@ -26,6 +25,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from actors.trace.conventions import BWD_BEGIN, BWD_END, STEP_PREFIX, module_range_name
 from actors.capture.host_profile import write_relabeled
+from actors.capture.backward_markers import register_backward_markers
 from actors.gc_pause import gc_paused
 
 # Read by the observer when it registers: any value turns tensor ranges on.
@@ -87,10 +87,8 @@ class ModuleRanges:
             ]
             if self.backward and module is not self.model:
                 begin, end = (module_range_name(qualname, kind) for kind in (BWD_BEGIN, BWD_END))
-                self._handles += [
-                    module.register_full_backward_pre_hook(lambda m, g, n=begin: _mark(n)),
-                    module.register_full_backward_hook(lambda m, gi, go, n=end: _mark(n)),
-                ]
+                self._handles += register_backward_markers(
+                    module, lambda n=begin: _mark(n), lambda n=end: _mark(n))
         return self
 
     def __exit__(self, *exc):
@@ -136,9 +134,7 @@ def record_iteration(step: Callable[[tuple], None], batch: tuple, model: nn.Modu
     profiles = []  # (exported Chrome trace, s): the ET's iteration, the timing one, the rest
     try:
         try:
-            with ModuleRanges(model, backward=module_backward), warnings.catch_warnings():
-                # Expected for embeddings (see the module docstring), not worth a warning per rank.
-                warnings.filterwarnings("ignore", message="Full backward hook is firing")
+            with ModuleRanges(model, backward=module_backward):
                 if kineto_path is None:
                     observer.start()
                     with record_function(step_name), (around_step or nullcontext)():
