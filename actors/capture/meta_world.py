@@ -29,8 +29,10 @@ import torch
 import torch.distributed as dist
 
 from actors.trace.conventions import trace_file_name
-from actors.capture.fake_mode import (CaptureFakeMode, ranges_outside_fake_mode, refuse_ddp,
+from actors.capture.fake_ddp import ddp_on_fake
+from actors.capture.fake_mode import (CaptureFakeMode, ranges_outside_fake_mode,
                                       strip_dispatch_mode_nodes)
+from actors.capture.fake_reducer import rebuild_pending
 from actors.capture.memory import MemoryMeter
 from actors.capture.meta_storage import unique_meta_storages
 from actors.capture.recorder import record_iteration
@@ -42,6 +44,9 @@ from actors.hardlink import link_or_copy
 
 META = torch.device("meta")
 WARMUP_ITERS = 1  # only creates the optimizer state: nothing else warms up on meta or fake
+# ...but DDP's reducer rebuilds its buckets once, at the forward after the first reducing
+# iteration (static_graph: after the second): warm-ups until none is pending, at most these.
+MAX_DDP_SETTLE_ITERS = 3
 FAKE_MEMORY_METHOD = "not measured: fake tensors allocate nothing"
 
 
@@ -52,8 +57,19 @@ def _shapes_only(device: str, world_size: int):
         yield META, None
         return
     mesh = world_mesh("cpu", world_size)  # before the mode: see world_mesh
-    with ranges_outside_fake_mode(), refuse_ddp(), CaptureFakeMode():
+    with ranges_outside_fake_mode(), ddp_on_fake(), CaptureFakeMode():
         yield torch.device("cpu"), mesh
+
+
+def settle(workload: Workload) -> int:
+    """Warm ``workload`` up until the recorded iteration is the steady state a real capture
+    records (the optimizer state exists, DDP's buckets are rebuilt); the number run."""
+    warm_up(workload, WARMUP_ITERS)
+    num = WARMUP_ITERS
+    while rebuild_pending() and num < WARMUP_ITERS + MAX_DDP_SETTLE_ITERS:
+        warm_up(workload, 1)
+        num += 1
+    return num
 
 
 def record_meta_rank(cfg: dict, out_dir: str, rank: int, world_size: int) -> tuple[Workload, str]:
@@ -69,9 +85,9 @@ def record_meta_rank(cfg: dict, out_dir: str, rank: int, world_size: int) -> tup
         try:
             with _shapes_only(str(wl_cfg.device), world_size) as (device, mesh):
                 workload = build_workload(wl_cfg, rank, world_size, device, mesh)
-                warm_up(workload, WARMUP_ITERS)
+                num_warmup = settle(workload)
                 record_iteration(workload.step, workload.next_batch(), workload.model,
-                                 step_index=WARMUP_ITERS, out_path=path,
+                                 step_index=num_warmup, out_path=path,
                                  module_backward=bool(cfg.get("module_backward_ranges", True)),
                                  tensor_ranges=False,
                                  rewrite=strip_dispatch_mode_nodes
