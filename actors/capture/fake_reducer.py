@@ -259,7 +259,7 @@ class FakeReducer:
             self._num_bwd_calls += 1
         if (self._dynamic_find_unused() or self._static_first()) \
                 and self._params[index].grad is not None:
-            self._used_map[index] = 1
+            self._used_map.select(0, index).fill_(1)  # the reducer's ``map[index] = 1``
             self._used.add(index)
         if self._static_first():
             self._hooks_fired[index] += 1
