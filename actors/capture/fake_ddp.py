@@ -18,7 +18,7 @@ tensors over the fake group, recorded as on a real device).
 Refused, with a ConfigError naming it: comm hooks (``register_comm_hook``, the built-in
 ones, DDP's ``mixed_precision`` and optimizer-in-backward, which install one), ``join()`` and
 the ``Join`` context (uneven inputs), sparse gradients, ``skip_all_reduce_unused_params``,
-``batched_grad_copy``, and any other reducer method.
+``batched_grad_copy``, ``bucket_cap_mb_list``, and any other reducer method.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from contextlib import contextmanager
 
 import torch.distributed as dist
 
-from actors.capture.fake_reducer import FakeReducer, refused
+from actors.capture.fake_reducer import LIVE, FakeReducer, refused
 
 
 class _FakeLogger:
@@ -51,17 +51,17 @@ class _FakeLogger:
         return {}
 
     def _set_comm_hook_name(self, name) -> None:
-        raise refused(f"a DDP communication hook ({name}; also installed by DDP's "
-                      "mixed_precision and by optimizer-in-backward); the default all-reduce "
-                      "(no hook) is modelled")
+        raise refused(f"a communication hook ({name}; DDP's mixed_precision and "
+                      "optimizer-in-backward install one too; only the default all-reduce, no "
+                      "hook, is modelled)")
 
     def _set_uneven_input_join(self) -> None:
-        raise refused("DDP's join() / the Join context (uneven inputs)")
+        raise refused("join() and the Join context (uneven inputs)")
 
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
-        raise refused(f"DDP's logger {name}()")
+        raise refused(f"the usage logger's {name}()")
 
 
 def _no_shape_check(process_group, tensors, logger=None) -> None:
@@ -79,8 +79,10 @@ def ddp_on_fake():
     originals = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     for owner, name, value in patches:
         setattr(owner, name, value)
+    LIVE.clear()  # an earlier capture's models are none of this one's
     try:
         yield
     finally:
+        LIVE.clear()
         for owner, name, value in originals:
             setattr(owner, name, value)

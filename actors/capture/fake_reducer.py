@@ -32,56 +32,27 @@ import weakref
 
 import torch
 import torch.distributed as dist
-from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.autograd import Variable
 from torch.autograd.profiler import record_function
 
+from actors.capture.fake_buckets import Bucket, broadcast_assignment, is_alias
 from actors.errors import ConfigError
 
 FAKE = "workload.device=fake"
-_LIVE: "weakref.WeakSet[FakeReducer]" = weakref.WeakSet()  # for rebuild_pending()
+# The stand-ins of the capture running now (fake_ddp.ddp_on_fake empties it on entry and exit).
+LIVE: "weakref.WeakSet[FakeReducer]" = weakref.WeakSet()
 
 
 def rebuild_pending() -> bool:
     """Whether a live stand-in still has its one bucket rebuild ahead (more warm-up needed
     before the recorded iteration is the steady state a real capture records)."""
-    return any(r.should_rebuild_buckets() for r in _LIVE)
+    return any(r.should_rebuild_buckets() for r in LIVE)
 
 
 def refused(what: str) -> ConfigError:
     """The error for a DDP feature the stand-in does not model."""
     return ConfigError(f"DistributedDataParallel on {FAKE}: {what} is not modelled by the "
                        "fake reducer; capture this step on cpu or cuda")
-
-
-def _is_alias(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return torch._C._is_alias_of(a, b)
-
-
-def _view(flat: torch.Tensor, param: torch.Tensor, offset: int) -> torch.Tensor:
-    """The param's window of a bucket, in the param's layout (the reducer's rule)."""
-    if is_non_overlapping_and_dense_or_false(param):
-        return flat.as_strided(param.size(), param.stride(), offset)
-    return flat.narrow(0, offset, param.numel()).view(param.size())
-
-
-class _Bucket:
-    def __init__(self, params: list, indices: list[int]):
-        first = params[indices[0]]
-        if any(params[i].dtype != first.dtype or params[i].device != first.device
-               for i in indices):
-            raise ConfigError("DDP bucket mixes dtypes or devices (the reducer refuses it too)")
-        self.indices = indices
-        self.offsets, offset = [], 0
-        for i in indices:
-            self.offsets.append(offset)
-            offset += params[i].numel()
-        self.gradients = torch.empty(offset, dtype=first.dtype, device=first.device)
-        self.views_in = [_view(self.gradients, params[i], o)
-                         for i, o in zip(indices, self.offsets)]
-        self.views_out = self.views_in
-        self.pending = len(indices)
-        self.work = None
 
 
 class FakeReducer:
@@ -93,20 +64,20 @@ class FakeReducer:
                  find_unused_parameters=False, gradient_as_bucket_view=False,
                  param_names=None, first_bucket_bytes_cap=dist._DEFAULT_FIRST_BUCKET_BYTES,
                  skip_all_reduce_unused_params=False, use_python_reducer=False,
-                 bucket_size_limits_for_rebuilding=(), batched_grad_copy=False):
-        for flag, what in ((any(expect_sparse_gradient), "sparse gradients (sparse=True "
-                            "embeddings)"), (skip_all_reduce_unused_params,
-                           "skip_all_reduce_unused_params"), (batched_grad_copy,
-                           "batched_grad_copy"), (use_python_reducer, "the compiled (python) "
-                           "reducer")):
-            if flag:
+                 bucket_bytes_cap_list=(), batched_grad_copy=False):
+        unmodelled = {"sparse gradients (sparse=True embeddings)": any(expect_sparse_gradient),
+                      "bucket_cap_mb_list": bool(bucket_bytes_cap_list),
+                      "skip_all_reduce_unused_params": skip_all_reduce_unused_params,
+                      "batched_grad_copy": batched_grad_copy,
+                      "the compiled (python) reducer": use_python_reducer}
+        for what, used in unmodelled.items():
+            if used:
                 raise refused(what)
         self._params = list(params)
         self._group = process_group
         self._sparse = [False] * len(self._params)
         self._bucket_bytes_cap = bucket_bytes_cap
         self._first_bucket_bytes_cap = first_bucket_bytes_cap
-        self._rebuild_limits = list(bucket_size_limits_for_rebuilding)
         self._find_unused = find_unused_parameters
         self._as_view = gradient_as_bucket_view
         self._static = False
@@ -121,7 +92,7 @@ class FakeReducer:
         self._used_map = self._used_map_dev = self._used_work = None
         self._used: set[int] = set()  # the used map's 1s (fake tensors hold no values)
         self._used_reduced = False
-        self._buckets: list[_Bucket] = []
+        self._buckets: list[Bucket] = []
         self._locator: list[tuple[int, int]] = []
         self._initialize_buckets([list(b) for b in bucket_indices])
         # The reducer's hook runs after each parameter's AccumulateGrad node (a post hook).
@@ -131,7 +102,7 @@ class FakeReducer:
                          for i, acc in enumerate(self._accumulators)]
         if self._find_unused:
             self._initialize_used_map()
-        _LIVE.add(self)
+        LIVE.add(self)
 
     def __getattr__(self, name):
         if name.startswith("__"):
@@ -144,11 +115,11 @@ class FakeReducer:
         self._buckets = []  # the old buckets' memory goes first, as in the reducer
         self._locator = [(0, 0)] * len(self._params)
         for b, indices in enumerate(bucket_indices):
-            bucket = _Bucket(self._params, indices)
+            bucket = Bucket(self._params, indices)
             for j, i in enumerate(indices):
                 self._locator[i] = (b, j)
                 grad = self._params[i].grad
-                if self._as_view and grad is not None and not _is_alias(grad, bucket.views_in[j]):
+                if self._as_view and grad is not None and not is_alias(grad, bucket.views_in[j]):
                     bucket.views_in[j].copy_(grad)
                     self._params[i].grad = bucket.views_in[j]
             self._buckets.append(bucket)
@@ -166,7 +137,11 @@ class FakeReducer:
         self._ensure_prior_reduction_finished()
         if not self.should_rebuild_buckets() or not self._rebuilt:
             return False
-        limits = self._rebuild_limits or [self._first_bucket_bytes_cap, self._bucket_bytes_cap]
+        if sorted(self._rebuilt) != list(range(len(self._params))):
+            raise RuntimeError("DDP bucket rebuild: gradients came for "
+                               f"{len(set(self._rebuilt))} of {len(self._params)} parameters "
+                               "(the reducer asserts every parameter's, once)")
+        limits = [self._first_bucket_bytes_cap, self._bucket_bytes_cap]
         order = list(self._rebuilt)
         last_small = os.environ.get("DDP_SET_LAST_BUCKET_CAP") == "1"
         if last_small:  # the smaller bucket goes last instead of first
@@ -175,21 +150,11 @@ class FakeReducer:
             [self._params[i] for i in order], limits, self._sparse, order)
         if last_small:
             indices.reverse()
-        self._broadcast_assignment(indices)
+        broadcast_assignment(indices, self._params[0].device, self._group)
         self._has_rebuilt = True
         self._rebuilt = []
         self._initialize_buckets(indices)
         return True
-
-    def _broadcast_assignment(self, indices: list[list[int]]) -> None:
-        """Rank 0's assignment to every rank: two int32 broadcasts, via device copies."""
-        device = self._params[0].device
-        for numel in (sum(len(b) for b in indices) + 1, len(indices)):
-            host = torch.empty(numel, dtype=torch.int32)
-            on_device = torch.empty(numel, dtype=torch.int32, device=device)
-            on_device.copy_(host, non_blocking=True)
-            dist.broadcast(on_device, 0, group=self._group)
-            host.copy_(on_device)
 
     # --- what DDP's forward calls ---------------------------------------------------------
     def prepare_for_forward(self) -> None:
@@ -218,7 +183,7 @@ class FakeReducer:
         return [i for i, acc in enumerate(self._accumulators) if acc not in seen]
 
     def set_logger(self, logger) -> None:
-        self._logger = logger
+        pass  # the fake logger logs nothing (actors/capture/fake_ddp.py)
 
     def _set_static_graph(self) -> None:
         if self._num_iterations:
@@ -305,7 +270,7 @@ class FakeReducer:
         factor = 1.0 / self._group.size()
         if grad is None:
             view.zero_()
-        elif _is_alias(grad, view):
+        elif is_alias(grad, view):
             view.div_(self._group.size())
         else:
             if grad.requires_grad:  # create_graph=True: divided out of place, then copied
@@ -326,7 +291,7 @@ class FakeReducer:
             self._all_reduce(self._buckets[self._next_bucket])
             self._next_bucket += 1
 
-    def _all_reduce(self, bucket: _Bucket) -> None:
+    def _all_reduce(self, bucket: Bucket) -> None:
         bucket.work = dist.all_reduce(bucket.gradients, group=self._group, async_op=True)
 
     def _all_reduce_used_map(self) -> None:
@@ -354,8 +319,7 @@ class FakeReducer:
         for bucket in self._buckets:
             bucket.work.wait()
             # The all-reduce's result is the bucket itself: views of it, per parameter.
-            bucket.views_out = [_view(bucket.gradients, self._params[i], o)
-                                for i, o in zip(bucket.indices, bucket.offsets)]
+            bucket.views_out = bucket.views_of(bucket.gradients, self._params)
             for j, index in enumerate(bucket.indices):
                 self._copy_grad_out(bucket, j, index)
         if (self._dynamic_find_unused() or self._static_first()) and not self._used_reduced:
@@ -365,7 +329,7 @@ class FakeReducer:
             self._used.clear()
             self._used_reduced = False
 
-    def _copy_grad_out(self, bucket: _Bucket, j: int, index: int) -> None:
+    def _copy_grad_out(self, bucket: Bucket, j: int, index: int) -> None:
         param = self._params[index]
         unused = False
         if self._static or self._find_unused:
@@ -386,7 +350,7 @@ class FakeReducer:
                     param.grad.copy_(bucket.views_out[j])
             return
         view_in, view_out = bucket.views_in[j], bucket.views_out[j]
-        if not _is_alias(view_in, view_out):
+        if not is_alias(view_in, view_out):
             view_in.copy_(view_out)
         if not unused and param.grad is None:
             param.grad = view_in
