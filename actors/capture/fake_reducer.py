@@ -23,7 +23,9 @@ the same ops, so the ET observer records the same trace:
   map all-reduced) and ``static_graph`` (first iteration reduced in one go at the end).
 
 Fake tensors carry no values, so where the reducer reads one (the used map's entries) the
-stand-in keeps the answer itself: on fake every rank runs rank 0's program.
+stand-in keeps the answer itself: on fake every rank runs rank 0's program. Errors the real
+reducer raises for the user's program (a gradient missing or arriving twice) are RuntimeErrors
+here too; what it does not model is a ConfigError (:func:`refused`).
 """
 from __future__ import annotations
 
@@ -187,7 +189,7 @@ class FakeReducer:
 
     def _set_static_graph(self) -> None:
         if self._num_iterations:
-            raise ConfigError("DDP static_graph must be set before the first iteration")
+            raise RuntimeError("DDP static_graph must be set before the first iteration")
         self._static = True
         self._initialize_used_map()
 
@@ -237,8 +239,8 @@ class FakeReducer:
                 self._mark_variable_ready(unused)
         if self._static and self._num_bwd_calls > 1:
             if self._hooks_left[index] <= 0:
-                raise ConfigError("DDP static_graph: the training graph changed after the "
-                                  "first iteration (a parameter's gradient came again)")
+                raise RuntimeError("DDP static_graph: the training graph changed after the "
+                                   "first iteration (a parameter's gradient came again)")
             self._hooks_left[index] -= 1
             if self._hooks_left[index]:
                 return
