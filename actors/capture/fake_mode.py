@@ -38,8 +38,9 @@ Storage ids: a fake tensor's storage is its meta tensor's, whose data pointer is
 :func:`actors.capture.meta_storage.unique_meta_storages` is active (it is, during a fake
 capture), so the trace names storages as a real one does.
 
-DistributedDataParallel does not run on fake tensors: :func:`refuse_ddp` says so clearly. An op
-making a sparse tensor raises :class:`SparseOnFake` (actors/capture/fake_idioms.py names it).
+DistributedDataParallel runs on fake over a stand-in for its C++ reducer:
+:mod:`actors.capture.fake_ddp`. An op making a sparse tensor raises :class:`SparseOnFake`
+(actors/capture/fake_idioms.py names it).
 """
 from __future__ import annotations
 
@@ -51,7 +52,6 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConverter, FakeT
 
 from actors.capture import free_markers
 from actors.capture.fake_values import UNANSWERED, KnownValues
-from actors.errors import ConfigError
 from actors.trace.conventions import FREED_OP
 from actors.trace.tensor_ids import UNIQUE_STORAGES_KEY
 
@@ -168,31 +168,6 @@ def ranges_outside_fake_mode():
         yield
     finally:
         cls.__enter__, cls.__exit__ = enter, exit_
-
-
-@contextmanager
-def refuse_ddp():
-    """Within the block, wrapping a model in ``DistributedDataParallel`` raises ConfigError.
-
-    DDP's C++ side writes its parameter-shape check through raw data pointers (a fake
-    tensor's points nowhere: a segfault) and expects its all-reduce futures to carry
-    tensors (the fake process group's carry none), so it cannot run on fake tensors. Its
-    constructor's first check is where it is stopped, with a message instead of a crash.
-    """
-    import torch.nn.parallel.distributed as ddp_module
-
-    original = ddp_module._verify_param_shape_across_processes
-
-    def refuse(*args, **kwargs):
-        raise ConfigError("DistributedDataParallel cannot run on workload.device=fake (its C++ "
-                          "reducer needs real tensors and a real process group); capture it on "
-                          "cpu or cuda, or shard with FSDP2 (fully_shard), which runs on fake")
-
-    ddp_module._verify_param_shape_across_processes = refuse
-    try:
-        yield
-    finally:
-        ddp_module._verify_param_shape_across_processes = original
 
 
 def _devices(node: dict) -> list[str]:

@@ -30,10 +30,12 @@ import torch
 import torch.distributed as dist
 
 from actors.trace.conventions import trace_file_name
-from actors.capture.fake_idioms import fake_step_error, torch_idioms_on_fake
-from actors.capture.fake_mode import (CaptureFakeMode, ranges_outside_fake_mode, refuse_ddp,
-                                      strip_dispatch_mode_nodes)
 from actors.capture import free_markers
+from actors.capture.fake_ddp import ddp_on_fake
+from actors.capture.fake_idioms import fake_step_error, torch_idioms_on_fake
+from actors.capture.fake_mode import (CaptureFakeMode, ranges_outside_fake_mode,
+                                      strip_dispatch_mode_nodes)
+from actors.capture.fake_reducer import rebuild_pending
 from actors.capture.fake_values import known_values_look_real
 from actors.capture.memory import MemoryMeter
 from actors.capture.meta_storage import unique_meta_storages
@@ -46,6 +48,9 @@ from actors.hardlink import link_or_copy
 
 META = torch.device("meta")
 WARMUP_ITERS = 1  # only creates the optimizer state: nothing else warms up on meta or fake
+# ...but DDP's reducer rebuilds its buckets once, at the forward after the first reducing
+# iteration (static_graph: after the second): warm-ups until none is pending, at most these.
+MAX_DDP_SETTLE_ITERS = 3
 FAKE_MEMORY_METHOD = "not measured: fake tensors allocate nothing"
 
 
@@ -57,9 +62,20 @@ def _shapes_only(device: str, world_size: int):
         yield META, None, None
         return
     mesh = world_mesh("cpu", world_size)  # before the mode: see world_mesh
-    with ranges_outside_fake_mode(), refuse_ddp(), torch_idioms_on_fake(), \
+    with ranges_outside_fake_mode(), ddp_on_fake(), torch_idioms_on_fake(), \
             CaptureFakeMode() as mode:
         yield torch.device("cpu"), mesh, mode
+
+
+def settle(workload: Workload) -> int:
+    """Warm ``workload`` up until the recorded iteration is the steady state a real capture
+    records (the optimizer state exists, DDP's buckets are rebuilt); the number run."""
+    warm_up(workload, WARMUP_ITERS)
+    num = WARMUP_ITERS
+    while rebuild_pending() and num < WARMUP_ITERS + MAX_DDP_SETTLE_ITERS:
+        warm_up(workload, 1)
+        num += 1
+    return num
 
 
 def record_meta_rank(cfg: dict, out_dir: str, rank: int, world_size: int) -> tuple[Workload, str]:
@@ -78,9 +94,9 @@ def record_meta_rank(cfg: dict, out_dir: str, rank: int, world_size: int) -> tup
                 fake = mode is not None
                 # after build(): the user's code has imported the libraries it uses
                 with known_values_look_real() if fake else nullcontext():
-                    warm_up(workload, WARMUP_ITERS)
+                    num_warmup = settle(workload)
                     record_iteration(workload.step, workload.next_batch(), workload.model,
-                                     step_index=WARMUP_ITERS, out_path=path,
+                                     step_index=num_warmup, out_path=path,
                                      module_backward=bool(cfg.get("module_backward_ranges", True)),
                                      tensor_ranges=False,
                                      rewrite=strip_dispatch_mode_nodes if fake else None,
