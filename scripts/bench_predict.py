@@ -14,6 +14,10 @@ For every configuration (small enough to run for real here, 2 ranks each):
 * FSDP2 rows also run PyTorch's own estimator, ``FSDPMemTracker`` under FakeTensorMode over
   the fake process group, as the anchor (``fsdp_mem_tracker_ratio``).
 
+Rows: the built-in recipes (``_recipe``), DeepSpeed's through the ZeRO-3 emulation, and the
+ecosystem's own training steps (:data:`ECOSYSTEM`: examples/ written as users write them, with
+transformers, torchvision and ``torch.nn`` built-ins, each sized by its EXAMPLE_* variables).
+
     python scripts/bench_predict.py [--configs NAME ...] [--quick] [--keep DIR]
 """
 from __future__ import annotations
@@ -48,6 +52,30 @@ TINY = dict(model="llama", vocab=64, d_model=64, n_layers=2, n_heads=4, seq_len=
 EXAMPLE_ENV = {"EXAMPLE_DIM": "256", "EXAMPLE_LAYERS": "4", "EXAMPLE_HEADS": "4",
                "EXAMPLE_VOCAB": "512", "EXAMPLE_SEQ": "256", "EXAMPLE_BATCH": "4"}
 CUSTOM = dict(model="custom", entrypoint=str(ROOT / "examples" / "fsdp2_llama_step.py") + ":build")
+# Sizes of the ecosystem's steps: the recipes' decoder (EXAMPLE_ENV) where the model is one.
+LM_ENV = {**EXAMPLE_ENV, "EXAMPLE_KV_HEADS": "2"}
+
+
+def _example(file: str, env: dict) -> dict:
+    return {"entrypoint": str(ROOT / "examples" / file) + ":build", "env": env}
+
+
+# name -> a user's step under examples/ and its sizes (measured for real like the others)
+ECOSYSTEM = {
+    "hf_llama_fsdp2_hf_checkpointing": _example("hf_llama_fsdp2_checkpointing.py", LM_ENV),
+    "hf_qwen2_fsdp2_bf16_mixed": _example("hf_qwen2_fsdp2_bf16.py", LM_ENV),
+    # batched_mm experts gather every chosen expert's weights per token: a smaller model
+    "hf_mixtral_moe_fsdp2_sgd_clip_accum": _example("hf_mixtral_moe_step.py", {
+        "EXAMPLE_DIM": "128", "EXAMPLE_LAYERS": "2", "EXAMPLE_HEADS": "4", "EXAMPLE_VOCAB": "512",
+        "EXAMPLE_SEQ": "128", "EXAMPLE_BATCH": "2"}),
+    "hf_gpt2_ddp_autocast_accum": _example("ddp_gpt2_step.py", EXAMPLE_ENV),
+    "nn_transformer_encoder_fsdp2_checkpoint": _example(
+        "transformer_encoder_checkpoint_step.py", EXAMPLE_ENV),
+    "torchvision_resnet18_ddp": _example("ddp_resnet_step.py",
+                                         {"EXAMPLE_IMAGE": "64", "EXAMPLE_BATCH": "8"}),
+}
+# The same steps at their tiny defaults (--quick).
+ECOSYSTEM_TINY = {name: {**row, "env": {}} for name, row in ECOSYSTEM.items()}
 
 
 def _recipe(parallel, precision, ac="none"):
@@ -64,6 +92,7 @@ CONFIGS = {
     "deepspeed_zero3_fp32": _recipe("zero3", "fp32"),
     "deepspeed_zero3_bf16_mixed": _recipe("zero3", "bf16_mixed"),
     "custom_fsdp2_bf16_mixed": {},
+    **ECOSYSTEM,
 }
 # DeepSpeed's rows: the plain capture the emulation partitions (DeepSpeed's bf16 mode runs the
 # model in bf16: a pure-bf16 plain trace; its fp32 masters and moments are the layout's).
@@ -116,6 +145,16 @@ def _predict(folder: Path, zero3: Zero3Config | None) -> tuple[int, dict]:
     return best
 
 
+def _optimizer_of(step):
+    """The optimizer a step uses: ``step.optimizer`` (the recipes), else the one its closure
+    holds (a user's ``opt``), else None."""
+    import torch
+
+    found = getattr(step, "optimizer", None)
+    cells = [c.cell_contents for c in (getattr(step, "__closure__", None) or ())]
+    return found or next((c for c in cells if isinstance(c, torch.optim.Optimizer)), None)
+
+
 def _tracker_rank(workload: dict, env: dict, out: str) -> None:
     """PyTorch's FSDPMemTracker over one step of ``workload`` on fake (rank 0), after a warm-up."""
     os.environ.update(env)
@@ -131,8 +170,8 @@ def _tracker_rank(workload: dict, env: dict, out: str) -> None:
     with _shapes_only("fake", WORLD) as (device, mesh, _):
         wl = build_workload(cfg, 0, WORLD, device, mesh)
         wl.step(wl.next_batch())
-        optimizer = getattr(wl.step, "optimizer", None)
-        if optimizer is None:  # a custom step keeps its optimizer: the tracker would miss it
+        optimizer = _optimizer_of(wl.step)
+        if optimizer is None:  # without the optimizer the tracker would miss its state
             Path(out).write_text("")
             dist.destroy_process_group()
             return
@@ -160,9 +199,13 @@ def _fsdp_mem_tracker(workload: dict, env: dict, tmp: Path) -> int | None:
 
 def run_config(name: str, model: dict, tmp: Path) -> dict:
     """One configuration's measured and predicted peaks."""
-    custom = name.startswith("custom")
-    workload = dict(CUSTOM) if custom else {**model, **CONFIGS[name]}
-    env = EXAMPLE_ENV if custom and model is MODEL else {}
+    custom = name.startswith("custom") or name in ECOSYSTEM
+    if name in ECOSYSTEM:
+        row = (ECOSYSTEM if model is MODEL else ECOSYSTEM_TINY)[name]
+        workload, env = dict(model="custom", entrypoint=row["entrypoint"]), row["env"]
+    else:
+        workload = dict(CUSTOM) if custom else {**model, **CONFIGS[name]}
+        env = EXAMPLE_ENV if custom and model is MODEL else {}
     t0 = time.perf_counter()
     meta = _capture(workload, "cpu", tmp / f"{name}-real", env)
     measured = max(r["peak_memory_bytes"] for r in meta["ranks"])
@@ -179,7 +222,7 @@ def run_config(name: str, model: dict, tmp: Path) -> dict:
     row = {"predicted": predicted, "measured": measured,
            "ratio": round(predicted / measured, 4), "breakdown": breakdown,
            "seconds": round(time.perf_counter() - t0, 1)}
-    if workload.get("parallel") == "fsdp2" or custom:
+    if workload.get("parallel") == "fsdp2" or custom and "fsdp2" in name:
         tracked = _fsdp_mem_tracker(workload, env, tmp)
         row["fsdp_mem_tracker_ratio"] = round(tracked / measured, 4) if tracked else None
     return row

@@ -114,7 +114,8 @@ class CaptureFakeMode(FakeTensorMode):
             out = self.values.before(self, func, args, kwargs)
             if out is UNANSWERED:
                 out = super().dispatch(func, types, args, kwargs)
-                self.values.after(func, args, kwargs, out)
+                if depth == 0:  # the user's op; inside, the mode's own (meta-filled) tensors
+                    self.values.after(func, args, kwargs, out)
         finally:
             _UNRECORDED.depth = depth
             if depth == 0:

@@ -8,8 +8,12 @@ from the unique meta allocator, which learns each free (actors/capture/meta_stor
 While :func:`recording` is on, the fake mode (actors/capture/fake_mode.py) calls
 :func:`emit` before each op: the storages freed since the last call are written as one
 ``tracefleet::freed`` op (actors/trace/conventions.py: FREED_OP) whose input lists a
-zero-size view of each, so the observer names them by their storage ids. The op runs below
-the Python dispatch keys and does nothing; the trace's loader turns it into recorded frees.
+zero-size view of each, so the observer names them by their storage ids, and, per storage,
+whether it was made during the recorded step (the allocator's addresses only grow): a storage
+an op made and the observer never saw as its output (the op raised: checkpoint's early stop
+ends a recompute inside its last op) is then not read as alive before the step. The op runs
+below the Python dispatch keys and does nothing; the trace's loader turns it into recorded
+frees.
 """
 from __future__ import annotations
 
@@ -32,9 +36,12 @@ def _freed_op():
     global _library
     if _library is None:
         _library = torch.library.Library(_NAMESPACE, "DEF")
-        _library.define(f"{_NAME}(Tensor[] storages) -> ()")
-        _library.impl(_NAME, lambda storages: None, "CompositeExplicitAutograd")
+        _library.define(f"{_NAME}(Tensor[] storages, int[] made_in_step) -> ()")
+        _library.impl(_NAME, lambda storages, made_in_step: None, "CompositeExplicitAutograd")
     return getattr(getattr(torch.ops, _NAMESPACE), _NAME).default
+
+
+_step_start = [0]  # the first address of the recorded step (see recording)
 
 
 def emit() -> None:
@@ -42,6 +49,7 @@ def emit() -> None:
     if not meta_storage.num_freed():
         return
     addresses = meta_storage.take_freed()
+    made = [int(a >= _step_start[0]) for a in addresses]
     # the views' own (empty) storages die right here: not frees of the run
     with meta_storage.frees_paused():
         views = []
@@ -50,7 +58,7 @@ def emit() -> None:
             views.append(torch.empty(0, dtype=torch.uint8, device=_META)
                          .set_(storage, 0, (0,), (1,)))
         with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEYS):
-            _freed_op()(views)
+            _freed_op()(views, made)
         del views
 
 
@@ -59,6 +67,7 @@ def recording(mode):
     """Within the block, ``mode`` (a CaptureFakeMode) writes the run's frees before each op;
     those pending when the block ends are written at its end (inside the step's range)."""
     _freed_op()
+    _step_start[0] = meta_storage.next_address()
     with meta_storage.record_frees():
         mode.emit_frees = True
         try:

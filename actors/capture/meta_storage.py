@@ -77,6 +77,9 @@ extern "C" void tracefleet_unique_meta_pause_frees(int paused) {
   g_paused.store(paused != 0);
 }
 
+// The address the next allocation gets: every later allocation's is at least this.
+extern "C" std::uint64_t tracefleet_unique_meta_next() { return g_unique.next.load(); }
+
 extern "C" void tracefleet_unique_meta_record_frees(int on) {
   std::lock_guard<std::mutex> lock(g_freed_mutex);
   g_recording.store(on != 0);
@@ -128,6 +131,14 @@ def frees_paused():
         yield
     finally:
         lib.tracefleet_unique_meta_pause_frees(0)
+
+
+def next_address() -> int:
+    """The address of the next meta allocation (addresses only grow: a storage whose address is
+    at least this one was made after the call)."""
+    lib = _library()
+    lib.tracefleet_unique_meta_next.restype = ctypes.c_uint64
+    return lib.tracefleet_unique_meta_next()
 
 
 def num_freed() -> int:

@@ -110,6 +110,10 @@ class WorkloadConfig:
     # cpu, cuda (one GPU per rank), meta (shapes only; 70B-class models in seconds) or fake
     # (shapes only on fake cpu tensors, any world size; see actors/capture/fake_mode.py).
     device: WorkloadDevice = WorkloadDevice.cpu
+    # device=fake, tracefleet-capture: also run the same workload for real on cpu at world 2
+    # and compare its op sequence and output sizes with a fake capture at world 2, naming the
+    # first divergence (orchestrator/run/fake_check.py; make the model small for it).
+    check_fake: bool = False
     # Vocabulary size (token embedding rows, LM head outputs).
     vocab: int = 512
     # Hidden size.
@@ -204,6 +208,9 @@ def _refuse_clashes(alias: str, fields: tuple) -> None:
 
 def validate(cfg: WorkloadConfig) -> None:
     """Raise ConfigError when the workload knobs are inconsistent."""
+    if cfg.check_fake and cfg.device != WorkloadDevice.fake:
+        raise ConfigError(f"workload.check_fake=true compares a fake capture with a real one; "
+                          f"it needs workload.device=fake (got {cfg.device})")
     if cfg.model == ModelName.custom:
         if not cfg.entrypoint:
             raise ConfigError("workload.model=custom needs workload.entrypoint=PATH.py:FUNCTION "

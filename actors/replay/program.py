@@ -33,7 +33,7 @@ from actors.trace.categories import storage_categories
 from actors.trace.fsdp2_lifetimes import (hold_forward_all_gather_outputs,
                                           hold_reduce_scatter_inputs, hold_unsharded_parameters)
 from actors.trace.liveness import compute_liveness
-from actors.trace.recorded_frees import hold_recorded_frees
+from actors.trace.recorded_frees import hold_recorded_frees, released
 from actors.trace.model import Trace
 
 
@@ -111,7 +111,7 @@ def _plan(ctx: ReplayContext, steps: list[Step]) -> Program:
     used = {t.suid for s in steps if s.kind in ("compute", "collective")
             for t in s.op.input_tensors() if t.suid >= 0}
     ctx.policy = policy = make_policy(cfg.allocation.mode, live, used, owned,
-                                      ctx.trace.made_inside)
+                                      ctx.trace.made_inside, released(ctx.trace.recorded_frees))
     store.pinned = policy.persistent
     store.owned = frozenset(owned)
     planning.set_touch(steps, live.storage_bytes, owned)

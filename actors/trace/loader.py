@@ -38,7 +38,7 @@ from actors.trace.archive import rank_from_name
 from actors.trace.made_inside import NestedAllocations, storages_made_inside
 from actors.trace.nested_lifetimes import nested_lifetimes
 from actors.trace.conventions import FREED_OP
-from actors.trace.recorded_frees import free_positions, freed_storage_ids
+from actors.trace.recorded_frees import free_positions, freed_storages, made_in_step
 from actors.trace.args import ArgParser, preview
 from actors.trace.model import MAX_WORLD_SIZE, Op, ProcessGroupInfo, Step, Trace
 from actors.trace.op_schema import parse_schema
@@ -123,16 +123,17 @@ def _load_trace(source: TraceSource, rank: int | None, data: bytes | None) -> Tr
     recorded_frees = []
     for op in ops:
         assigner.assign(op)
-        for storage_id in freed_after.get(op.index, ()):
+        for storage_id, made in freed_after.get(op.index, ()):
             suid = assigner.current_suid(storage_id)
             if suid is not None:
-                recorded_frees.append((suid, op.index))
+                recorded_frees.append((suid, op.index, made))
     coll.link_waits(ops)
     made = storages_made_inside(ops, nested, built.step_first_ids)
     return Trace(path=str(path), schema=doc["schema"], num_nodes=num_nodes, ops=ops,
                  process_groups=built.pgs, steps=built.steps, num_tensors=assigner.num_tensors,
                  num_storages=assigner.num_storages,
-                 made_inside=frozenset(made) | frozenset(assigner.refilled),
+                 made_inside=frozenset(made) | frozenset(assigner.refilled)
+                 | made_in_step(tuple(recorded_frees)),
                  nested_lifetimes=nested_lifetimes(ops, nested, made, assigner.unique),
                  recorded_frees=tuple(recorded_frees),
                  rank=rank if rank is not None else rank_from_name(source.name),
@@ -225,7 +226,7 @@ def _build_ops(path, nodes: list, flat: bool) -> "_Built":
         if step >= 0:
             step_spans[step][1] = nid
         if name == FREED_OP:
-            freed_marks.append((nid, freed_storage_ids(NodeView(raw, flat).side("inputs")[0])))
+            freed_marks.append((nid, freed_storages(NodeView(raw, flat).side("inputs")[0])))
             continue
         if is_op:
             collective = name == "record_param_comms" or name in coll.C10D_KINDS

@@ -218,8 +218,8 @@ class Trace:
     # when memory only nested ops touch is alive: (suid or -1, start op, end op, bytes)
     # (actors/trace/nested_lifetimes.py)
     nested_lifetimes: tuple = ()
-    # (suid, op index): the run freed the storage after that op (a fake capture's recorded
-    # frees, actors/trace/recorded_frees.py); empty for traces without them
+    # (suid, op index, made in the step): the run freed the storage after that op (a fake
+    # capture's recorded frees, actors/trace/recorded_frees.py); empty for traces without them
     recorded_frees: tuple = ()
 
     @property

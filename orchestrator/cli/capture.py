@@ -18,13 +18,16 @@ fake process group instead (no Ray, any world size, no timings or memory). Examp
 from __future__ import annotations
 
 import os
+import sys
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.cli.app import run_app, user_errors
 from orchestrator.config import CONF_DIR
+from actors.trace.fake_vs_real import FakeCheck
 from orchestrator.run.capture import register_configs, run_capture_job
+from orchestrator.run.fake_check import check_lines
 from orchestrator.units import human_bytes
 
 register_configs()
@@ -36,6 +39,12 @@ def _app(cfg: DictConfig) -> None:
         capture_cfg = OmegaConf.to_object(cfg)
         meta = run_capture_job(capture_cfg)
     print(summary_line(meta, os.path.abspath(capture_cfg.out_dir)))
+    check = meta.get("check_fake")
+    if check is not None:
+        for line in check_lines(FakeCheck.from_dict(check)):
+            print(line)
+        if not check["equal"]:
+            sys.exit(1)
 
 
 def summary_line(meta: dict, out_dir: str) -> str:

@@ -18,7 +18,6 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 
@@ -128,6 +127,10 @@ def run_capture_job(cfg: CaptureConfig, rank0_only: bool = False) -> dict:
     else:
         ranks = _capture_on_ray(cfg, out_dir)
     meta = build_meta(cfg, ranks, out_dir, time.perf_counter() - start)
+    if cfg.workload.check_fake:  # the same step for real at world 2, compared (fake_check.py)
+        from orchestrator.run.fake_check import check_fake
+
+        meta["check_fake"] = check_fake(cfg, out_dir).to_dict()
     with open(os.path.join(out_dir, "meta.json"), "w") as f:
         json.dump(meta, f, indent=2)
     return meta

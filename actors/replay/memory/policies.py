@@ -43,12 +43,15 @@ class AllocationPolicy:
     keeps_made_inside: bool = True  # whether storages made inside the iteration can persist
 
     def __init__(self, liveness: Liveness, used_storages: set[int], owned: set[int],
-                 made_inside: frozenset[int] = frozenset()):
+                 made_inside: frozenset[int] = frozenset(),
+                 released: frozenset[int] = frozenset()):
         """``used_storages``: suids the replayed ops read or write (steps in scope);
         ``owned``: suids an extension manages (never allocated, pinned or freed here);
-        ``made_inside``: suids first used as inputs that the iteration made (Trace.made_inside)."""
+        ``made_inside``: suids first used as inputs that the iteration made (Trace.made_inside);
+        ``released``: suids the run was seen freeing during the iteration (recorded frees:
+        actors/trace/recorded_frees.py), which the faithful mode does not keep either."""
         external = liveness.storage_external
-        skip_made = frozenset() if self.keeps_made_inside else made_inside
+        skip_made = frozenset() if self.keeps_made_inside else made_inside | released
         self.persistent: frozenset[int] = frozenset(
             s for s in used_storages if external[s] and s not in owned and s not in skip_made) \
             if self.keeps_persistent else frozenset()
@@ -92,6 +95,8 @@ _POLICIES = {cls.mode: cls for cls in (PreAllocate, Lazy, Faithful)}
 
 
 def make_policy(mode: AllocationMode, liveness: Liveness, used_storages: set[int],
-                owned: set[int], made_inside: frozenset[int] = frozenset()) -> AllocationPolicy:
+                owned: set[int], made_inside: frozenset[int] = frozenset(),
+                released: frozenset[int] = frozenset()) -> AllocationPolicy:
     """The policy of ``replay.allocation.mode``."""
-    return _POLICIES[AllocationMode(mode)](liveness, used_storages, owned, made_inside)
+    return _POLICIES[AllocationMode(mode)](liveness, used_storages, owned, made_inside,
+                                           released)
