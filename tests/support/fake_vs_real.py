@@ -39,6 +39,7 @@ from actors.trace import Trace, load_trace
 from actors.trace.conventions import trace_file_name
 
 ENGINE_FRAME = "autograd::engine::evaluate_function: "
+REAL_WARMUP_ITERS = 3
 
 
 def as_entrypoint(build: Callable, name: str) -> str:
@@ -71,9 +72,11 @@ def capture_real(spec: str, out_dir: Path) -> Path:
     try:
         cfg = WorkloadConfig(model="custom", entrypoint=spec, device="cpu")
         workload = build_workload(cfg, 0, 1, torch.device("cpu"), world_mesh("cpu", 1))
-        warm_up(workload, WARMUP_ITERS)
+        # as many as the fake capture's settle() may run (DDP rebuilds its buckets after the
+        # first iteration): every step records its steady state on both sides
+        warm_up(workload, REAL_WARMUP_ITERS)
         record_iteration(workload.step, workload.next_batch(), workload.model,
-                         step_index=WARMUP_ITERS, out_path=str(path), tensor_ranges=False)
+                         step_index=REAL_WARMUP_ITERS, out_path=str(path), tensor_ranges=False)
     finally:
         dist.destroy_process_group()
         torch.set_num_threads(num_threads)
