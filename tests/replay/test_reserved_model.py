@@ -27,10 +27,10 @@ class _Recorder:
     def released(self, suid):
         self.events.append(("released", suid))
 
-    def charged(self, nbytes):
+    def charged(self, nbytes, category):
         self.events.append(("charged", nbytes))
 
-    def discharged(self, nbytes):
+    def discharged(self, nbytes, category):
         self.events.append(("discharged", nbytes))
 
 
