@@ -9,8 +9,8 @@ and its history (actors/replay/memory/allocator_events.py): ``segments`` (``devi
 ``free_requested``, ``free_completed``, ``segment_alloc``, ``segment_free``, ``segment_map``,
 ``segment_unmap`` and ``oom`` entries with ``addr``, ``size``, ``stream`` and ``frames``).
 
-Frames stand where a GPU snapshot has the Python stack, innermost first: the op (``node:<node
-id>:<op name>``), its innermost record_function range (``range:0:<name>``: a module's forward
+Frames stand where a GPU snapshot has the Python stack, innermost first (``replay:0:held before
+the first op`` for what is allocated before it): the op (``node:<node id>:<op name>``), its innermost record_function range (``range:0:<name>``: a module's forward
 range, an autograd node, FSDP2's or the optimizer's range), for a module range the enclosing
 modules by qualified name (``module:0:layers.0``), and the iteration (``iteration:<k>:
 warm-up|measured``). One list per (iteration, op), shared by every entry made there, so the
@@ -38,8 +38,10 @@ class FrameTable:
 
     def __init__(self, ops, num_warmup_iters: int):
         self.ops, self.num_warmup = ops, num_warmup_iters
+        # what is allocated before the first op: the state held from before the iteration
+        # (parameters, buffers, ...) and the cuBLAS workspace
         self._frames: dict[int, list] = {UNTAGGED: [{"filename": "replay", "line": 0,
-                                                     "name": "before the first op"}]}
+                                                     "name": "held before the first op"}]}
 
     def tag(self, iteration: int, op_index: int) -> int:
         """The tag of op ``op_index`` in 0-based ``iteration`` (UNTAGGED without an op)."""
