@@ -15,6 +15,7 @@ for the dots: ``workload__seq_len=4096``, ``predict__error_band=0.05``.
 """
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import os
 import shutil
@@ -49,13 +50,20 @@ def _entrypoint(build: Callable) -> str:
         raise ConfigError(f"workload={build!r}: a build function must be defined at the top of "
                           "a module (the capture imports it by name), not nested or a lambda")
     module = getattr(build, "__module__", None)
-    if module and module != "__main__":
+    if module and module != "__main__" and _importable(module):
         return f"{module}:{name}"
     path = inspect.getsourcefile(build)
     if not path or not os.path.isfile(path):
         raise ConfigError(f"workload={build!r}: its source file is unknown; pass "
                           "'PATH.py:FUNCTION' instead")
     return f"{os.path.abspath(path)}:{name}"
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a module loaded from a file by path has no spec
+        return False
 
 
 def overrides_for(workload, world_size: int | None, target: str | None,
