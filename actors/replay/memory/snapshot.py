@@ -10,8 +10,9 @@ and its history (actors/replay/memory/allocator_events.py): ``segments`` (``devi
 ``segment_unmap`` and ``oom`` entries with ``addr``, ``size``, ``stream`` and ``frames``).
 
 Frames stand where a GPU snapshot has the Python stack, innermost first (``replay:0:held before
-the first op`` for what is allocated before it): the op (``node:<node id>:<op name>``), its innermost record_function range (``range:0:<name>``: a module's forward
-range, an autograd node, FSDP2's or the optimizer's range), for a module range the enclosing
+the first op`` for what is allocated before it): the op (``node:<node id>:<op name>``), its
+innermost record_function range (``range:0:<name>``: a module's forward range, an autograd
+node, FSDP2's or the optimizer's range), for a module range the enclosing
 modules by qualified name (``module:0:layers.0``), and the iteration (``iteration:<k>:
 warm-up|measured``). One list per (iteration, op), shared by every entry made there, so the
 pickle stays small. Alloc entries carry the storage's ``category`` (the viewer colours by it).
