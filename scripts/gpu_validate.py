@@ -54,6 +54,21 @@ def workload_overrides(ac: str, dims: dict = LLAMA) -> list[str]:
             *(f"workload.{k}={v}" for k, v in dims.items() if k != "batch_size")]
 
 
+def real_workload(ac: str, dims: dict = LLAMA):
+    """The FSDP2 bf16 Llama case as the GPU trains it (the same recipe the prediction
+    captures on fake)."""
+    from actors.capture.workload_config import WorkloadConfig
+
+    return WorkloadConfig(model="llama", parallel="fsdp2", precision="bf16_mixed",
+                          activation_checkpointing=ac, device="cuda", **dims)
+
+
+def hf_overrides(target: list[str]) -> list[str]:
+    """tracefleet-predict's overrides for the transformers case (hf_build as the entrypoint)."""
+    return ["workload=custom", f"workload.entrypoint={Path(__file__).resolve()}:hf_build",
+            "world_size=1", *target]
+
+
 def target_overrides(total_memory: int, compute_major: int) -> list[str]:
     """A target that is this GPU's caching allocator alone: the CUDA context and NCCL's
     buffers are outside it (and outside max_memory_reserved), cuBLAS's workspace is PyTorch's
@@ -249,13 +264,11 @@ def fsdp2_case(ac: str, out: Path, target: list[str], cache: Path) -> dict:
 
     from actors.capture.context import world_mesh
     from actors.capture.recorder import record_iteration
-    from actors.capture.workload_config import WorkloadConfig
     from actors.capture.workloads import build_workload
 
     _init_world_one()
     device = torch.device("cuda", 0)
-    wl = WorkloadConfig(model="llama", parallel="fsdp2", precision="bf16_mixed",
-                        activation_checkpointing=ac, device="cuda", **LLAMA)
+    wl = real_workload(ac)
     held = {}
 
     def run():
@@ -321,9 +334,7 @@ def transformers_case(out: Path, target: list[str], cache: Path) -> dict:
 
     measured = _measure(run, recorded)
     torch.cuda.empty_cache()
-    entry = f"{Path(__file__).resolve()}:hf_build"
-    prediction = predict_case(["workload=custom", f"workload.entrypoint={entry}", "world_size=1",
-                               *target], out / "transformers_predicted", cache)
+    prediction = predict_case(hf_overrides(target), out / "transformers_predicted", cache)
     return {"original_step_s": measured["step_s"],
             **against(measured, prediction, recorded, out / "transformers_predicted")}
 

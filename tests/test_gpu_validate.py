@@ -47,6 +47,12 @@ def test_the_cases_compose_to_predictions_of_this_gpu():
         assert (str(wl.parallel), str(wl.precision), str(wl.activation_checkpointing),
                 str(wl.device), cfg.world_size) == ("fsdp2", "bf16_mixed", ac, "fake", 1)
         assert (wl.d_model, wl.batch_size, wl.seq_len) == (1024, 8, 1024)
+        real = gv.real_workload(ac)  # what the GPU trains: the same recipe on cuda
+        validate_workload(real)
+        assert str(real.device) == "cuda" and all(
+            getattr(real, f) == getattr(wl, f) for f in ("parallel", "precision", "d_model",
+                                                         "n_layers", "seq_len", "batch_size",
+                                                         "activation_checkpointing"))
         figures = cfg.target.figures()
         # the GPU's caching allocator alone: no context, no NCCL buffers; Hopper's workspace
         assert figures["usable_capacity_bytes"] == 80 * GiB
@@ -80,6 +86,15 @@ def test_a_case_predicted_and_compared_on_the_cpu(tmp_path):
     assert not gv.summarize([{"case": "a", **off}], None, "GPU", 1.0)["ok"]
     assert not gv.summarize([{"case": "a", "error": "boom"}], None, "GPU", 1.0)["ok"]
     assert not gv.summarize([{"case": "a", **case}], {"returncode": 1}, "GPU", 1.0)["ok"]
+
+
+def test_the_transformers_case_is_predicted_on_the_cpu(tmp_path):
+    pytest.importorskip("transformers")
+    p = gv.predict_case(gv.hf_overrides(gv.target_overrides(80 * GiB, 9)), tmp_path / "hf",
+                        tmp_path / "cache")
+    assert p["capture"]["device"] == "fake" and p["verdict"] == "fits"
+    assert p["coverage"] > 0.95 and (tmp_path / "hf" / "snapshot_rank0.pickle").is_file()
+    assert p["breakdown"]["optimizer_state"] > 0 and p["breakdown"]["parameters"] > 0
 
 
 def test_the_transformers_entrypoint_trains_a_step(monkeypatch):
