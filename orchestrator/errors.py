@@ -9,6 +9,18 @@ class ClusterError(TracefleetError):
     """
 
 
+class SnapshotError(TracefleetError):
+    """A memory snapshot file cannot be read: missing, not a pickle, not a snapshot, or holding
+    a type a snapshot never holds (refused unread). The message names the file."""
+
+    def __init__(self, path, message: str):
+        self.path, self.detail = str(path), message
+        super().__init__(f"{self.path}: {message}")
+
+    def __reduce__(self):
+        return type(self), (self.path, self.detail)
+
+
 # The exit status of every console script on a user error (a bad config, a bad trace, a path
 # that cannot be read): the studies need it too, to sum up a sweep (orchestrator/studies/sweep.py).
 USER_ERROR_EXIT = 2

@@ -192,3 +192,11 @@ def test_bench_fit_search():
     assert set(out["answers"]) == {"batch_size", "seq_len", "world_size",
                                    "activation_checkpointing"}
     assert out["num_probes"] == sum(a["num_probes"] for a in out["answers"].values())
+
+
+def test_bench_snapshot():
+    out = run_bench("snapshot", "--repeats", "1")
+    assert _positive(out["plain_cpu_s"], out["page_cpu_s"], out["snapshot_cpu_s"],
+                     out["snapshot_s"], out["snapshot_bytes"], out["snapshot_events"],
+                     out["reserved_peak_bytes"])
+    assert "n_layers=2" in out["job"]

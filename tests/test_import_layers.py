@@ -10,7 +10,7 @@ from pathlib import Path
 
 from orchestrator.config import REPO_ROOT
 
-CONTRACTS = ("orchestrator-layers", "actors-layers", "capture-beside-replay",
+CONTRACTS = ("orchestrator-layers", "actors-layers", "capture-beside-replay", "api-on-top",
              "actors-below-orchestrator")
 
 
@@ -35,17 +35,21 @@ def test_the_repository_keeps_every_import_contract():
 
 
 def test_an_upward_import_breaks_its_contract(tmp_path):
-    for package in ("orchestrator", "actors"):
+    for package in ("tracefleet", "orchestrator", "actors"):
         shutil.copytree(REPO_ROOT / package, tmp_path / package,
                         ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(REPO_ROOT / "pyproject.toml", tmp_path)
-    # the ground floor reaching up to a study, and the rank side reaching into the driver
+    # the ground floor reaching up to a study, the rank side reaching into the driver, and
+    # a report reaching up to the Python API
     with open(tmp_path / "orchestrator" / "units.py", "a") as f:
         f.write("\nfrom orchestrator.studies import sweep  # noqa: E402,F401\n")
+    with open(tmp_path / "orchestrator" / "reports" / "predict_table.py", "a") as f:
+        f.write("\nimport tracefleet.api  # noqa: E402,F401\n")
     with open(tmp_path / "actors" / "hardlink.py", "a") as f:
         f.write("\nimport orchestrator.results  # noqa: E402,F401\n")
     proc = _lint_imports(tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert _kept_and_broken(proc.stdout) == (len(CONTRACTS) - 2, 2), proc.stdout
+    assert _kept_and_broken(proc.stdout) == (len(CONTRACTS) - 3, 3), proc.stdout
     assert "orchestrator.units -> orchestrator.studies.sweep" in proc.stdout, proc.stdout
     assert "actors.hardlink -> orchestrator.results" in proc.stdout, proc.stdout
+    assert "orchestrator.reports.predict_table -> tracefleet.api" in proc.stdout, proc.stdout

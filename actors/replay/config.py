@@ -108,6 +108,13 @@ class ReplayConfig:
     profile: bool = False
     # Points kept in the per-rank memory timeline (downsampled beyond this).
     timeline_max_points: int = 2000
+    # With a target: keep the caching allocator model's history and write it per rank as
+    # snapshot_rank<r>.pickle in the layout torch.cuda.memory._snapshot() returns (for
+    # pytorch.org/memory_viz and tracefleet-compare; actors/replay/memory/snapshot.py).
+    allocator_snapshot: bool = False
+    # With a target: the model's allocated bytes by category and its reserved bytes over the
+    # last iteration, and both peaks (prediction.html; tracefleet-predict turns it on).
+    allocator_timeline: bool = False
     # Bound on one collective (and the process-group rendezvous), seconds.
     collective_timeout_s: float = 120.0
     # cuda: synchronize the device around every collective so its time is the transfer's

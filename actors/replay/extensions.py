@@ -33,7 +33,8 @@ def build_extensions(trace: Trace, cfg: ReplayConfig, device: torch.device, comm
         raise ReplayError(f"replay.mode={cfg.mode} needs process groups; this engine has none "
                           "(use replay.mode=compute for a single-process replay)")
     exts = [MemoryMeter(make_meter(device, cfg.measure_memory)),
-            *reserved_model_extensions(target), *extra]
+            *reserved_model_extensions(target, cfg.allocator_snapshot, cfg.allocator_timeline),
+            *extra]
     if cfg.host_gaps:
         exts.append(HostGaps.for_trace(trace))
     if trace.nested_lifetimes and cfg.allocation.mode == AllocationMode.faithful:

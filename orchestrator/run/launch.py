@@ -9,6 +9,8 @@ from pathlib import Path
 import orjson
 
 from actors.machine import replay_machine_warnings
+from actors.replay.memory.model_recording import pop_snapshot
+from actors.replay.memory.snapshot import write_snapshots
 from actors.rank_actor import RankActor
 from actors.zero3 import metrics as zero3_metrics
 from orchestrator.preflight import dedup
@@ -104,6 +106,9 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
     if num_actors < world_size:
         rank_reports = dedup.expand_reports(rank_reports, replayed, pre.same_as)
     timings.update(replay_phases(replay_window_s, ship_s, rank_reports), teardown_s=teardown_s)
+    # replay.allocator_snapshot: files, not summary figures (a copy's report shares its rank's)
+    snapshots = {r["rank"]: pop_snapshot(r) for r in rank_reports
+                 if r.get("replayed_as_rank", r["rank"]) == r["rank"]}
     summary = metrics.aggregate(rank_reports, world_size=world_size, error=lost_nodes(results),
                                 extra={
         "experiment": cfg.experiment.name, "trace_dir": str(cfg.trace.dir),
@@ -114,6 +119,7 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
         "zero3": zero3_metrics.summarize_ranks(rank_reports),
         "target": cfg.target.figures() if cfg.target.enabled else None})
     report.write_run_outputs(summary, rank_reports, out_dir, config_yaml, plots=not quiet)
+    summary["snapshots"] = write_snapshots(out_dir, snapshots)
     if not quiet:
         report.print_summary(summary, console)
     timings["aggregation_s"] = time.perf_counter() - t4

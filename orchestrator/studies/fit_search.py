@@ -224,4 +224,11 @@ def run_fit_search(cfg: FitSearchRunConfig, out_dir: Path, name: str | None = No
     recorder = FitSearchRecorder(Path(out_dir), cfg)
     t0 = time.perf_counter()
     answers = fit_search(cfg, name, recorder.probe)
-    return recorder.finish(answers, time.perf_counter() - t0)
+    summary = recorder.finish(answers, time.perf_counter() - t0)
+    # the job's own prediction.json and prediction.html (its capture is cached by now), the
+    # page with the search's plots
+    from orchestrator.reports.prediction_page import write_prediction_page
+    job = predict(_as_predict_config(cfg), Path(out_dir), name=name)
+    write_prediction_page(out_dir, job, [(f"fit_search: {axis}", Path(out_dir) / a["plot"])
+                                         for axis, a in summary["answers"].items() if a["plot"]])
+    return summary

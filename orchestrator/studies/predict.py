@@ -27,6 +27,8 @@ from actors.choices import Choice
 from actors.errors import ConfigError, TracefleetError
 from actors.gc_pause import gc_paused
 from actors.replay.config import AllocationConfig, AllocationMode, ReplayConfig, parse_bytes
+from actors.replay.memory.model_recording import TIMELINE_KEY, pop_snapshot
+from actors.replay.memory.snapshot import write_snapshots
 from actors.replay.memory.target import TargetConfig, TargetName
 from orchestrator.status import ANSWERED
 from actors.zero3.config import Zero3Config
@@ -72,6 +74,10 @@ class PredictSettings:
     error_band_source: str = DEFAULT_ERROR_BAND_SOURCE
     # Captures are kept here, one folder per workload config, world size and torch version.
     cache_dir: str = "~/.cache/tracefleet/traces"
+    # Also write snapshot_rank<r>.pickle per distinct rank trace: the caching allocator
+    # model's segments, blocks and history in torch.cuda.memory._snapshot()'s layout (open it
+    # at pytorch.org/memory_viz; compare it with a GPU's: tracefleet-compare).
+    snapshot: bool = False
 
 
 def _dry_run_replay() -> ReplayConfig:
@@ -236,6 +242,9 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
     cfg = copy.deepcopy(cfg)
     cfg.validate()
     t0 = time.perf_counter()
+    # what prediction.html plots, and the snapshots, are recorded only when written
+    cfg.replay.allocator_timeline |= out_dir is not None
+    cfg.replay.allocator_snapshot |= cfg.predict.snapshot and out_dir is not None
     from actors.trace.source import discover
 
     name = name or f"{cfg.workload.model}_{cfg.workload.parallel}"
@@ -255,6 +264,7 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
     for ranks in groups.values():
         reports[ranks[0]] = _dry_run(sources[ranks[0]], ranks[0], cfg, zero3)
     replay_s = time.perf_counter() - t1
+    snapshots = {rank: pop_snapshot(report) for rank, report in reports.items()}
     worst = max(reports.values(), key=lambda r: r["predicted_reserved_peak_bytes"])
     figures = worst["cuda_allocator"]["target"]
     reserved, usable = worst["predicted_reserved_peak_bytes"], figures["usable_capacity_bytes"]
@@ -292,11 +302,18 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
         "capture": capture,
         "timings_s": {"capture_s": capture["seconds"] if capture else 0.0, "replay_s": replay_s,
                       "total_s": time.perf_counter() - t0},
+        "memory_timeline": worst["cuda_allocator"].get(TIMELINE_KEY),
+        "snapshots": {},  # rank -> snapshot_rank<r>.pickle, written beside prediction.json
     }
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
+        result["snapshots"] = write_snapshots(out_dir, snapshots)
+        result["timings_s"]["snapshot_s"] = sum(
+            r["cuda_allocator"].get("snapshot_s", 0.0) for r in reports.values())
         (Path(out_dir) / PREDICTION_JSON).write_bytes(
             orjson.dumps(result, option=orjson.OPT_INDENT_2))
+        from orchestrator.reports.prediction_page import write_prediction_page  # matplotlib
+        write_prediction_page(out_dir, result)
     return result
 
 

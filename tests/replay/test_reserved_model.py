@@ -27,10 +27,10 @@ class _Recorder:
     def released(self, suid):
         self.events.append(("released", suid))
 
-    def charged(self, nbytes):
+    def charged(self, nbytes, category):
         self.events.append(("charged", nbytes))
 
-    def discharged(self, nbytes):
+    def discharged(self, nbytes, category):
         self.events.append(("discharged", nbytes))
 
 
@@ -211,7 +211,8 @@ def test_tracefleet_dry_run_with_a_target_reports_reserved(tmp_path):
         proc = subprocess.run(
             [sys.executable, "-c", "from orchestrator.cli.main import main; main()", "replay=dry_run",
              "target=a100_40gb", "trace.ranks=[0]", f"hydra.run.dir={tmp_path}/run",
-             f"cluster.temp_dir={ray_dir}", "target.allocator.max_split_size_mb=64"],
+             f"cluster.temp_dir={ray_dir}", "target.allocator.max_split_size_mb=64",
+             "replay.allocator_snapshot=true"],
             capture_output=True, text=True, timeout=300, cwd=tmp_path,
             env={**os.environ, "PYTHONPATH": str(repo)})
     finally:
@@ -227,6 +228,13 @@ def test_tracefleet_dry_run_with_a_target_reports_reserved(tmp_path):
     assert rank["predicted_reserved_peak_bytes"] == reserved
     assert rank["cuda_allocator"]["settings"]["max_split_size_bytes"] == 64 * MiB
     assert "reserved*" in proc.stdout and "target a100_40gb" in proc.stdout
+    # replay.allocator_snapshot: the model's snapshot as a file, not in the summary
+    assert summary["snapshots"] == {"0": "snapshot_rank0.pickle"}
+    assert "snapshot_pickle" not in rank["cuda_allocator"]
+    from orchestrator.reports.snapshot_file import read_snapshot
+    from tests.support.memory_viz import replay_history
+    snap = read_snapshot(tmp_path / "run" / "snapshot_rank0.pickle")
+    assert replay_history(snap)["peak_reserved"] == reserved
 
 
 def test_every_target_preset_composes():

@@ -86,8 +86,8 @@ class MemoryTracker:
     def observe(self, observer) -> None:
         """Tell ``observer`` (an allocator model: actors/replay/memory/reserved_model.py) of every
         storage held and released, ``held(suid, nbytes)`` / ``released(suid)``, and of every
-        extension charge, ``charged(nbytes)`` / ``discharged(nbytes)``. The op loop writes
-        ``held`` directly, so the list itself reports its transitions."""
+        extension charge, ``charged(nbytes, category)`` / ``discharged(nbytes, category)``.
+        The op loop writes ``held`` directly, so the list itself reports its transitions."""
         self.held = _ObservedHeld(self.held, observer)
         self.observer = observer
 
@@ -114,7 +114,7 @@ class MemoryTracker:
         category of actors/trace/categories.py."""
         self.check(nbytes)
         if self.observer is not None:
-            self.observer.charged(nbytes)
+            self.observer.charged(nbytes, category)
         self.held_bytes += nbytes
         self.category_bytes[category] += nbytes
         if self.held_bytes > self.high_bytes:
@@ -125,7 +125,7 @@ class MemoryTracker:
     def discharge(self, nbytes: int, category: int = TEMPORARIES) -> None:
         """Stop accounting bytes an extension released (charged as ``category``)."""
         if self.observer is not None:
-            self.observer.discharged(nbytes)
+            self.observer.discharged(nbytes, category)
         self.held_bytes -= nbytes
         self.category_bytes[category] -= nbytes
 

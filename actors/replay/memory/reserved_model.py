@@ -16,7 +16,7 @@ blocks the activations left cached rather than reserved ahead of them.
 from __future__ import annotations
 
 from actors.replay.memory.cuda_allocator import CachingAllocatorModel
-from actors.trace.categories import OPTIMIZER_STATE
+from actors.trace.categories import OPTIMIZER_STATE, TEMPORARIES
 from actors.trace.fsdp2_streams import side_stream_storages
 from actors.replay.extension import ReplayContext, ReplayExtension
 from actors.replay.memory.target import TargetConfig
@@ -66,13 +66,17 @@ class ReservedMemoryModel(ReplayExtension):
             if step is not None and step.op is not None and \
                     step.op.module.startswith(OPTIMIZER_RANGE):
                 self._request_lazy_state()
+        self._malloc(suid, nbytes)
+
+    def _malloc(self, suid: int, nbytes: int) -> None:
+        """Serve storage ``suid`` from its stream's pools."""
         self._blocks[suid] = self.model.malloc(nbytes, self._streams.get(suid, 0))
 
     def _request_lazy_state(self) -> None:
         """Serve the optimizer state set aside at attach (its first step makes it)."""
         lazy, self._lazy_state = self._lazy_state, None
         for suid, nbytes in lazy.items():
-            self._blocks[suid] = self.model.malloc(nbytes, self._streams.get(suid, 0))
+            self._malloc(suid, nbytes)
 
     def on_iteration_end(self, measured: bool) -> None:
         if self._lazy_state is not None:  # the optimizer step allocated nothing: serve it now
@@ -85,11 +89,11 @@ class ReservedMemoryModel(ReplayExtension):
         if block is not None:
             self.model.free(block)
 
-    def charged(self, nbytes: int) -> None:
+    def charged(self, nbytes: int, category: int = TEMPORARIES) -> None:
         if nbytes > 0:
             self._charges.setdefault(nbytes, []).append(self.model.malloc(nbytes))
 
-    def discharged(self, nbytes: int) -> None:
+    def discharged(self, nbytes: int, category: int = TEMPORARIES) -> None:
         blocks = self._charges.get(nbytes)
         if blocks:
             self.model.free(blocks.pop())
@@ -113,6 +117,14 @@ class ReservedMemoryModel(ReplayExtension):
         return {k: stats[k] for k in HEADLINE}
 
 
-def reserved_model_extensions(target: TargetConfig | None) -> list:
-    """The model as a replay extension when ``target`` names a device, else none."""
-    return [ReservedMemoryModel(target)] if target is not None and target.enabled else []
+def reserved_model_extensions(target: TargetConfig | None, snapshot: bool = False,
+                              timeline: bool = False) -> list:
+    """The model as a replay extension when ``target`` names a device, else none; with
+    ``snapshot`` or ``timeline``, the model that keeps its history
+    (actors/replay/memory/model_recording.py)."""
+    if target is None or not target.enabled:
+        return []
+    if snapshot or timeline:
+        from actors.replay.memory.model_recording import RecordingReservedModel
+        return [RecordingReservedModel(target, snapshot=snapshot, timeline=timeline)]
+    return [ReservedMemoryModel(target)]

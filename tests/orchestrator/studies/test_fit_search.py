@@ -88,6 +88,10 @@ def test_each_axis_finds_the_boundary(cache, tmp_path, axis, answer, beyond, ove
     assert by_value[str(answer)]["usable_capacity_bytes"] == capacity
     assert (tmp_path / "results.parquet").is_file() and (tmp_path / found["plot"]).stat().st_size
     assert json.loads((tmp_path / FIT_SEARCH_JSON).read_text())["answers"][axis]["best"] == answer
+    # the job's own prediction beside it, its page with the search's plot
+    page = (tmp_path / "prediction.html").read_text()
+    assert f"<h2>fit_search: {axis}</h2>" in page and page.count("<img ") == 3
+    assert json.loads((tmp_path / "prediction.json").read_text())["world_size"] == 4
 
 
 def test_gallop_then_bisect_on_a_known_boundary():

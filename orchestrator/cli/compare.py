@@ -1,0 +1,74 @@
+"""`tracefleet-compare SNAPSHOT.pickle PREDICTION`: a memory snapshot recorded on a GPU beside
+the predicted one (orchestrator/reports/snapshot_compare.py): allocated and reserved peaks, the
+op at each peak, the first point where the allocation streams part. Snapshots are read without
+trusting them (orchestrator/reports/snapshot_file.py)."""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import orjson
+
+from orchestrator.cli.app import guarded
+from orchestrator.errors import SnapshotError
+
+_EPILOG = """SNAPSHOT is a pickle from torch.cuda.memory._dump_snapshot (record with
+torch.cuda.memory._record_memory_history() before the steps). PREDICTION is the run dir of
+`tracefleet-predict ... predict.snapshot=true` (its snapshot_rank<r>.pickle; --rank picks one,
+default the rank prediction.json's figures are of) or one such file. Exit status: 0 compared,
+2 user error (a missing or refused file)."""
+
+
+def predicted_file(prediction: Path, rank: int | None) -> Path:
+    """The predicted snapshot a PREDICTION argument names."""
+    if prediction.is_file():
+        return prediction
+    found = {int(m.group(1)): p for p in prediction.glob("snapshot_rank*.pickle")
+             if (m := re.fullmatch(r"snapshot_rank(\d+)\.pickle", p.name))}
+    if not found:
+        raise SnapshotError(prediction, "no snapshot_rank<r>.pickle here (predict with "
+                                        "predict.snapshot=true)")
+    if rank is None:
+        meta = prediction / "prediction.json"
+        rank = orjson.loads(meta.read_bytes()).get("rank") if meta.is_file() else None
+        rank = rank if rank in found else min(found)
+    if rank not in found:
+        raise SnapshotError(prediction, f"no snapshot of rank {rank} (there are ranks "
+                                        f"{sorted(found)})")
+    return found[rank]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry; returns the exit status (2 on a user error)."""
+    parser = argparse.ArgumentParser(prog="tracefleet-compare", epilog=_EPILOG,
+                                     description="Compare a memory snapshot recorded on a GPU "
+                                                 "with tracefleet's predicted one.")
+    parser.add_argument("snapshot", help="the recorded snapshot (.pickle)")
+    parser.add_argument("prediction", help="a tracefleet-predict run dir, or a predicted .pickle")
+    parser.add_argument("--rank", type=int, default=None, help="the predicted rank to compare")
+    parser.add_argument("--device", type=int, default=None,
+                        help="the recorded device (default: the one with the longest history)")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON line")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of errors")
+    args = parser.parse_args(argv)
+
+    def body() -> int:
+        from orchestrator.reports.snapshot_compare import compare, compare_lines
+        from orchestrator.reports.snapshot_file import read_snapshot
+
+        pred_path = predicted_file(Path(args.prediction), args.rank)
+        result = compare(read_snapshot(args.snapshot), read_snapshot(pred_path), args.device)
+        if args.json:
+            print(orjson.dumps({"recorded_file": args.snapshot, "predicted_file": str(pred_path),
+                                **result}).decode())
+        else:
+            print("\n".join(compare_lines(result, args.snapshot, str(pred_path))))
+        return 0
+
+    return guarded("tracefleet-compare", body, args.debug, also=(OSError,))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""``prediction.html`` (orchestrator/reports/prediction_page.py) beside ``prediction.json``: the
+timeline it plots is the allocator model's, the page is self-contained, and headless Chromium
+shows its plots."""
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+import pytest
+from matplotlib.figure import Figure
+
+from actors.replay.memory.predicted_timeline import MAX_POINTS, SERIES
+from orchestrator.cli.predict import predict_config
+from orchestrator.config import DEMO_TRACES
+from orchestrator.reports.prediction_page import PAGE_NAME, PLOTS_DIR, write_prediction_page
+from orchestrator.studies.predict import predict
+from tests.support.browser import chromium, dom_after_scripts, require_browser
+
+_PROBE = """<script>window.addEventListener('load', () => {
+  const out = document.createElement('pre'); out.id = 'img-probe';
+  out.textContent = JSON.stringify([...document.images].map(i => [i.complete, i.naturalWidth]));
+  document.body.appendChild(out);});</script>"""
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """tracefleet-predict on the demo traces (4 ranks) with the snapshots on."""
+    out = tmp_path_factory.mktemp("prediction")
+    cfg = predict_config(f"trace.dir={DEMO_TRACES / 'gpt_dp_4'}", "target=a100_40gb",
+                         "predict.snapshot=true")
+    return out, predict(cfg, out)
+
+
+def _images(text: str) -> list[str]:
+    return re.findall(r"<img [^>]*src='([^']*)'", text)
+
+
+def test_the_timeline_is_the_allocator_models(run):
+    out, p = run
+    t = json.loads((out / "prediction.json").read_text())["memory_timeline"]
+    assert t["measured"] and t["iteration"] == 2 and 10 < len(t["points"]) <= MAX_POINTS
+    cols = t["columns"]
+    for pt in t["points"]:
+        # the categories stack up to the allocated line; reserved is above it
+        assert sum(pt[cols.index(s)] for s in SERIES) == pt[1] <= pt[2]
+    assert t["reserved_peak"]["bytes"] == p["predicted_reserved_peak_bytes"] == \
+        max(pt[2] for pt in t["points"])  # the peak is in the measured iteration here
+    assert t["allocated_peak"]["bytes"] == p["predicted_allocated_peak_bytes"]
+    assert sum(t["reserved_peak"]["by_stream"].values()) == t["reserved_peak"]["bytes"]
+    assert [pt[0] for pt in t["points"]] == sorted(pt[0] for pt in t["points"])
+    # one snapshot per distinct rank trace, named in the prediction
+    assert p["snapshots"] == {r: f"snapshot_rank{r}.pickle" for r in p["snapshots"]}
+    assert len(p["snapshots"]) == p["num_distinct_traces"]
+    assert all((out / name).stat().st_size > 1000 for name in p["snapshots"].values())
+    assert p["timings_s"]["snapshot_s"] > 0
+
+
+def test_the_page_is_self_contained(run):
+    out, p = run
+    text = (out / PAGE_NAME).read_text()
+    srcs = _images(text)
+    pngs = sorted((out / PLOTS_DIR).glob("*.png"))
+    assert {x.name for x in pngs} == {"memory.png", "streams.png"}
+    assert {base64.b64decode(s.split(",", 1)[1]) for s in srcs} == {x.read_bytes() for x in pngs}
+    assert "<script" not in text and not re.search(r"(?:src|href)=['\"]?(?:https?:|//|file:)",
+                                                   text)
+    assert f">{p['verdict']}</span>" in text and "error band 3%" in text
+    assert "Reserved at the peak, by stream" in text and "snapshot_rank0.pickle" in text
+
+
+def test_extra_plots_and_a_prediction_without_a_timeline(run, tmp_path):
+    _, p = run
+    fig = Figure(figsize=(4, 3))
+    fig.add_subplot().plot([0, 1], [1, 0])
+    fig.savefig(tmp_path / "fit_search_batch_size.png")
+    page = write_prediction_page(tmp_path, p, [("fit_search: batch_size",
+                                                tmp_path / "fit_search_batch_size.png")])
+    text = page.read_text()
+    assert len(_images(text)) == 3 and "<h2>fit_search: batch_size</h2>" in text
+    bare = write_prediction_page(tmp_path / "bare", {**p, "memory_timeline": None}).read_text()
+    assert not _images(bare) and "No memory timeline" in bare
+
+
+def test_the_page_renders_in_headless_chromium(run, tmp_path):
+    require_browser()
+    from PIL import Image
+
+    out, _ = run
+    probe = tmp_path / "probe.html"
+    probe.write_text((out / PAGE_NAME).read_text().replace("</body>", _PROBE + "</body>"))
+    m = re.search(r'<pre id="img-probe">(.*?)</pre>', dom_after_scripts(probe, tmp_path), re.S)
+    assert m, "no probe output"
+    sizes = json.loads(m.group(1))
+    assert len(sizes) == 2 and all(done and width > 300 for done, width in sizes), sizes
+    shot = tmp_path / "shot.png"
+    proc = chromium(tmp_path, "--window-size=1280,1600", f"--screenshot={shot}",
+                    (out / PAGE_NAME).as_uri())
+    assert shot.is_file(), proc.stderr[-1500:]
+    # the memory plot sits below the figures table: colored, not blank
+    region = Image.open(shot).convert("RGB").crop((30, 600, 1000, 1000))
+    colors = region.getcolors(maxcolors=1 << 20) or []
+    assert sum(n for n, c in colors if sum(c) < 600) > 0.05 * region.width * region.height
+    assert len(colors) > 50
