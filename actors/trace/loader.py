@@ -279,6 +279,13 @@ def _build_ops(path, nodes: list, flat: bool) -> "_Built":
                 count = dropped.setdefault(t[0]["name"], [0, 0])
                 count[0] += 1
                 count[1] += _output_bytes(t[0], flat)
+        if dropped and not kept:
+            names = ", ".join(sorted(dropped)[:3])
+            raise TraceError(path, f"all {sum(c for c, _ in dropped.values())} recorded ops "
+                                   f"({names}, ...) lie outside the trace's "
+                                   f"{len(step_names)} ProfilerStep window(s) "
+                                   f"({', '.join(step_names[:3])}): the recorded iteration "
+                                   "holds no op (was the step's range left open?)")
         top_level = kept
     parser = ArgParser(path)
     ops: list[Op] = []

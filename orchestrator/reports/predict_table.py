@@ -9,6 +9,8 @@ def _job_line(p: dict) -> str:
     wl, t = p["workload"], p["target"]
     if "trace_dir" in wl:
         what = f"traces {wl['trace_dir']}"
+    elif wl["model"] == "custom":  # the recipe knobs do not apply to the user's own step
+        what = f"{wl['name']} (your step {wl['entrypoint']})"
     else:
         what = f"{wl['name']} ({wl['model']}, {wl['parallel']}, {wl['precision']}, AC " \
                f"{wl['activation_checkpointing']}, local batch {wl['batch_size']} x seq " \

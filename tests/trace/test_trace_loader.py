@@ -465,3 +465,13 @@ def test_orphans_of_a_range_never_closed_stay_in_their_step(tmp_path):
     assert trace.meta["num_orphan_ops"] == 2
     assert trace.meta["num_dropped_ops"] == 2
     assert trace.meta["dropped_ops"] == {"aten::relu": [2, 2 * 4 * 4]}
+
+
+def test_an_iteration_with_no_op_is_refused(tmp_path):
+    """ProfilerStep windows that hold none of the recorded ops: the ops of the measured
+    iteration are lost, said with the file and the windows."""
+    path = write_trace(tmp_path, [step_node(4, 0), _relu(5, k=10), _relu(6, k=20)])
+    with pytest.raises(TraceError, match=r"all 2 recorded ops \(aten::relu, \.\.\.\) lie outside "
+                                         r"the trace's 1 ProfilerStep window\(s\) "
+                                         r"\(ProfilerStep#0\)"):
+        load_trace(path)

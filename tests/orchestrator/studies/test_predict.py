@@ -263,6 +263,10 @@ def test_cli_on_a_custom_step_writes_prediction_json_and_reuses_its_capture(tmp_
         assert p["coverage"] == 1.0
         assert "| reserved peak* |" in proc.stdout and f"| verdict | **{p['verdict']}** |" \
             in proc.stdout
+        # the user's step, not the built-in recipe's knobs, and nothing the replay left out
+        assert "(your step " in proc.stdout.splitlines()[0] and "AC none" not in proc.stdout
+        assert p["num_dropped_ops"] == 0 and p["not_run_ops"] == [] and "warning" not in \
+            proc.stdout
     assert "captured on fake" in runs[0].stdout + runs[0].stderr
     assert "capture reused from the cache" in runs[1].stdout + runs[1].stderr
     assert len(list((tmp_path / "cache").iterdir())) == 1
