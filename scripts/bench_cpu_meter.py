@@ -10,7 +10,7 @@
   median over repeats (compute mode, lazy).
 
     python scripts/bench_cpu_meter.py [--traces demo/traces/gpt_dp_4] [--repeats 10]
-        [--quick]   # lazy allocation only, 2 repeats (one of each order): seconds
+        [--quick]   # the same, 2 cost repeats (one of each order): seconds
 """
 from __future__ import annotations
 
@@ -36,10 +36,16 @@ from actors.replay.config import AllocationConfig, ReplayConfig  # noqa: E402
 from actors.replay.engine import ReplayEngine  # noqa: E402
 from actors.replay.comm.process_groups import ProcessGroups, merge_group_tables  # noqa: E402
 from actors.trace import load_trace  # noqa: E402
+from scripts.json_layout import emit  # noqa: E402
 
 MODES = ("lazy", "faithful", "pre_allocate")
-QUICK_MODES, QUICK_REPEATS = ("lazy",), 2
+QUICK_REPEATS = 2
 MARK = "bench::measured_iteration"
+_PEAKS = {mode: {"counter": None, "profiler": None} for mode in MODES}
+# the keys of the JSON line (scripts/json_layout.py); "full": one row per rank
+KEYS = {"traces": None, "quick": None, "compute_rank0": _PEAKS, "full": [_PEAKS],
+        "cost": dict.fromkeys(("iteration_s_with_counter", "iteration_s_without_counter",
+                               "with_over_without", "repeats"))}
 
 
 def _cfg(mode: str, alloc: str, measure: bool, warmup: int) -> ReplayConfig:
@@ -81,14 +87,13 @@ def profiler_peak(make_engine, mode: str, alloc: str) -> int:
     return peak
 
 
-def peaks(make_engine, mode: str, allocs: tuple[str, ...]) -> dict:
-    """{allocation mode: {"counter": bytes, "profiler": bytes}} for each of ``allocs``."""
+def peaks(make_engine, mode: str) -> dict:
+    """{allocation mode: {"counter": bytes, "profiler": bytes}} for each of MODES."""
     return {alloc: {"counter": counter_peak(make_engine, mode, alloc),
-                    "profiler": profiler_peak(make_engine, mode, alloc)} for alloc in allocs}
+                    "profiler": profiler_peak(make_engine, mode, alloc)} for alloc in MODES}
 
 
-def _full_rank(rank: int, files: list[str], init_file: str, out_dir: str,
-               allocs: tuple[str, ...]) -> None:
+def _full_rank(rank: int, files: list[str], init_file: str, out_dir: str) -> None:
     """One rank of the full-mode replay: its peaks into out_dir/<rank>.json."""
     world = len(files)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
@@ -103,15 +108,15 @@ def _full_rank(rank: int, files: list[str], init_file: str, out_dir: str,
         def make_engine(cfg):
             comm = CollectiveReplayer(groups, torch.device("cpu"), ops=trace.ops)
             return ReplayEngine(trace, cfg, comm=comm, rank=rank)
-        Path(out_dir, f"{rank}.json").write_text(json.dumps(peaks(make_engine, "full", allocs)))
+        Path(out_dir, f"{rank}.json").write_text(json.dumps(peaks(make_engine, "full")))
     finally:
         dist.destroy_process_group()
 
 
-def full_peaks(files: list[str], allocs: tuple[str, ...]) -> list[dict]:
+def full_peaks(files: list[str]) -> list[dict]:
     """Per rank, the full-mode peaks (every rank of the trace, spawned with gloo)."""
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_full_rank, args=(files, os.path.join(tmp, "init"), tmp, allocs),
+        mp.spawn(_full_rank, args=(files, os.path.join(tmp, "init"), tmp),
                  nprocs=len(files), join=True)
         return [json.loads(Path(tmp, f"{r}.json").read_text()) for r in range(len(files))]
 
@@ -141,18 +146,17 @@ def main() -> None:
     parser.add_argument("--traces", default=str(ROOT / "demo" / "traces" / "gpt_dp_4"))
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--quick", action="store_true",
-                        help=f"allocation modes {QUICK_MODES} only, {QUICK_REPEATS} repeats: "
-                             "seconds, for the smoke test")
+                        help=f"{QUICK_REPEATS} cost repeats: seconds, for the smoke test")
     args = parser.parse_args()
-    allocs, repeats = (QUICK_MODES, QUICK_REPEATS) if args.quick else (MODES, args.repeats)
+    repeats = QUICK_REPEATS if args.quick else args.repeats
     files = sorted(str(p) for p in Path(args.traces).glob("rank-*.et.json.gz"))
     torch.set_num_threads(1)
     rank0 = load_trace(files[0], rank=0)
     out = {"traces": args.traces, "quick": args.quick,
-           "compute_rank0": peaks(lambda cfg: ReplayEngine(rank0, cfg), "compute", allocs),
-           "full": full_peaks(files, allocs),
+           "compute_rank0": peaks(lambda cfg: ReplayEngine(rank0, cfg), "compute"),
+           "full": full_peaks(files),
            "cost": counter_cost(files[0], repeats)}
-    print(json.dumps(out))
+    emit(out, KEYS)
 
 
 if __name__ == "__main__":

@@ -4,11 +4,11 @@ also goes to stderr as it finishes).
 
 The synthetic stream is training-shaped: request sizes drawn from a fixed menu (layers repeat
 their shapes), frees mostly of recent blocks, a few hundred blocks live. With ``--trace``, the
-trace's rank replays on meta once per allocation mode, without and with the model (side by
-side in one process), on ``--target``.
+trace's rank (default: demo/traces/gpt_dp_4's rank 0) replays on meta once per allocation
+mode, without and with the model (side by side in one process), on ``--target``.
 
     python scripts/bench_cuda_allocator.py [--events 2000000] [--trace rank-0.et.json.gz]
-        [--quick]   # 2,000 events, dry runs of demo/traces/gpt_dp_4 rank 0: seconds
+        [--quick]   # 2,000 events: seconds
 """
 from __future__ import annotations
 
@@ -19,13 +19,25 @@ import sys
 import time
 from pathlib import Path
 
-from actors.replay.memory.cuda_alloc_conf import AllocatorSettings, parse_alloc_conf
-from actors.replay.memory.cuda_allocator import CachingAllocatorModel
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from actors.replay.memory.cuda_alloc_conf import AllocatorSettings, parse_alloc_conf  # noqa: E402
+from actors.replay.memory.cuda_allocator import CachingAllocatorModel  # noqa: E402
+from scripts.json_layout import emit  # noqa: E402
 
 MiB = 1 << 20
-ROOT = Path(__file__).resolve().parents[1]
-QUICK_TRACE = ROOT / "demo" / "traces" / "gpt_dp_4" / "rank-0.et.json.gz"
+DEMO_TRACE = ROOT / "demo" / "traces" / "gpt_dp_4" / "rank-0.et.json.gz"
 QUICK_EVENTS = 2_000
+CONFS = ("", "expandable_segments:True", "max_split_size_mb:128")
+_SYNTHETIC = dict.fromkeys(("bench", "conf", "num_events", "us_per_event", "reserved_peak_mib",
+                            "allocated_peak_mib"))
+_DRY_RUN = dict.fromkeys((
+    "bench", "trace", "target", "mode", "num_ops", "num_events", "accounted_peak_gib",
+    "predicted_allocated_peak_gib", "predicted_reserved_peak_gib", "num_alloc_retries",
+    "num_ooms", "replay_s", "replay_with_model_s"))
+# the keys of the JSON line (scripts/json_layout.py): one row per setting
+KEYS = {"synthetic": [_SYNTHETIC], "dry_run": [_DRY_RUN]}
 
 
 def synthetic(num_events: int, conf: str) -> dict:
@@ -86,23 +98,20 @@ def dry_runs(path: str, target_name: str) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=2_000_000, help="0: no synthetic stream")
-    parser.add_argument("--trace", help="a rank trace to dry-run on meta")
+    parser.add_argument("--trace", default=str(DEMO_TRACE), help="a rank trace to dry-run on meta")
     parser.add_argument("--target", default="h200_141gb")
     parser.add_argument("--quick", action="store_true",
-                        help=f"{QUICK_EVENTS} events and, without --trace, dry runs of the demo "
-                             "trace's rank 0: seconds, for the smoke test")
+                        help=f"{QUICK_EVENTS} events: seconds, for the smoke test")
     args = parser.parse_args()
-    events, trace = args.events, args.trace
-    if args.quick:
-        events, trace = min(events, QUICK_EVENTS) if events else 0, trace or str(QUICK_TRACE)
+    events = min(args.events, QUICK_EVENTS) if args.quick else args.events
     out = {"synthetic": [], "dry_run": []}
-    for conf in ("", "expandable_segments:True", "max_split_size_mb:128") if events else ():
+    for conf in CONFS if events else ():
         out["synthetic"].append(synthetic(events, conf))
         print(json.dumps(out["synthetic"][-1]), file=sys.stderr, flush=True)
-    for row in dry_runs(trace, args.target) if trace else ():
+    for row in dry_runs(args.trace, args.target):
         out["dry_run"].append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
-    print(json.dumps(out))
+    emit(out, KEYS if events else {**KEYS, "synthetic": None})  # --events 0: none
 
 
 if __name__ == "__main__":

@@ -10,7 +10,12 @@
   4-rank gloo capture of all_reduce and all_gather_into_tensor of 1, 4 and 16 MiB.
 
     python scripts/bench_distributed.py [--traces8 DIR] [--rounds 10] [--iters 3]
-    python scripts/bench_distributed.py --quick   # seconds: 4 ranks, 1 MiB, 2 rounds, no 8-rank run
+    python scripts/bench_distributed.py --quick
+
+``--quick`` (about a minute, for the smoke test): every part on tiny inputs: 1 replay
+iteration of the 4-rank demo, the capture and its run at 2 ranks instead of 8 (``e2e_8`` and
+``capture_8_s`` keep their names; ``world_size`` says 2), the comms trace on 2 ranks with
+1 MiB collectives, 2 rounds of 1 iteration.
 """
 from __future__ import annotations
 
@@ -45,8 +50,11 @@ from actors.replay.comm.process_groups import ProcessGroups  # noqa: E402
 from actors.replay.ops.resolve import torch_dtype_or_none  # noqa: E402
 from orchestrator.config import DEMO_TRACES, ClusterConfig, ExperimentConfig, RunConfig, TraceConfig  # noqa: E402
 from orchestrator.run.launch import run_replay  # noqa: E402
+from scripts.json_layout import emit  # noqa: E402
 
 COMM_WORLD_SIZE = 4
+CAPTURE_WORLD_SIZE = 8
+QUICK_WORLD_SIZE = 2  # --quick: the captured run's and the comms trace's ranks
 COMM_SIZES_MIB = (1, 4, 16)
 TARGET_RATIO = 0.8
 CAPTURE_TIMEOUT_S = 600
@@ -57,6 +65,18 @@ ACTOR_START_TIMEOUT_S = 600
 # A constant, not torch.device() in CommsBenchRank.replay: cloudpickle takes `torch` + `.ops`
 # in one function for the submodule torch.ops, which cannot be pickled.
 CPU = torch.device("cpu")
+_E2E = dict.fromkeys(("world_size", "preflight_s", "cluster_start_s", "actor_start_s",
+                      "trace_load_s", "rendezvous_s", "replay_s", "teardown_s", "aggregation_s",
+                      "total_s", "actors_start_rendezvous_s", "command_wall_s",
+                      "iteration_time_s"))
+_KIND = dict.fromkeys(("replay_busbw_gbps", "raw_busbw_gbps", "ratio", "num_calls_per_rank"))
+_KINDS = ("all_gather_into_tensor", "all_reduce")
+# the keys of the JSON line (scripts/json_layout.py)
+KEYS = {"quick": None, "e2e_4": _E2E, "e2e_8": _E2E, "capture_8_s": None,
+        "comms": {"world_size": None, "sizes_mib": None, "rounds": None, "iters_per_round": None,
+                  "kinds": dict.fromkeys(_KINDS, _KIND), "run_busbw_gbps": dict.fromkeys(_KINDS),
+                  "iteration_speed_ratio": None, "min_busbw_ratio": None, "target_ratio": None,
+                  "meets_target": None}}
 
 
 def end_to_end(trace_dir: Path, work: Path, name: str, overrides: tuple = ()) -> dict:
@@ -88,18 +108,21 @@ def end_to_end(trace_dir: Path, work: Path, name: str, overrides: tuple = ()) ->
     return out
 
 
-def capture_gpt8(work: Path) -> tuple[Path, float]:
-    """An 8-rank trace of the demo's workload via ``tracefleet-capture``; (dir, seconds)."""
+def capture_gpt(work: Path, world_size: int) -> tuple[Path, float]:
+    """A ``world_size``-rank trace of the demo's workload via ``tracefleet-capture``;
+    (dir, seconds)."""
     workload = json.loads((DEMO_TRACES / "gpt_dp_4" / "meta.json").read_text())["workload"]
-    out = work / "gpt_dp_8"
-    cmd = [sys.executable, "-m", "orchestrator.cli.capture", "world_size=8", f"out_dir={out}",
+    out = work / f"gpt_dp_{world_size}"
+    cmd = [sys.executable, "-m", "orchestrator.cli.capture", f"world_size={world_size}",
+           f"out_dir={out}",
            f"hydra.run.dir={work / 'capture8'}", f"cluster.temp_dir={work / 'ray-capture8'}",
            "warmup_iters=1", "timing_iters=1",
            *(f"workload.{k}={json.dumps(v)}" for k, v in workload.items())]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=CAPTURE_TIMEOUT_S)
     if proc.returncode != 0:
-        raise SystemExit(f"bench_distributed: 8-rank capture failed:\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"bench_distributed: {world_size}-rank capture failed:\n"
+                         f"{proc.stderr[-3000:]}")
     return out, time.perf_counter() - t0
 
 
@@ -133,13 +156,13 @@ def _capture_comms_rank(rank: int, world_size: int, port: int, out_dir: str,
     dist.destroy_process_group()
 
 
-def capture_comms(work: Path, sizes_mib: tuple) -> Path:
+def capture_comms(work: Path, sizes_mib: tuple, world_size: int) -> Path:
     import torch.multiprocessing as mp
 
-    out = work / "comms_4"
+    out = work / f"comms_{world_size}"
     out.mkdir()
-    mp.spawn(_capture_comms_rank, args=(COMM_WORLD_SIZE, free_port(), str(out), sizes_mib),
-             nprocs=COMM_WORLD_SIZE)
+    mp.spawn(_capture_comms_rank, args=(world_size, free_port(), str(out), sizes_mib),
+             nprocs=world_size)
     return out
 
 
@@ -229,12 +252,13 @@ def _median_ratio(reports: list[dict], value) -> float:
                              for report in reports)
 
 
-def comms_vs_raw(work: Path, rounds: int, iters: int, sizes_mib: tuple = COMM_SIZES_MIB) -> dict:
+def comms_vs_raw(work: Path, rounds: int, iters: int, sizes_mib: tuple = COMM_SIZES_MIB,
+                 world_size: int = COMM_WORLD_SIZE) -> dict:
     """Per-kind busbw of replay and raw loop (median over ranks of the median over rounds),
     their ratio (median of the per-round ratios), and the run's own busbw figures."""
     CommsBenchRank.rounds = rounds
     cfg = RunConfig(cluster=ClusterConfig(temp_dir=str(work / "ray-comms"), log_to_driver=False),
-                    trace=TraceConfig(dir=str(capture_comms(work, sizes_mib))),
+                    trace=TraceConfig(dir=str(capture_comms(work, sizes_mib, world_size))),
                     replay=ReplayConfig(mode="comms", iters=iters, warmup_iters=1),
                     experiment=ExperimentConfig(name="comms", replay_timeout_s=RUN_TIMEOUT_S))
     summary = run_replay(cfg, work / "comms", console=Console(file=io.StringIO()),
@@ -272,22 +296,22 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=10, help="replay/raw alternations")
     parser.add_argument("--iters", type=int, default=3, help="iterations per side and round")
     parser.add_argument("--quick", action="store_true",
-                        help="smoke run: 1 replay iteration, no 8-rank run unless --traces8, "
-                             "1 MiB collectives, 2 rounds of 1 iteration")
+                        help="smoke run: every part on tiny inputs (see the docstring)")
     args = parser.parse_args(argv)
     overrides = ("replay.iters=1", "replay.warmup_iters=0") if args.quick else ()
     sizes = (1,) if args.quick else COMM_SIZES_MIB
     rounds, iters = (2, 1) if args.quick else (args.rounds, args.iters)
+    world8 = QUICK_WORLD_SIZE if args.quick else CAPTURE_WORLD_SIZE
+    comm_world = QUICK_WORLD_SIZE if args.quick else COMM_WORLD_SIZE
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     with tempfile.TemporaryDirectory(prefix="tfbd-", dir="/tmp") as tmp:  # short: Ray sockets
         work = Path(tmp)
         result = {"quick": args.quick, "e2e_4": end_to_end(args.traces4, work, "e2e4", overrides)}
-        traces8, capture_s = (args.traces8, None) if args.traces8 or args.quick \
-            else capture_gpt8(work)
-        result["e2e_8"] = end_to_end(traces8, work, "e2e8", overrides) if traces8 else None
+        traces8, capture_s = (args.traces8, None) if args.traces8 else capture_gpt(work, world8)
+        result["e2e_8"] = end_to_end(traces8, work, "e2e8", overrides)
         result["capture_8_s"] = None if capture_s is None else round(capture_s, 1)
-        result["comms"] = comms_vs_raw(work, rounds, iters, sizes)
-    print(json.dumps(result))
+        result["comms"] = comms_vs_raw(work, rounds, iters, sizes, comm_world)
+    emit(result, KEYS)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,10 @@ driver's RSS is its own peak (``RUSAGE_SELF``): Ray's processes are not in it.
         [--iters 1] [--trace-dir ~/.cache/tracefleet/bench_dry_run/llama_70b-1024]
         [--compare-ranks 8]
     python scripts/bench_dry_run_scale.py --quick   # llama_8b shapes, 2 layers, 8 ranks, in a
-                                                    # temporary folder: the same path, seconds
+                                                    # temporary folder, compared at 2 ranks
+
+The keys name no input (``world_size``, ``compare.num_ranks`` do): a quick run prints the keys
+of a full one. ``compare`` is null without ``--compare-ranks``.
 """
 from __future__ import annotations
 
@@ -27,11 +30,22 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scripts.json_layout import emit  # noqa: E402
+
 BIN = Path(sys.executable).parent
 TIMEOUT_S = 1800
 GIB = 1 << 30
 # --quick: a small preset cut to a few layers at a small world, captured afresh each run
-QUICK_WORKLOAD, QUICK_WORLD_SIZE, QUICK_LAYERS = "llama_8b", 8, 2
+QUICK_WORKLOAD, QUICK_WORLD_SIZE, QUICK_LAYERS, QUICK_COMPARE_RANKS = "llama_8b", 8, 2, 2
+# the keys of the JSON line (scripts/json_layout.py)
+KEYS = {**dict.fromkeys(("quick", "workload", "world_size", "iters", "capture_s", "dry_run_s",
+                         "driver_rss_gib", "num_replays")),
+        "compare": dict.fromkeys(("num_ranks", "dedup_s", "every_rank_s")),
+        "timings_s": dict.fromkeys(("preflight_s", "cluster_start_s", "actor_start_s",
+                                    "trace_load_s", "rendezvous_s", "replay_s", "teardown_s",
+                                    "aggregation_s", "total_s"))}
 
 
 def _env() -> dict:
@@ -89,8 +103,8 @@ def main() -> None:
                              "without experiment.dedup_identical_ranks, side by side")
     parser.add_argument("--quick", action="store_true",
                         help=f"{QUICK_WORKLOAD} with {QUICK_LAYERS} layers at "
-                             f"{QUICK_WORLD_SIZE} ranks, captured into a temporary folder: "
-                             "seconds, for the smoke test")
+                             f"{QUICK_WORLD_SIZE} ranks, captured into a temporary folder, "
+                             f"compared at {QUICK_COMPARE_RANKS} ranks: for the smoke test")
     parser.add_argument("--drive", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args()
     if args.drive:
@@ -99,32 +113,32 @@ def main() -> None:
     extra = []
     if args.quick:
         args.workload, args.world_size = QUICK_WORKLOAD, QUICK_WORLD_SIZE
+        args.compare_ranks = QUICK_COMPARE_RANKS
         extra = [f"workload.n_layers={QUICK_LAYERS}"]
     with tempfile.TemporaryDirectory(prefix="bench_dry_run_") as tmp:
         trace_dir = args.trace_dir or (Path(tmp) / "traces" if args.quick else
                                        Path.home() / ".cache" / "tracefleet" / "bench_dry_run" /
                                        f"{args.workload}-{args.world_size}")
         capture_s = capture(args.workload, args.world_size, trace_dir, *extra)
-        compare = {}
+        compare = None
         run = dry_run(trace_dir, args.iters, Path(tmp) / "all")
         if args.compare_ranks:
             ranks = f"trace.ranks=[{','.join(map(str, range(args.compare_ranks)))}]"
+            compare = {"num_ranks": args.compare_ranks}
             for dedup in (True, False):
                 small = dry_run(trace_dir, args.iters, Path(tmp) / f"dedup-{dedup}", ranks,
                                 f"experiment.dedup_identical_ranks={str(dedup).lower()}")
-                compare[f"dry_run_{args.compare_ranks}_{'dedup' if dedup else 'every_rank'}_s"] = \
-                    round(small["wall_s"], 2)
+                compare[f"{'dedup' if dedup else 'every_rank'}_s"] = round(small["wall_s"], 2)
     summary = run["summary"]
     assert summary["status"] == "ok", summary.get("error")
     assert len(summary["ranks"]) == args.world_size
-    n = args.world_size
-    print(json.dumps({
-        "quick": args.quick, "workload": args.workload, "world_size": n, "iters": args.iters,
-        "capture_s": capture_s,  # None: the traces were already there
-        f"dry_run_{n}_s": round(run["wall_s"], 2),
-        f"driver_rss_{n}_gib": round(run["rss_bytes"] / GIB, 3),
-        "num_replays": summary["num_replays"], **compare,
-        "timings_s": {k: round(v, 2) for k, v in summary["timings_s"].items()}}))
+    emit({
+        "quick": args.quick, "workload": args.workload, "world_size": args.world_size,
+        "iters": args.iters, "capture_s": capture_s,  # None: the traces were already there
+        "dry_run_s": round(run["wall_s"], 2), "driver_rss_gib": round(run["rss_bytes"] / GIB, 3),
+        "num_replays": summary["num_replays"], "compare": compare,
+        "timings_s": {k: round(v, 2) for k, v in summary["timings_s"].items()}},
+        KEYS if compare else {**KEYS, "compare": None})
 
 
 if __name__ == "__main__":

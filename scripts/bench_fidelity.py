@@ -21,6 +21,9 @@ Targets in faithful mode: memory_ratio 0.9-1.1 on every folder; time_ratio 0.85-
 host gaps on every folder, and without them on the data-parallel one.
 
     python scripts/bench_fidelity.py [FOLDER ...] [--rounds 3] [--iters 10]
+
+``--quick``: one round of 2 iterations per side on the first folder (every figure; the other
+folders run the same code on other inputs).
 """
 from __future__ import annotations
 
@@ -44,12 +47,27 @@ from orchestrator.run.launch import run_replay  # noqa: E402
 from orchestrator.run.metrics import slowest_series_s  # noqa: E402
 from orchestrator.run.original import OriginalWorkload  # noqa: E402
 from orchestrator.run.session import ReplaySession  # noqa: E402
+from scripts.json_layout import EACH, emit  # noqa: E402
 
 DEMOS = ("gpt_dp_4", "gpt_zero3_2", "gpt_zero3_leaf_2")
 TIMED = (("faithful", False), ("faithful", True))  # replays timed against the original
 MEMORY_ONLY = ("lazy", "pre_allocate")
 MEMORY_TARGET = (0.9, 1.1)
 TIME_TARGET = (0.85, 1.15)
+_STAT = {"s": None, "n": None, "ci95": None}
+_TIMED_KEYS = [mode + ("+host_gaps" if gaps else "") for mode, gaps in TIMED]
+_FOLDER = {
+    "rounds": [{"original": _STAT, **{k: {**_STAT, "ratio": None} for k in _TIMED_KEYS}}],
+    **{f"{mode}_memory_ratio": None for mode in ("faithful", *MEMORY_ONLY)},
+    "machine_warnings": None,
+    "host_gaps": dict.fromkeys(("calibrated", "scale", "calibration", "spin_share")),
+    **{f"{k}_time_ratio{tail}": None for k in _TIMED_KEYS for tail in ("", "_range")},
+    "recorded_original": dict.fromkeys(("s", "captured_at", "faithful_ratio_to_it",
+                                        "original_now_to_it")),
+    "targets_met": None}
+# the keys of the JSON line (scripts/json_layout.py); folders by name
+KEYS = {"folders": {EACH: _FOLDER}, "rounds": None, "iters": None, "memory_target": None,
+        "time_target": None, "all_targets_met": None}
 
 
 def _meta(folder: Path) -> dict:
@@ -163,9 +181,9 @@ def main() -> None:
     finally:
         session.close()
         ray.shutdown()
-    print(json.dumps({"folders": results, "rounds": args.rounds, "iters": args.iters,
-                      "memory_target": MEMORY_TARGET, "time_target": TIME_TARGET,
-                      "all_targets_met": all(r["targets_met"] for r in results.values())}))
+    emit({"folders": results, "rounds": args.rounds, "iters": args.iters,
+          "memory_target": MEMORY_TARGET, "time_target": TIME_TARGET,
+          "all_targets_met": all(r["targets_met"] for r in results.values())}, KEYS)
 
 
 if __name__ == "__main__":

@@ -6,13 +6,12 @@ capture reused), in one process; prints one JSON line.
         [--axes batch_size,seq_len,world_size,activation_checkpointing] [--quick]
 
 ``--quick``: a small llama3_8b-shaped job (d_model 256, 2 layers) on a small custom target in a
-temporary cache (the keys then say ``quick``). A cold run whose captures are already in
-``--cache-dir`` is not cold: ``num_captured`` says how many captures it made.
+temporary cache (the same keys; ``quick`` and ``workload`` say so). A cold run whose captures
+are already in ``--cache-dir`` is not cold: ``num_captured`` says how many captures it made.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import logging
 import sys
@@ -25,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from orchestrator.studies.fit_search import fit_search  # noqa: E402
 from orchestrator.cli.predict import predict_config  # noqa: E402
+from scripts.json_layout import EACH, emit  # noqa: E402
 
 QUICK = ["workload=llama3_8b", "world_size=4", "target=custom", "target.device_memory=160MiB",
          "target.cuda_context=0", "target.nccl_num_peers=0",
@@ -32,6 +32,13 @@ QUICK = ["workload=llama3_8b", "world_size=4", "target=custom", "target.device_m
          "workload.n_heads=4", "workload.n_kv_heads=2", "workload.ffn_dim=1024",
          "workload.seq_len=512", "fit_search.max_batch_size=8", "fit_search.max_seq_len=2048"]
 FULL = ["workload=llama3_70b", "world_size=64", "target=h100_80gb"]
+# the keys of the JSON line (scripts/json_layout.py); answers by axis, probes by axis=value
+KEYS = {**dict.fromkeys(("quick", "workload", "fit_search_s", "fit_search_cold_s",
+                         "fit_search_cpu_s", "fit_search_cold_cpu_s", "num_probes",
+                         "num_predictions", "num_captured", "num_captured_cached_run",
+                         "same_answers")),
+        "answers": {EACH: dict.fromkeys(("best", "first_failing", "num_probes", "reason"))},
+        "probe_s_cached": {EACH: None}, "overrides": None}
 
 
 def _cpu_s() -> float:
@@ -72,12 +79,10 @@ def main() -> None:
             f"fit_search.max_probes={args.max_probes}"]
         cold_s, cold_cpu_s, answers, cold = timed_search(overrides)
         cached_s, cached_cpu_s, again, cached = timed_search(overrides)
-    key = "quick" if args.quick else "70b"
-    print(json.dumps({
-        f"fit_search_{key}_s": round(cached_s, 2),
-        f"fit_search_{key}_cold_s": round(cold_s, 2),
-        f"fit_search_{key}_cpu_s": round(cached_cpu_s, 2),
-        f"fit_search_{key}_cold_cpu_s": round(cold_cpu_s, 2),
+    emit({
+        "quick": args.quick, "workload": overrides[0].split("=", 1)[1],
+        "fit_search_s": round(cached_s, 2), "fit_search_cold_s": round(cold_s, 2),
+        "fit_search_cpu_s": round(cached_cpu_s, 2), "fit_search_cold_cpu_s": round(cold_cpu_s, 2),
         "num_probes": len(cold),
         "num_predictions": sum(not r["memoized"] for r in cold),
         "num_captured": sum(not (r["capture_reused"] or r["memoized"]) for r in cold),
@@ -89,7 +94,7 @@ def main() -> None:
                              "num_probes": a.num_probes, "reason": a.reason} for a in answers},
         "probe_s_cached": {f"{r['axis']}={r['value']}": round(r["probe_s"], 2) for r in cached},
         "overrides": overrides,
-    }))
+    }, KEYS)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,10 @@ translated from a GPU-only kernel, stand-ins (meta ops that need values), skippe
 and reason, load and iteration time. Then the DLRM archive runs on 8 ranks through the CLI
 (``tracefleet trace.dir=<archive> replay=dry_run``). Target: coverage >= 0.99 everywhere.
 
-    python scripts/bench_foreign.py [--traces DIR] [--no-cli]
+    python scripts/bench_foreign.py [--traces DIR] [--no-cli] [--quick]
+
+``--quick``: the same on the smallest file only, its CLI run included (seconds, for the smoke
+test). ``cli`` is null when the CLI run is skipped (``--no-cli``, or no archive).
 """
 from __future__ import annotations
 
@@ -31,10 +34,20 @@ from actors.replay.engine import ReplayEngine  # noqa: E402
 from actors.replay.ops.translate import TRANSLATIONS  # noqa: E402
 from actors.trace import load_trace  # noqa: E402
 from actors.trace.source import discover  # noqa: E402
+from scripts.json_layout import emit  # noqa: E402
 
 TARGET_COVERAGE = 0.99
 CLI_TIMEOUT_S = 900
 DLRM_ARCHIVE = "dlrm_pytorch_et.tar.gz"
+RUN_KEYS = {k: None for k in ("trace", "rank", "load_s", "device", "status", "error",
+                              "coverage", "num_in_scope", "translated", "standins", "skipped",
+                              "iteration_s", "wall_s")}
+CLI_KEYS = {k: None for k in ("archive", "exit_code", "status", "world_size", "coverage",
+                              "translated", "standins", "wall_s", "error")}
+# the keys of the JSON line (scripts/json_layout.py); by op name or device where data-keyed
+KEYS = {"traces": None, "num_runs": None, "min_coverage": {"cpu": None, "meta": None},
+        "target_met": None, "skipped_total": None, "equivalents": None, "runs": [RUN_KEYS],
+        "cli": CLI_KEYS, "torch": None, "threads": None}
 
 
 def _default_traces() -> Path:
@@ -85,7 +98,9 @@ def engine_runs(folder: Path, quick: bool = False) -> list[dict]:
 
 
 def cli_run(archive: Path) -> dict:
-    """The archive on all its ranks through the CLI, dry run on meta; summary.json's figures."""
+    """The archive on all its ranks through the CLI, dry run on meta; summary.json's figures
+    (null where the run gave none, ``error`` then says why)."""
+    out = dict.fromkeys(CLI_KEYS, None) | {"archive": archive.name}
     with tempfile.TemporaryDirectory() as run_dir:
         cmd = [str(Path(sys.executable).with_name("tracefleet")), f"trace.dir={archive}",
                "replay=dry_run", f"hydra.run.dir={run_dir}"]
@@ -93,18 +108,16 @@ def cli_run(archive: Path) -> dict:
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            return {"archive": archive.name, "exit_code": None,
-                    "error": f"no result within {CLI_TIMEOUT_S} s"}
-        wall_s = round(time.perf_counter() - t0, 1)
+            return out | {"error": f"no result within {CLI_TIMEOUT_S} s"}
+        out.update(exit_code=proc.returncode, wall_s=round(time.perf_counter() - t0, 1))
         summary_path = Path(run_dir) / "summary.json"
         if not summary_path.is_file():
-            return {"archive": archive.name, "exit_code": proc.returncode, "wall_s": wall_s,
-                    "error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
+            return out | {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
         summary = json.loads(summary_path.read_text())
-    return {"archive": archive.name, "exit_code": proc.returncode, "status": summary["status"],
-            "world_size": summary["world_size"], "coverage": round(summary["coverage"], 4),
-            "translated": summary.get("translated_ops"), "standins": summary.get("standin_ops"),
-            "wall_s": wall_s}
+    return out | {"status": summary["status"], "world_size": summary["world_size"],
+                  "coverage": round(summary["coverage"], 4),
+                  "translated": summary.get("translated_ops"),
+                  "standins": summary.get("standin_ops"), "error": summary.get("error")}
 
 
 def main():
@@ -112,7 +125,7 @@ def main():
     ap.add_argument("--traces", type=Path, default=_default_traces())
     ap.add_argument("--no-cli", action="store_true", help="skip the 8-rank CLI run")
     ap.add_argument("--quick", action="store_true",
-                    help="smoke run: the smallest trace file only, no CLI run")
+                    help="smoke run: the smallest trace file only, also through the CLI")
     args = ap.parse_args()
     torch.set_num_threads(1)
     if not args.traces.is_dir():
@@ -129,14 +142,15 @@ def main():
                                 for r in runs),
               "skipped_total": dict(skipped),
               "equivalents": {name: TRANSLATIONS[name].target for name in translated},
-              "runs": runs}
-    archive = args.traces / DLRM_ARCHIVE
-    if not (args.no_cli or args.quick) and archive.is_file():
+              "runs": runs, "cli": None}
+    # --quick: the CLI on the file the engine runs had (the smallest)
+    archive = args.traces / runs[0]["trace"] if args.quick else args.traces / DLRM_ARCHIVE
+    if not args.no_cli and archive.is_file():
         result["cli"] = cli_run(archive)
-        result["target_met"] = result["target_met"] and result["cli"].get("status") == "ok" \
+        result["target_met"] = result["target_met"] and result["cli"]["status"] == "ok" \
             and result["cli"]["coverage"] >= TARGET_COVERAGE
     result.update(torch=torch.__version__, threads=torch.get_num_threads())
-    print(json.dumps(result))
+    emit(result, KEYS if result["cli"] else {**KEYS, "cli": None})
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ between two ops included).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -45,9 +44,17 @@ from actors.capture.workloads import WorkloadConfig, build_workload  # noqa: E40
 from actors.rank_base import free_port  # noqa: E402
 from actors.trace import load_trace  # noqa: E402
 from actors.trace.kineto import host_gaps_s, read_kineto  # noqa: E402
+from scripts.json_layout import emit  # noqa: E402
 
 BUSY_US = 50.0
 NUM_TINY_OPS = 400
+WORKLOADS = ("gpt_dp", "gpt_zero3")
+_ROW = dict.fromkeys(("eager_ms", "eager_with_ranges_ms", "timing_step_ms", "gaps_ms",
+                      "gaps_with_observer_ms", "timing_step_over_eager", "gaps_over_eager",
+                      "gaps_with_observer_over_eager"))
+# the keys of the JSON line (scripts/json_layout.py)
+KEYS = {**{kind: _ROW for kind in WORKLOADS},
+        "per_gap_us": dict.fromkeys(("busy_us", "recorded_gap_us", "recording_adds_us"))}
 
 
 def _timed(workload) -> float:
@@ -127,11 +134,10 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=7, help="timed eager iterations per side")
     ap.add_argument("--records", type=int, default=3, help="recorded iterations per workload")
     ap.add_argument("--quick", action="store_true",
-                    help="smoke run: one iteration per side, one record, gpt_dp only")
+                    help="smoke run: one iteration per side, one record per workload")
     args = ap.parse_args()
     if args.quick:
         args.iters, args.records = 1, 1
-    kinds = ("gpt_dp",) if args.quick else ("gpt_dp", "gpt_zero3")
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
                       LOCAL_RANK="0", WORLD_SIZE="1")  # DeepSpeed reads them
@@ -142,11 +148,11 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="bench-host-gaps-") as tmp:
             work = Path(tmp)
             out = {kind: measure_workload(kind, args.iters, args.records, work)
-                   for kind in kinds}
+                   for kind in WORKLOADS}
             out["per_gap_us"] = calibrate(work)
     finally:
         dist.destroy_process_group()
-    print(json.dumps(out))
+    emit(out, KEYS)
 
 
 if __name__ == "__main__":

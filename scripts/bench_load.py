@@ -29,10 +29,27 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from scripts.json_layout import emit  # noqa: E402
+
 DEFAULT_SOURCE = REPO.parent / "shared" / "traces" / "public" / "param" / "hf_GPT2_et.json.tar.gz"
 READERS = ("json_load", "load_trace", "json_load_nogc")
 CHILD_TIMEOUT_S = 3600
 _MiB = 1 << 20
+
+
+def layout(gc_ab: bool = False) -> dict:
+    """The keys of the JSON line (scripts/json_layout.py); ``gc_ab``: with ``--gc-ab``'s."""
+    readers = READERS + (("load_trace_gc_on",) if gc_ab else ())
+    return {"nodes": None, "file_mb": None, "reps": None, "json_load_s": None,
+            "load_trace_s": None, "ratio": None, "json_load_nogc_s": None, "ratio_vs_nogc": None,
+            **({"load_trace_gc_on_s": None, "gc_off_speedup": None} if gc_ab else {}),
+            **{f"peak_rss_mb_{r}": None for r in readers},
+            "all_s": {r: [None] for r in readers}}
+
+
+KEYS = layout()  # a full run's (and --quick's) line
 
 
 def build_large_trace(source: Path, num_nodes: int, out: Path) -> int:
@@ -144,7 +161,7 @@ def main(argv=None) -> None:
     for reader, rs in runs.items():
         result[f"peak_rss_mb_{reader}"] = round(max(run["peak_rss_mb"] for run in rs), 1)
     result["all_s"] = {r: [round(run["s"], 3) for run in rs] for r, rs in runs.items()}
-    print(json.dumps(result))
+    emit(result, layout(args.gc_ab))
 
 
 if __name__ == "__main__":

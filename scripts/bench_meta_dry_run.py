@@ -4,14 +4,14 @@ default), side by side in one run; prints one JSON line.
 
 The setting is the OOM study's probe: compute mode on meta, faithful allocation, ZeRO-3
 per_module emulation over 64 ranks. The trace is captured here on meta (seconds) unless
-``--trace`` names a rank trace; ``--n-layers`` shrinks the model (the key then says so).
+``--trace`` names a rank trace; ``--n-layers`` shrinks the model (``n_layers`` says so; null
+with ``--trace``). ``--quick``: 2 layers, one measured iteration, the same keys.
 
     python scripts/bench_meta_dry_run.py [--n-layers 80] [--iters 3] [--trace rank-0.et.json.gz]
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -27,10 +27,16 @@ from actors.replay.engine import ReplayEngine  # noqa: E402
 from actors.trace import load_trace  # noqa: E402
 from actors.zero3.config import Zero3Config  # noqa: E402
 from actors.zero3.extension import zero3_extensions  # noqa: E402
+from scripts.json_layout import emit  # noqa: E402
 
 # what a dry run decides: both variants must agree on every one of these
 SAME = ("status", "accounted_peak_bytes", "peak_breakdown", "peak_op", "num_flushes",
         "num_materialized", "coverage", "num_shape_mismatches")
+# the keys of the JSON line (scripts/json_layout.py)
+KEYS = dict.fromkeys((
+    "meta_us_per_op_70b", "meta_us_per_op_70b_kernels", "speedup", "num_ops", "n_layers",
+    "iteration_s", "iteration_s_kernels", "first_iteration_note", "setup_s", "setup_s_kernels",
+    "load_s", "same_accounting", "accounted_peak_bytes", "trace"))
 
 
 def capture(out_dir: Path, n_layers: int) -> Path:
@@ -77,14 +83,13 @@ def main() -> None:
         kernels, kernels_setup_s = dry_run(trace, False, args.iters)
         recorded, recorded_setup_s = dry_run(trace, True, args.iters)
     num_ops = len(trace.ops)
-    suffix = "70b" if args.trace or args.n_layers == 80 else f"70b_{args.n_layers}l"
     us = {k: r["iteration_time_s"] / num_ops * 1e6 for k, r in
           (("kernels", kernels), ("recorded", recorded))}
-    print(json.dumps({
-        f"meta_us_per_op_{suffix}": round(us["recorded"], 2),
-        f"meta_us_per_op_{suffix}_kernels": round(us["kernels"], 2),
+    emit({
+        "meta_us_per_op_70b": round(us["recorded"], 2),
+        "meta_us_per_op_70b_kernels": round(us["kernels"], 2),
         "speedup": round(us["kernels"] / us["recorded"], 2),
-        "num_ops": num_ops,
+        "num_ops": num_ops, "n_layers": None if args.trace else args.n_layers,
         "iteration_s": round(recorded["iteration_time_s"], 3),
         "iteration_s_kernels": round(kernels["iteration_time_s"], 3),
         "first_iteration_note": "warm-up runs the kernels either way (not timed here)",
@@ -93,7 +98,7 @@ def main() -> None:
         "same_accounting": all(kernels[k] == recorded[k] for k in SAME),
         "accounted_peak_bytes": recorded["accounted_peak_bytes"],
         "trace": str(path) if args.trace else f"llama_70b n_layers={args.n_layers} (captured)",
-    }))
+    }, KEYS)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ machine shared with other jobs compare CPU seconds, the wall time follows the lo
 
 The targets (issue 14): 8B cold < 60 s, cached < 10 s, 70B cold < 180 s, the 1,024-rank dry
 run < 60 s with the driver < 1 GiB, <= 40 us per op. ``--quick``: the same commands on the
-presets cut to 2 layers at small worlds (seconds; the keys keep their names, ``quick`` says so).
+presets cut to 2 layers at small worlds, and bench_fit_search.py's ``--quick`` on one axis
+(minutes; the keys keep their names, ``quick`` says so). A figure ``--skip`` skips is null.
 
     python scripts/bench_predict_speed.py [--quick] [--skip 70b dry_run meta fit_search]
 """
@@ -37,10 +38,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(SCRIPTS))
+sys.path.insert(0, str(ROOT))
 
-import bench_dry_run_scale as scale  # noqa: E402
-import bench_meta_dry_run as meta_bench  # noqa: E402
+from scripts import bench_dry_run_scale as scale  # noqa: E402
+from scripts import bench_meta_dry_run as meta_bench  # noqa: E402
+from scripts.json_layout import emit  # noqa: E402
 
 GIB = 1 << 30
 TIMEOUT_S = 1800
@@ -48,6 +50,20 @@ TARGETS = {"predict_8b_cold_s": 60, "predict_8b_cached_s": 10, "predict_70b_cold
            "dry_run_1024_s": 60, "driver_rss_1024_gib": 1.0, "meta_us_per_op_70b": 40,
            "fit_search_70b_s": 60}
 QUICK_LAYERS = 2  # --quick: every model cut to this many layers
+# the keys of the JSON line (scripts/json_layout.py)
+KEYS = {**dict.fromkeys((
+    "quick", "predict_8b_cold_s", "predict_8b_cached_s", "predict_8b_cold_cpu_s",
+    "predict_8b_cached_cpu_s", "predict_8b_cold_rss_gib", "predict_8b_cached_rss_gib")),
+    "predict_8b_timings_s": {"cold": None, "cached": None},
+    **dict.fromkeys((
+        "predicted_reserved_8b_bytes", "predict_70b_cold_s", "predict_70b_cold_cpu_s",
+        "predict_70b_cold_rss_gib", "predict_70b_timings_s", "dry_run_1024_s",
+        "driver_rss_1024_gib", "dry_run_num_ranks", "dry_run_num_replays", "meta_us_per_op_70b",
+        "meta_num_ops", "fit_search_70b_s")),
+    "targets": dict.fromkeys(TARGETS), "targets_met": dict.fromkeys(TARGETS)}
+FIT_SEARCH_KEY = "fit_search_s"  # bench_fit_search.py's figure, cached search's wall time
+# --quick: its --quick on one axis (every axis is tests/test_bench_smoke.py's own check of it)
+QUICK_FIT_SEARCH_ARGS = ["--quick", "--axes", "batch_size"]
 
 
 def timed_command(cmd: list[str], log: Path) -> tuple[float, float, float]:
@@ -90,17 +106,21 @@ def predict(tmp: Path, tag: str, cache: Path, *overrides: str) -> dict:
 
 
 def fit_search(quick: bool) -> float | None:
-    """``fit_search_70b_s`` of scripts/bench_fit_search.py (another benchmark's figure), or None
-    when that script is not there."""
+    """``fit_search_70b_s``: the cached search's wall time of scripts/bench_fit_search.py
+    (another benchmark's figure, QUICK_FIT_SEARCH_ARGS when ``quick``), or None when that
+    script is not there."""
     script = SCRIPTS / "bench_fit_search.py"
     if not script.is_file():
         return None
     with tempfile.TemporaryDirectory(prefix="bench_fit_") as tmp:
-        timed_command([sys.executable, str(script), *(["--quick"] if quick else [])],
-                      Path(tmp) / "fit_search.log")
-        lines = (Path(tmp) / "fit_search.log").read_text().strip().splitlines()
-    # its --quick run names its keys so (fit_search_quick_s)
-    return json.loads(lines[-1]).get("fit_search_quick_s" if quick else "fit_search_70b_s")
+        log = Path(tmp) / "fit_search.log"
+        timed_command([sys.executable, str(script), *(QUICK_FIT_SEARCH_ARGS if quick else [])],
+                      log)
+        lines = log.read_text().strip().splitlines()
+    figures = json.loads(lines[-1])  # its last line is its JSON line
+    if FIT_SEARCH_KEY not in figures:
+        raise SystemExit(f"bench_fit_search.py printed no {FIT_SEARCH_KEY!r}: {lines[-1][:300]}")
+    return figures[FIT_SEARCH_KEY]
 
 
 def main() -> None:
@@ -113,7 +133,7 @@ def main() -> None:
                         help="the 1,024 rank traces (default: bench_dry_run_scale's cache)")
     args = parser.parse_args()
     layers = [f"workload.n_layers={QUICK_LAYERS}"] if args.quick else []
-    out: dict = {"quick": args.quick}
+    out: dict = dict.fromkeys(KEYS) | {"quick": args.quick}
     with tempfile.TemporaryDirectory(prefix="bench_predict_speed_") as tmp_name:
         tmp = Path(tmp_name)
         cache_8b = tmp / "cache-8b"  # empty: cold
@@ -160,9 +180,10 @@ def main() -> None:
             out["meta_num_ops"] = len(trace.ops)
     out["fit_search_70b_s"] = None if "fit_search" in args.skip else fit_search(args.quick)
     out["targets"] = TARGETS
-    out["targets_met"] = {k: out[k] <= v for k, v in TARGETS.items()
-                          if isinstance(out.get(k), (int, float))}
-    print(json.dumps(out))
+    # null: the figure was skipped
+    out["targets_met"] = {k: out[k] <= v if isinstance(out[k], (int, float)) else None
+                          for k, v in TARGETS.items()}
+    emit(out, KEYS)
 
 
 if __name__ == "__main__":

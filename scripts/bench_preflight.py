@@ -31,6 +31,8 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from scripts.json_layout import EACH, emit  # noqa: E402
+
 SCHEMA = "1.1.1-chakra.0.0.4"
 RELU = "aten::relu(Tensor self) -> Tensor"
 ALLREDUCE = ("c10d::allreduce_(Tensor[] tensors, __torch__.torch.classes.c10d.ProcessGroup "
@@ -39,6 +41,10 @@ ALLREDUCE = ("c10d::allreduce_(Tensor[] tensors, __torch__.torch.classes.c10d.Pr
              "__torch__.torch.classes.c10d.Work)")
 DRIVER_TIMEOUT_S = 1800
 GIB = 1 << 30
+# the keys of the JSON line (scripts/json_layout.py); figures keyed by rank count
+KEYS = {"preflight_driver_rss_gib": {EACH: None}, "preflight_s": {EACH: None},
+        "all_traces_held_rss_gib": {EACH: None}, "executor": {EACH: None},
+        "rank_file_kib": None, "layers": None, "ray": None}
 
 
 def _side(args):
@@ -148,10 +154,10 @@ def main() -> None:
             wall[str(count)] = round(pre["wall_s"], 2)
             held[str(count)] = round(base["rss_bytes"] / GIB, 3)
             executors[str(count)] = pre["executor"]
-    print(json.dumps({"preflight_driver_rss_gib": rss, "preflight_s": wall,
-                      "all_traces_held_rss_gib": held, "executor": executors,
-                      "rank_file_kib": round(file_bytes / 1024, 1), "layers": args.layers,
-                      "ray": args.ray}))
+    emit({"preflight_driver_rss_gib": rss, "preflight_s": wall,
+          "all_traces_held_rss_gib": held, "executor": executors,
+          "rank_file_kib": round(file_bytes / 1024, 1), "layers": args.layers,
+          "ray": args.ray}, KEYS)
 
 
 if __name__ == "__main__":

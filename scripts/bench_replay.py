@@ -36,6 +36,16 @@ from actors.rank_base import free_port  # noqa: E402
 from actors.replay.config import AllocationConfig, ReplayConfig  # noqa: E402
 from actors.replay.engine import ReplayEngine  # noqa: E402
 from actors.trace import load_trace  # noqa: E402
+from scripts.json_layout import emit  # noqa: E402
+
+# the keys of the JSON line (scripts/json_layout.py)
+KEYS = dict.fromkeys((
+    "traces", "num_ranks", "quick", "pre_allocate_over_lazy_measured_min",
+    "faithful_over_lazy_measured_min", "lazy_measured_over_accounted_max", "eager_compute_s",
+    "replay_compute_s", "replay_over_eager", "eager_iteration_s_from_meta",
+    *(f"host_overhead_tiny_ops{raw}{mode}" for mode in ("", "_lazy") for raw in ("", "_vs_raw_op")),
+    "demo_meta_iteration_s", "demo_cpu_iteration_s", "demo_meta_over_cpu",
+    "large_meta_iteration_s", "large_cpu_iteration_s", "large_meta_over_cpu", "torch", "threads"))
 
 
 def _cfg(alloc="lazy", device="cpu", iters=3, warmup=1, measure=False):
@@ -203,7 +213,7 @@ def main():
             _capture_large(large, meta["workload"], args.quick)
             large_meta_s, large_cpu_s = meta_vs_cpu(large, 1 if args.quick
                                                     else max(3, args.iters // 3))
-    print(json.dumps({
+    emit({
         "traces": str(folder), "num_ranks": len(rank_files), "quick": args.quick,
         **memory,
         "eager_compute_s": round(eager_s, 5), "replay_compute_s": round(replay_s, 5),
@@ -216,7 +226,7 @@ def main():
         "large_cpu_iteration_s": round(large_cpu_s, 5),
         "large_meta_over_cpu": round(large_meta_s / large_cpu_s, 4),
         "torch": torch.__version__, "threads": torch.get_num_threads(),
-    }))
+    }, KEYS)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ size and its number of events.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pickle
 import statistics
@@ -29,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from scripts.json_layout import emit  # noqa: E402
+
 JOB = ["workload=llama3_70b", "world_size=64", "target=h100_80gb"]
 QUICK = ["workload=llama3_8b", "world_size=8", "target=h100_80gb", "workload.n_layers=2",
          "workload.seq_len=1024"]
@@ -37,6 +38,12 @@ QUICK = ["workload=llama3_8b", "world_size=8", "target=h100_80gb", "workload.n_l
 def _cpu_s() -> float:
     t = os.times()
     return t.user + t.system
+
+
+KEYS = dict.fromkeys(("job", "repeats", "capture_or_cache_s", "plain_cpu_s", "plain_wall_s",
+                      "page_cpu_s", "page_wall_s", "snapshot_cpu_s", "snapshot_wall_s",
+                      "snapshot_s", "snapshot_bytes", "snapshot_events", "reserved_peak_bytes",
+                      "load_avg_1m"))
 
 
 def main() -> None:
@@ -75,7 +82,7 @@ def main() -> None:
     for variant, times in runs.items():
         line[f"{variant}_cpu_s"] = round(statistics.median(t[0] for t in times), 2)
         line[f"{variant}_wall_s"] = round(statistics.median(t[1] for t in times), 2)
-    print(json.dumps({**line, **facts, "load_avg_1m": round(os.getloadavg()[0], 1)}))
+    emit({**line, **facts, "load_avg_1m": round(os.getloadavg()[0], 1)}, KEYS)
 
 
 if __name__ == "__main__":

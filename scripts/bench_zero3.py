@@ -51,8 +51,14 @@ sys.path.insert(0, str(ROOT))
 from actors.trace.conventions import trace_file_name  # noqa: E402
 from actors.rank_base import free_port  # noqa: E402
 from actors.capture import finegrained_model as fg  # noqa: E402
+from scripts.json_layout import emit  # noqa: E402
 
 OURS = ["per_param", "per_module", "bucketed", "leaf_coalesced"]
+ENGINES = OURS + ["deepspeed", "deepspeed_leaf"]
+# the keys of the JSON line (scripts/json_layout.py)
+KEYS = {**{figure: dict.fromkeys(ENGINES) for figure in
+           ("allgathers_per_step", "fetch_release_host_s_per_step", "step_s")},
+        "leaf_over_per_module_host": None}
 BUCKET_NUMEL = 100_000  # bucketed: about a fifth of the model per all-gather
 WORLD = 2
 
@@ -254,13 +260,12 @@ def main() -> None:
                                              grad_all_reduce=False)
         figures = _run_ranks(_ours_rank, str(trace_dir), args.steps, args.warmup)
     figures.update(_run_ranks(_ds_rank, args.steps, args.warmup))
-    keys = OURS + ["deepspeed", "deepspeed_leaf"]
-    out = {"allgathers_per_step": {k: figures[k]["allgathers"] for k in keys},
-           "fetch_release_host_s_per_step": {k: figures[k]["host_s"] for k in keys},
-           "step_s": {k: figures[k]["step_s"] for k in keys}}
+    out = {"allgathers_per_step": {k: figures[k]["allgathers"] for k in ENGINES},
+           "fetch_release_host_s_per_step": {k: figures[k]["host_s"] for k in ENGINES},
+           "step_s": {k: figures[k]["step_s"] for k in ENGINES}}
     out["leaf_over_per_module_host"] = (figures["leaf_coalesced"]["host_s"]
                                         / figures["per_module"]["host_s"])
-    print(json.dumps(out))
+    emit(out, KEYS)
 
 
 if __name__ == "__main__":
