@@ -51,7 +51,10 @@ def _app(cfg: DictConfig) -> None:
 def main() -> None:
     """Console-script entry point (``--debug`` shows tracebacks of user errors)."""
     sys.argv[1:] = sweep.with_sweep_dir(sys.argv[1:])
-    run_app(_app)
+    try:
+        run_app(_app, "tracefleet")
+    finally:
+        sweep.close_session()  # a sweep stopped by a signal or an error keeps no cluster
     if sweep.last_exit_code is not None:
         sys.exit(sweep.last_exit_code)
 
