@@ -23,24 +23,25 @@ _stopping: int | None = None  # the signal being handled, once one arrived
 
 
 class Interrupted(KeyboardInterrupt):
-    """A signal asked the command to stop; ``exit_code`` is the shell's ``128 + signal``."""
+    """A signal (``signum``) asked the command to stop; it exits ``128 + signum``."""
 
     def __init__(self, signum: int):
         self.signum = signum
         super().__init__(signal.Signals(signum).name)
 
-    @property
-    def signal_name(self) -> str:
-        return signal.Signals(self.signum).name
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum
-
 
 def signal_of(exc: KeyboardInterrupt) -> int:
-    """The signal behind a KeyboardInterrupt (a plain one is Ctrl-C: SIGINT)."""
-    return exc.signum if isinstance(exc, Interrupted) else int(signal.SIGINT)
+    """The signal behind a KeyboardInterrupt: ours carries it; a plain one is the signal our
+    handler saw (Ray's ``ray.wait`` re-raises any error of a signal handler as a plain
+    KeyboardInterrupt), else Ctrl-C's SIGINT."""
+    if isinstance(exc, Interrupted):
+        return exc.signum
+    return _stopping if _stopping is not None else int(signal.SIGINT)
+
+
+def name_of(exc: KeyboardInterrupt) -> str:
+    """``SIGINT`` or ``SIGTERM``: the signal behind a KeyboardInterrupt, by name."""
+    return signal.Signals(signal_of(exc)).name
 
 
 def _handle(signum, frame) -> None:

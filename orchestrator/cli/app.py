@@ -21,7 +21,7 @@ from typing import Callable
 
 from actors.errors import TracefleetError, describe
 from orchestrator.errors import USER_ERROR_EXIT
-from orchestrator.interrupts import Interrupted, signal_of, stop_on_signals
+from orchestrator.interrupts import name_of, signal_of, stop_on_signals
 
 DEBUG_FLAG = "--debug"
 _FULL_ERROR_ENV = "HYDRA_FULL_ERROR"  # Hydra raises instead of printing (and exiting 1)
@@ -62,11 +62,10 @@ def user_error_status(prog: str, exc: BaseException, debug: bool) -> int:
 def interrupted_status(prog: str, exc: KeyboardInterrupt) -> int:
     """One line for a run a signal stopped (what it left behind, from the exception's notes);
     returns the shell's exit status for it, ``128 + signal``."""
-    signum = signal_of(exc)
-    name = exc.signal_name if isinstance(exc, Interrupted) else "SIGINT"
     notes = "; ".join(getattr(exc, "__notes__", ()))
-    print(f"{prog}: interrupted by {name}" + (f": {notes}" if notes else ""), file=sys.stderr)
-    return 128 + signum
+    print(f"{prog}: interrupted by {name_of(exc)}" + (f": {notes}" if notes else ""),
+          file=sys.stderr)
+    return 128 + signal_of(exc)
 
 
 def guarded(prog: str, body: Callable[[], int], debug: bool,

@@ -27,6 +27,7 @@ from rich.table import Table
 from actors.hardlink import link_or_copy
 from orchestrator.reports.plots import plot_iteration_times, plot_memory_timeline, timeline_points
 from orchestrator.reports.plots import timeline_scale  # noqa: F401 (re-exported)
+from orchestrator.results import atomic_write
 from orchestrator.status import RunStatus
 from orchestrator.units import human_bytes
 
@@ -122,10 +123,11 @@ def _replayed(rank_reports: list[dict]) -> list[dict]:
 
 
 def write_summary(summary: dict, out_dir: Path) -> Path:
-    """Write (or rewrite) ``summary.json`` in ``out_dir``; returns its path."""
+    """Write (or rewrite) ``summary.json`` in ``out_dir``, whole or not at all (a run killed
+    meanwhile leaves the previous one); returns its path."""
     path = Path(out_dir) / "summary.json"
-    path.write_bytes(orjson.dumps(summary, default=str,
-                                  option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    atomic_write(path, orjson.dumps(summary, default=str,
+                                    option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
     return path
 
 
