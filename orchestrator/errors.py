@@ -9,6 +9,11 @@ class ClusterError(TracefleetError):
     """
 
 
+class ResultsError(TracefleetError):
+    """A results file (a sweep's row, a run's summary.json) is cut or corrupt; the message
+    names the file."""
+
+
 # The exit status of every console script on a user error (a bad config, a bad trace, a path
 # that cannot be read): the studies need it too, to sum up a sweep (orchestrator/studies/sweep.py).
 USER_ERROR_EXIT = 2
