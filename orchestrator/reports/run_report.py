@@ -254,6 +254,22 @@ def _footer(summary: dict) -> str:
     return " | ".join(parts) + "\n" + " | ".join(more)
 
 
+MAX_SKIPPED_REASONS = 4  # reasons named on the console (summary.json has them all)
+
+
+def skipped_line(summary: dict) -> str | None:
+    """``not replayed: 2 ops: <reason> (1), <reason> (1)``: the ops left out of the coverage,
+    most frequent reason first (None when every op replayed)."""
+    reasons = summary.get("skipped_reasons") or {}
+    if not reasons:
+        return None
+    ranked = sorted(reasons.items(), key=lambda kv: -kv[1])
+    shown = "; ".join(f"{reason} ({count})" for reason, count in ranked[:MAX_SKIPPED_REASONS])
+    more = f"; {len(ranked) - MAX_SKIPPED_REASONS} more reasons in summary.json" \
+        if len(ranked) > MAX_SKIPPED_REASONS else ""
+    return f"not replayed (summed over ranks): {sum(reasons.values())} op(s): {shown}{more}"
+
+
 def breakdown_line(summary: dict) -> str | None:
     """``peak (accounted) at rank r node N op: category size, ...`` (largest first)."""
     parts = summary.get("peak_breakdown")
@@ -317,6 +333,9 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     line = breakdown_line(summary)
     if line:
         console.print(line, markup=False)
+    line = skipped_line(summary)
+    if line:
+        console.print("warning: " + line, style="yellow", markup=False)
     for warning in summary.get("machine_warnings") or ():
         console.print("warning: " + warning, style="yellow", markup=False)
     if summary.get("zero3"):
