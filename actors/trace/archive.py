@@ -90,14 +90,15 @@ def gunzip(data: bytes, limit: int, where, advice: str = _RAISE_LIMIT) -> bytes:
             out = _inflate(data, limit, limit, where, advice)
     except (EOFError, zlib.error) as e:
         raise TraceError(where, f"truncated or corrupt compressed file (gzip: {e})") from None
-    return bytes(out)
+    return b"".join(out)
 
 
-def _inflate(data: bytes, limit: int, hold: int, where, advice: str) -> bytearray | None:
-    """The inflated gzip members of ``data``, or None when more than ``hold`` bytes came out
-    (the rest is then only counted); TraceError past ``limit``. The input is fed in small
-    slices, so no call copies what remains of it."""
-    out: bytearray | None = bytearray()
+def _inflate(data: bytes, limit: int, hold: int, where, advice: str) -> list[bytes] | None:
+    """The inflated chunks of the gzip members of ``data``, or None when more than ``hold``
+    bytes came out (the rest is then only counted); TraceError past ``limit``. The input is
+    fed in small slices, so no call copies what remains of it; chunks, not one growing buffer,
+    so nothing is copied while they accumulate."""
+    out: list[bytes] | None = []
     total, pos, view = 0, 0, memoryview(data)
     stream = zlib.decompressobj(wbits=31)  # one gzip member
     while True:
@@ -112,8 +113,8 @@ def _inflate(data: bytes, limit: int, hold: int, where, advice: str) -> bytearra
             if out is not None:
                 if total > hold:
                     out = None  # too long to hold while unproven: count the rest
-                else:
-                    out += chunk
+                elif chunk:
+                    out.append(chunk)
             if stream.eof or not (piece or chunk):
                 break
         if stream.eof:
