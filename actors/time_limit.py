@@ -4,7 +4,9 @@ captured on meta or fake (no Ray actor to kill there), stopped at ``capture_time
 ``time_limit(seconds, key)`` arms ``SIGALRM`` (a real-time interval timer) in the main
 thread; when it fires, its handler raises a ``BaseException`` in whatever Python code runs
 (a loop, ``time.sleep``, a lock or queue wait: all return to the interpreter on a signal), so
-the user's ``except Exception`` cannot swallow it, and every ``finally`` on the way out runs.
+the user's ``except Exception`` cannot swallow it, and every ``finally`` on the way out runs;
+an import in progress is let finish first, for up to 30 s (a module cut off mid-import would
+stay broken in ``sys.modules``).
 The block then raises `TimeLimitError` naming the key, the bound and where the code was
 stopped (its innermost frame). Code stuck inside one C call that never returns to Python is
 stopped when it does. Off the main thread (signals cannot be handled there) the block runs
@@ -14,10 +16,15 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 import traceback
 from contextlib import contextmanager
 
 from actors.errors import TracefleetError
+
+
+_IMPORT_RETRY_S = 0.2  # the alarm waits this long again while an import runs
+_IMPORT_GRACE_S = 30.0  # ... up to this long after the bound
 
 
 class TimeLimitError(TracefleetError):
@@ -26,6 +33,15 @@ class TimeLimitError(TracefleetError):
 
 class _Expired(BaseException):
     """The alarm's exception: a BaseException, past the user's ``except Exception``."""
+
+
+def _importing(frame) -> bool:
+    """Whether ``frame`` runs inside an import (importlib's frames are on its stack)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _where(exc: BaseException) -> str:
@@ -46,11 +62,18 @@ def time_limit(seconds: float, key: str, what: str = "the capture"):
         yield
         return
 
-    running = [True]
+    running, fired = [True], []
 
     def expire(signum, frame):
-        if running[0]:  # not once the block is done (the timer is being disarmed)
-            raise _Expired()
+        if not running[0]:  # the block is done (the timer is being disarmed)
+            return
+        fired.append(time.monotonic())
+        if _importing(frame) and fired[-1] - fired[0] < _IMPORT_GRACE_S:
+            # a module half-imported would stay broken: a moment later (an import that never
+            # ends, a hang in a module's top level, is stopped after the grace)
+            signal.setitimer(signal.ITIMER_REAL, _IMPORT_RETRY_S)
+            return
+        raise _Expired()
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, seconds)

@@ -260,7 +260,7 @@ MAX_SKIPPED_REASONS = 4  # reasons named on the console (summary.json has them a
 def skipped_line(summary: dict) -> str | None:
     """``not replayed: 2 ops: <reason> (1), <reason> (1)``: the ops left out of the coverage,
     most frequent reason first (None when every op replayed)."""
-    reasons = summary.get("skipped_reasons") or {}
+    reasons = {k: v for k, v in (summary.get("skipped_reasons") or {}).items() if v}
     if not reasons:
         return None
     ranked = sorted(reasons.items(), key=lambda kv: -kv[1])

@@ -123,7 +123,7 @@ class PredictConfig:
             from orchestrator.run.capture import check_world_size  # refused before any capture
             check_world_size(self.world_size)
         if self.predict.capture_timeout_s <= 0:
-            raise ConfigError(f"predict.capture_timeout_s={self.predict.capture_timeout_s}; "
+            raise ConfigError(f"predict.capture_timeout_s={self.predict.capture_timeout_s:g}; "
                               "expected seconds > 0")
         if self.zero3.enabled and self.trace.dir is None:
             raise ConfigError(f"zero3={self.zero3.strategy} emulates ZeRO-3 on traces you give "
