@@ -12,8 +12,9 @@ Ray launcher runs points in parallel) are serialized on an ``flock`` while the t
 rebuilt; the row files need no lock. A process killed mid-way loses at most the point it was
 running: every finished point's row file is already on disk, the tables are replaced whole or
 not at all, the lock dies with its holder (``flock``), and the temp file a killed writer left
-is removed by the next rebuild. A row file that is cut or corrupt (a disk that filled, a hand edit) is named in a
-warning and left out of the tables; its point counts as not run, so a resume runs it again.
+is removed by the next rebuild. A row file that is cut or corrupt (a disk that filled, a
+hand edit) is named in a warning and left out of the tables; its point counts as not run, so
+a resume runs it again.
 """
 from __future__ import annotations
 

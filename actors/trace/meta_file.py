@@ -4,7 +4,8 @@ Only the fields tracefleet uses are checked, where they are read: every rank's m
 figures a replay reads (`check_ranks`, in pre-flight: eager iteration times, the profiler's
 cost per op for host-gap calibration, threads and machine), one rank's through
 `rank_seconds`, and the workload with its world size (OOM-study estimates). A malformed file
-is a TraceError naming the file and the field, never a silently skipped calibration. A folder without ``meta.json`` is no error (traces from elsewhere have none).
+is a TraceError naming the file and the field, never a silently skipped calibration. A
+folder without ``meta.json`` is no error (traces from elsewhere have none).
 """
 from __future__ import annotations
 

@@ -64,7 +64,8 @@ _CSS = """body{font-family:sans-serif;margin:24px;color:#222;max-width:1200px}
 table{border-collapse:collapse;font-size:13px;margin:8px 0 20px}
 th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}
 td:first-child,th:first-child{text-align:left}img{max-width:100%;border:1px solid #ddd;margin:6px 0}
-.ok{color:#2ca02c}.oom{color:#c51b7d}.failed,.invalid{color:#d62728}.timeout,.interrupted{color:#ff9f0e}"""
+.ok{color:#2ca02c}.oom{color:#c51b7d}.failed,.invalid{color:#d62728}
+.timeout,.interrupted{color:#ff9f0e}"""
 
 
 def write_report(directory) -> Path:

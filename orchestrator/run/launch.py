@@ -52,7 +52,10 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
         return _run_replay(cfg, out_dir, config_yaml, console, actor_cls, session, quiet,
                            progress)
     except KeyboardInterrupt as stop:
-        _write_interrupted(stop, cfg, out_dir, config_yaml, progress)
+        try:
+            _write_interrupted(stop, cfg, out_dir, config_yaml, progress)
+        except Exception as exc:  # noqa: BLE001 (the signal is what the user must hear of)
+            stop.add_note(f"no summary.json written ({type(exc).__name__}: {exc})")
         raise
 
 

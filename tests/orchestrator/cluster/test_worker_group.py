@@ -247,7 +247,8 @@ def test_a_signal_mid_wait_leaves_with_the_ranks_done_so_far(monkeypatch):
         raise KeyboardInterrupt()
 
     monkeypatch.setattr(wg.ray, "wait", fake_wait)
-    monkeypatch.setattr(wg, "outcome", lambda rank, ref: Result(rank, Outcome.ok, value={"r": rank}))
+    monkeypatch.setattr(wg, "outcome",
+                        lambda rank, ref: Result(rank, Outcome.ok, value={"r": rank}))
     with pytest.raises(KeyboardInterrupt) as err:
         group.wait(["ref0", "ref1", "ref2"], timeout_s=60, poll_s=0.01)
     results = err.value.results
