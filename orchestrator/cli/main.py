@@ -39,7 +39,8 @@ def run(run_cfg, out_dir: Path, config_yaml: str | None, session=None) -> dict:
 @hydra.main(config_path=str(CONF_DIR), config_name="tracefleet", version_base="1.3")
 def _app(cfg: DictConfig) -> None:
     if sweep.in_multirun():
-        sweep.run_point(cfg, run, debugging(), partial(print_user_error, "tracefleet"))
+        with user_errors("tracefleet"):  # a point records its own errors (--debug: raised)
+            sweep.run_point(cfg, run, debugging(), partial(print_user_error, "tracefleet"))
         return
     with user_errors("tracefleet"):
         summary = run(OmegaConf.to_object(cfg), Path(HydraConfig.get().runtime.output_dir),
