@@ -6,10 +6,12 @@ of threads per rank, says more about the machines than about the replay.
 """
 from __future__ import annotations
 
-import json
 import os
 import platform
 from pathlib import Path
+
+from actors.errors import TraceError
+from actors.trace.meta_file import read_meta
 
 FIELDS = ("cpu_model", "num_cpus", "num_threads", "gpu")
 
@@ -48,9 +50,11 @@ def replay_machine_warnings(trace_dir, rank_reports: list[dict],
     rank ``trace_ranks[r]``, r itself without it); a meta.json that records no machine
     (captured before it did) gets one warning saying the two cannot be compared."""
     meta_path = Path(str(trace_dir)) / "meta.json"
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError):
+    try:  # bounded; pre-flight checked its per-rank fields (meta_file.check_ranks)
+        meta = read_meta(meta_path) if Path(str(trace_dir)).is_dir() else None
+    except TraceError:
+        meta = None
+    if meta is None:
         return []  # not a capture folder: nothing to compare with
     captured = {r.get("rank"): r.get("machine") for r in meta.get("ranks") or []
                 if isinstance(r, dict)}

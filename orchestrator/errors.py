@@ -21,6 +21,11 @@ class SnapshotError(TracefleetError):
         return type(self), (self.path, self.detail)
 
 
+class ResultsError(TracefleetError):
+    """A results file (a sweep's row, a run's summary.json) is cut or corrupt; the message
+    names the file."""
+
+
 # The exit status of every console script on a user error (a bad config, a bad trace, a path
 # that cannot be read): the studies need it too, to sum up a sweep (orchestrator/studies/sweep.py).
 USER_ERROR_EXIT = 2

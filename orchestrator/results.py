@@ -12,12 +12,15 @@ Ray launcher runs points in parallel) are serialized on an ``flock`` while the t
 rebuilt; the row files need no lock. A process killed mid-way loses at most the point it was
 running: every finished point's row file is already on disk, the tables are replaced whole or
 not at all, the lock dies with its holder (``flock``), and the temp file a killed writer left
-is removed by the next rebuild.
+is removed by the next rebuild. A row file that is cut or corrupt (a disk that filled, a
+hand edit) is named in a warning and left out of the tables; its point counts as not run, so
+a resume runs it again.
 """
 from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import time
 from contextlib import contextmanager
@@ -27,7 +30,10 @@ import orjson
 import psutil
 
 from actors.choices import Choice
+from orchestrator.errors import ResultsError
 from orchestrator.status import RunStatus
+
+log = logging.getLogger("tracefleet")
 
 ROWS_DIR = "rows"
 CSV_NAME = "results.csv"
@@ -147,12 +153,26 @@ class ResultsStore:
         return self.rows_dir / (hashlib.sha1(key.encode()).hexdigest()[:16] + ".json")
 
     def get(self, key: str) -> dict | None:
-        """The recorded row of point ``key``, or None."""
+        """The recorded row of point ``key``, or None (also for a row file that is cut or
+        corrupt: said in a warning, and the point runs again)."""
         path = self._row_path(key)
         if not path.is_file():
             return None
-        row = orjson.loads(path.read_bytes())
-        return row if row.get(POINT) == key else None  # a hash clash is not a hit
+        row = self._read_row(path)
+        return row if row is not None and row.get(POINT) == key else None  # a clash: no hit
+
+    @staticmethod
+    def _read_row(path: Path) -> dict | None:
+        """The row in ``path``; None, with a warning naming the file, when it is unreadable."""
+        try:
+            row = read_json(path, "a results row")
+            if not isinstance(row, dict):
+                raise ResultsError(f"{path}: a results row is a JSON object; this file holds a "
+                                   f"{type(row).__name__}")
+        except ResultsError as exc:
+            log.warning("skipped %s (its point counts as not run)", exc)
+            return None
+        return row
 
     def put(self, row: dict) -> None:
         """Record ``row`` (replacing the point's previous one) and rebuild the tables."""
@@ -165,7 +185,8 @@ class ResultsStore:
         """Every recorded row, in the order the points finished."""
         if not self.rows_dir.is_dir():
             return []
-        rows = [orjson.loads(p.read_bytes()) for p in self.rows_dir.glob("*.json")]
+        rows = [row for row in map(self._read_row, self.rows_dir.glob("*.json"))
+                if row is not None]
         return sorted(rows, key=lambda r: r.get("finished_at") or 0)
 
     def frame(self) -> pd.DataFrame:
@@ -208,6 +229,19 @@ def tidy_frame(frame: pd.DataFrame) -> pd.DataFrame:
             frame[name] = frame[name].map(lambda v: None if v is None or v is pd.NA else str(v)) \
                 .astype("string")
     return frame
+
+
+def read_json(path, what: str):
+    """The JSON value in ``path`` (``what``: the kind of file, for the message); ResultsError
+    naming the file when it cannot be read or is not JSON (cut while being written)."""
+    try:
+        data = Path(path).read_bytes()
+        return orjson.loads(data)
+    except OSError as e:
+        raise ResultsError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+    except orjson.JSONDecodeError as e:
+        cut = "cut short" if e.pos >= len(data.rstrip()) else "corrupt"
+        raise ResultsError(f"{path}: {what} that is not valid JSON ({cut}: {e})") from None
 
 
 def atomic_write(path: Path, data: bytes) -> None:

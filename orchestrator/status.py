@@ -18,9 +18,11 @@ class RunStatus(Choice):
     failed = "failed"  # an error (a rank's, a search's, a point's)
     timeout = "timeout"  # a bound ran out (the replay's, the grace after a peer failed)
     invalid = "invalid"  # rows only: the config or traces were refused before any replay
+    interrupted = "interrupted"  # a signal (SIGINT, SIGTERM) stopped the run: run it again
 
 
-# What a replay can end with (a rank's or a run's status); ``invalid`` is a row's only.
+# What a replay can end with (a rank's or a run's status); ``invalid`` is a row's only, and
+# ``interrupted`` a run's that did not end (a sweep runs such a point again).
 REPLAY_STATUSES = (RunStatus.ok, RunStatus.oom, RunStatus.failed, RunStatus.timeout)
 # Worst first: the root cause of a run. An OOM is the most specific diagnosis and usually the
 # cause of the others; a timeout is most often collateral (orchestrator/run/metrics.py).

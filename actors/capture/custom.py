@@ -24,6 +24,7 @@ from typing import Callable
 
 import torch.nn as nn
 
+from actors.capture import user_code
 from actors.capture.context import CaptureContext, Workload
 from actors.errors import ConfigError
 
@@ -66,16 +67,16 @@ def load_build(spec: str) -> Callable:
             sys.modules[name] = module
             try:
                 loader_spec.loader.exec_module(module)
-            except Exception as e:
+            except (Exception, SystemExit) as e:
                 del sys.modules[name]
-                raise ConfigError(f"{KEY}={spec!r}: loading {path} raised "
-                                  f"{type(e).__name__}: {e}") from e
+                raise ConfigError(f"{KEY}={spec!r}: loading {path} "
+                                  f"{user_code.failure_text(e, path)}") from e
     else:
         try:
             module = importlib.import_module(target)
-        except Exception as e:
-            raise ConfigError(f"{KEY}={spec!r}: importing {target} raised "
-                              f"{type(e).__name__}: {e}") from e
+        except (Exception, SystemExit) as e:
+            raise ConfigError(f"{KEY}={spec!r}: importing {target} "
+                              f"{user_code.failure_text(e, None)}") from e
     build = getattr(module, attr, None)
     if not callable(build):
         raise ConfigError(f"{KEY}={spec!r}: {target} has no function {attr!r}"
@@ -90,8 +91,9 @@ def build_custom(spec: str, ctx: CaptureContext) -> Workload:
         built = build(ctx)
     except ConfigError as e:  # e.g. a model the device cannot run (DDP on fake)
         raise ConfigError(f"{KEY}={spec!r}: {e}") from e
-    except Exception as e:
-        raise ConfigError(f"{KEY}={spec!r}: build(ctx) raised {type(e).__name__}: {e} "
+    except (Exception, SystemExit) as e:
+        raise ConfigError(f"{KEY}={spec!r}: build(ctx) "
+                          f"{user_code.failure_text(e, user_code.user_file(spec))} "
                           f"(rank {ctx.rank} of {ctx.world_size}, device {ctx.device})") from e
     if not isinstance(built, (tuple, list)) or len(built) != 3:
         got = f"a {type(built).__name__}" + (f" of {len(built)}" if isinstance(built, (tuple, list))
@@ -108,5 +110,10 @@ def build_custom(spec: str, ctx: CaptureContext) -> Workload:
                               f"{type(fn).__name__}")
     # Under FSDP2 a parameter is a DTensor whose numel is the full (unsharded) parameter's.
     num_params = sum(p.numel() for p in model.parameters())
+    # a failure in them names the user's file and line, not the recorder's (user_code.py)
+    where = f"(rank {ctx.rank} of {ctx.world_size}, device {ctx.device})"
+    step, make_batch = (user_code.guarded(fn, what, f"{KEY}={spec!r}", user_code.user_file(spec),
+                                          where)
+                        for fn, what in ((step, "step(batch)"), (make_batch, "make_batch()")))
     return Workload(model=model, step=step, next_batch=make_batch, num_params=num_params,
                     info={"entrypoint": spec})

@@ -159,8 +159,13 @@ def record_iteration(step: Callable[[tuple], None], batch: tuple, model: nn.Modu
         if profiles:
             result.update(write_relabeled(profiles[0][0], profiles[1][0], kineto_path))
         return result
-    finally:
-        for path, _ in profiles:
+    except BaseException:  # a half-written trace would pass for a finished one on a rerun
+        for path in (out_path, kineto_path):
+            if path is not None and os.path.exists(path):
+                os.remove(path)
+        raise
+    finally:  # the observer's uncompressed file (a failed step leaves it) and the profiles
+        for path in (raw_path, *(p for p, _ in profiles)):
             if os.path.exists(path):
                 os.remove(path)
 

@@ -5,15 +5,17 @@
 ``_`` or ``.``: ``rank-3.et.json.gz``, ``rank3.json``, ``dlrm_eg_3.json``, ``foo_rank_3.json``
 and ``trace.3.json`` are rank 3; ``resnet_et.json`` and ``gpt2.json`` carry no rank.
 
-**Bounded reads.** A file is read up to the limit and refused past it; a gzip stream is
-inflated in chunks and refused as soon as it passes the limit (a gzip bomb costs at most the
-limit, not the machine); a tar member is refused from its header's size before a byte of it
-is read. The profiler trace and ``meta.json`` beside a trace are read the same way.
+**Bounded reads.** A file larger than the limit is refused from its size, before a byte of
+it is read; a gzip stream is inflated in chunks and refused as soon as it passes the limit,
+holding at most `HOLD_BYTES` meanwhile (past that it is only counted, and inflated again once
+it proved to fit: a gzip bomb costs a bounded buffer, not the limit in memory); a tar member
+is refused from its header's size before a byte of it is read. The profiler trace and
+``meta.json`` beside a trace are read the same way.
 """
 from __future__ import annotations
 
-import gzip
 import io
+import os
 import re
 import tarfile
 import zlib
@@ -22,7 +24,11 @@ from pathlib import PurePosixPath
 from actors.errors import TraceError
 
 DEFAULT_MAX_DECOMPRESSED_BYTES = 4 << 30
-_CHUNK_BYTES = 1 << 20
+# gzip output held while its size is unknown: 256 MiB covers a 70B-class meta trace (183 MB
+# of JSON) in one pass; a larger stream is counted to its end first, then inflated again
+HOLD_BYTES = 256 << 20
+_CHUNK_BYTES = 1 << 20  # inflated output per step
+_INPUT_BYTES = 1 << 16  # compressed input fed per step
 _RANK_IN_NAME = re.compile(r"(?:rank|[-_.])(\d+)(?:\.et)?\.json(?:\.gz)?$")
 _TRACE_NAME = re.compile(r"\.json(?:\.gz)?$")
 _LIMIT_KEY = "trace.max_decompressed_bytes"
@@ -62,6 +68,8 @@ def read_file(path, limit: int, advice: str = _RAISE_LIMIT) -> bytes:
     ``limit`` bytes (read at most ``limit + 1``: a file growing meanwhile is caught too)."""
     try:
         with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size > limit:  # refused unread
+                raise _too_big(path, limit, advice)
             data = f.read(limit + 1)
     except OSError as e:
         raise TraceError(path, f"cannot read file: {e.strerror or e}") from None
@@ -71,17 +79,54 @@ def read_file(path, limit: int, advice: str = _RAISE_LIMIT) -> bytes:
 
 
 def gunzip(data: bytes, limit: int, where, advice: str = _RAISE_LIMIT) -> bytes:
-    """Inflate a gzip stream (all members) in chunks; TraceError past ``limit`` bytes."""
-    out = bytearray()
+    """Inflate a gzip stream (all members) in chunks; TraceError past ``limit`` bytes.
+
+    At most ``min(limit, HOLD_BYTES)`` of output is held while the size is unknown; a stream
+    longer than that is counted to its end without keeping it (refused the moment it passes
+    ``limit``) and inflated again, now known to fit (see the module docstring)."""
     try:
-        with gzip.GzipFile(fileobj=io.BytesIO(data)) as stream:
-            while chunk := stream.read(_CHUNK_BYTES):
-                out += chunk
-                if len(out) > limit:
-                    raise _too_big(where, limit, advice)
-    except (OSError, EOFError, zlib.error) as e:
+        out = _inflate(data, limit, min(limit, HOLD_BYTES), where, advice)
+        if out is None:  # longer than what is held, yet within the limit: inflate it again
+            out = _inflate(data, limit, limit, where, advice)
+    except (EOFError, zlib.error) as e:
         raise TraceError(where, f"truncated or corrupt compressed file (gzip: {e})") from None
-    return bytes(out)
+    return b"".join(out)
+
+
+def _inflate(data: bytes, limit: int, hold: int, where, advice: str) -> list[bytes] | None:
+    """The inflated chunks of the gzip members of ``data``, or None when more than ``hold``
+    bytes came out (the rest is then only counted); TraceError past ``limit``. The input is
+    fed in small slices, so no call copies what remains of it; chunks, not one growing buffer,
+    so nothing is copied while they accumulate."""
+    out: list[bytes] | None = []
+    total, pos, view = 0, 0, memoryview(data)
+    stream = zlib.decompressobj(wbits=31)  # one gzip member
+    while True:
+        piece = view[pos:pos + _INPUT_BYTES]
+        pos += len(piece)
+        while True:  # until this piece is used up and nothing more comes out of it
+            chunk = stream.decompress(piece, _CHUNK_BYTES)
+            piece = stream.unconsumed_tail
+            total += len(chunk)
+            if total > limit:
+                raise _too_big(where, limit, advice)
+            if out is not None:
+                if total > hold:
+                    out = None  # too long to hold while unproven: count the rest
+                elif chunk:
+                    out.append(chunk)
+            if stream.eof or not (piece or chunk):
+                break
+        if stream.eof:
+            pos -= len(stream.unused_data)  # where the next member (or padding) starts
+            if view[pos:pos + 2].tobytes() == b"\x1f\x8b":
+                stream = zlib.decompressobj(wbits=31)
+            elif not view[pos:].tobytes().strip(b"\0"):  # gzip allows trailing NUL padding
+                return out
+            else:
+                raise zlib.error("trailing garbage after the last gzip member")
+        elif pos >= len(data):
+            raise EOFError("the data ends inside a gzip member")
 
 
 def _open_tar(path, data: bytes | None):

@@ -34,6 +34,7 @@ import orjson
 from actors.errors import ReplayError, TraceError
 from actors.gc_pause import gc_paused
 from actors.trace import collectives as coll
+from actors.trace import integrity
 from actors.trace.archive import rank_from_name
 from actors.trace.made_inside import NestedAllocations, storages_made_inside
 from actors.trace.nested_lifetimes import nested_lifetimes
@@ -113,8 +114,10 @@ def _load_trace(source: TraceSource, rank: int | None, data: bytes | None) -> Tr
     except (KeyError, TypeError):
         bad = next((n for n in nodes if not isinstance(n, dict) or not isinstance(n.get("id"), int)), None)
         raise TraceError(path, f"a node has no integer 'id' (node starts {preview(bad, 80)})") from None
+    integrity.check_nodes(path, nodes, flat)  # unique ids, no parent cycle
     built = _build_ops(path, nodes, flat)
     ops, nested = built.ops, built.nested
+    integrity.check_ops(path, ops)  # shapes agree with numel, arguments with the op schema
     # meta and fake captures never hand an address out twice (meta: every tensor says so)
     unique = doc.get(UNIQUE_STORAGES_KEY) is True or next(
         (t.device == "meta" for op in ops for t in op.input_tensors()), False)

@@ -1,10 +1,11 @@
 """The ``meta.json`` tracefleet-capture writes beside its rank traces, read bounded and checked.
 
-Only the fields tracefleet uses are checked, each where it is used: a rank's measured
-figures (host-gap calibration: eager iteration times, or any per-rank seconds through
-`rank_seconds`) and the workload with its world size (OOM-study estimates). A
-malformed file is a TraceError naming the file and the field, never a silently skipped
-calibration. A folder without ``meta.json`` is no error (traces from elsewhere have none).
+Only the fields tracefleet uses are checked, where they are read: every rank's measured
+figures a replay reads (`check_ranks`, in pre-flight: eager iteration times, the profiler's
+cost per op for host-gap calibration, threads and machine), one rank's through
+`rank_seconds`, and the workload with its world size (OOM-study estimates). A malformed file
+is a TraceError naming the file and the field, never a silently skipped calibration. A
+folder without ``meta.json`` is no error (traces from elsewhere have none).
 """
 from __future__ import annotations
 
@@ -52,6 +53,31 @@ def rank_entry(path, meta: dict, rank: int) -> tuple[int, dict] | None:
             raise TraceError(path, f"field ranks[{i}] is {_show(r)}; expected an object "
                                    "with an integer 'rank'")
     return next(((i, r) for i, r in enumerate(ranks) if r["rank"] == rank), None)
+
+
+# Per-rank figures a replay reads (host-gap calibration, the machine warnings, the original
+# re-timed): each absent or null, else of this form.
+_RANK_FIELDS = {
+    "iteration_times_s": (lambda v: isinstance(v, list) and all(map(_seconds, v)),
+                          "a list of seconds (numbers > 0)"),
+    "iteration_time_s": (lambda v: _seconds(v), "seconds (a number > 0)"),
+    "profiler_op_cost_s": (lambda v: _seconds(v), "seconds (a number > 0)"),
+    "num_threads": (lambda v: type(v) is int and v >= 0, "an integer >= 0"),
+    "machine": (lambda v: isinstance(v, dict), "an object (cpu_model, num_cpus, ...)"),
+}
+
+
+def check_ranks(path, meta: dict) -> None:
+    """Every ``ranks[i]`` entry and the figures a replay reads from it (``_RANK_FIELDS``);
+    TraceError naming the file and the field. Read once, before the ranks start
+    (orchestrator/preflight/validate.py): a malformed figure of any rank stops the run."""
+    rank_entry(path, meta, -1)  # the list and every entry's integer rank
+    for i, entry in enumerate(meta["ranks"]):
+        for key, (ok, expected) in _RANK_FIELDS.items():
+            value = entry.get(key)
+            if value is not None and not ok(value):
+                raise TraceError(path, f"field ranks[{i}].{key} is {_show(value)}; expected "
+                                       f"{expected}")
 
 
 def rank_iteration_times_s(path, meta: dict, rank: int) -> list[float]:

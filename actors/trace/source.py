@@ -12,7 +12,8 @@ member itself (``trace.transfer=path``: nothing is extracted) or gets the member
   holds a single trace file, which is then the only rank;
 * a ``.tar`` / ``.tar.gz`` archive: its ``*.json[.gz]`` members; each must carry a rank,
   unless the archive holds exactly one;
-* any other file: one trace.
+* any other file: one trace. A ``*.json`` / ``*.json.gz`` file is always one (read as JSON
+  or gzip, even when its inflated bytes would pass for an empty tar: zeros do).
 
 A lone trace without a rank in its name is rank 0. Two files of one rank are refused.
 """
@@ -128,6 +129,8 @@ def _by_rank(where, named: list[tuple[str, TraceSource]]) -> dict[int, TraceSour
 
 
 def _is_tar_file(path: Path) -> bool:
+    if archive.is_trace_name(path.name):  # a trace by its name (one trace in a tar is read too)
+        return False
     try:
         return tarfile.is_tarfile(path)
     except OSError as e:

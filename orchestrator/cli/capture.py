@@ -61,7 +61,7 @@ def summary_line(meta: dict, out_dir: str) -> str:
 
 def main() -> None:
     """Console-script entry point (``--debug`` shows tracebacks of user errors)."""
-    run_app(_app)
+    run_app(_app, "tracefleet-capture")
 
 
 if __name__ == "__main__":

@@ -39,7 +39,8 @@ def run(run_cfg, out_dir: Path, config_yaml: str | None, session=None) -> dict:
 @hydra.main(config_path=str(CONF_DIR), config_name="tracefleet", version_base="1.3")
 def _app(cfg: DictConfig) -> None:
     if sweep.in_multirun():
-        sweep.run_point(cfg, run, debugging(), partial(print_user_error, "tracefleet"))
+        with user_errors("tracefleet"):  # a point records its own errors (--debug: raised)
+            sweep.run_point(cfg, run, debugging(), partial(print_user_error, "tracefleet"))
         return
     with user_errors("tracefleet"):
         summary = run(OmegaConf.to_object(cfg), Path(HydraConfig.get().runtime.output_dir),
@@ -51,7 +52,10 @@ def _app(cfg: DictConfig) -> None:
 def main() -> None:
     """Console-script entry point (``--debug`` shows tracebacks of user errors)."""
     sys.argv[1:] = sweep.with_sweep_dir(sys.argv[1:])
-    run_app(_app)
+    try:
+        run_app(_app, "tracefleet")
+    finally:
+        sweep.close_session()  # a sweep stopped by a signal or an error keeps no cluster
     if sweep.last_exit_code is not None:
         sys.exit(sweep.last_exit_code)
 

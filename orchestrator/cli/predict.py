@@ -91,7 +91,7 @@ def main() -> None:
     try:
         with gc_paused():
             register_configs()
-            run_app(_app)
+            run_app(_app, "tracefleet-predict")
     finally:
         # The process ends here: the interpreter's final collection would rescan every object
         # the run made (the trace, the engine, torch's modules; 0.7 s of a 4.3 s cached 8B

@@ -8,10 +8,13 @@ import socket
 from dataclasses import dataclass
 
 from actors.errors import ConfigError
+from orchestrator import interrupts
+from orchestrator.cluster import stale_cluster
 from orchestrator.config import ClusterConfig
 from orchestrator.errors import ClusterError
 
 log = logging.getLogger(__name__)
+_SHUTDOWN_WAIT_S = 5.0  # bound on the embedded cluster's processes exiting after ray.shutdown
 
 # Ray 2.60 clusters use token authentication by default; a driver joining one by address
 # must opt in and hold the cluster's token.
@@ -29,14 +32,21 @@ class ClusterHandle:
     started_ray: bool  # we started an embedded local cluster
     owns_connection: bool  # we called ray.init (False: Ray was already initialized)
     address: str  # GCS address of the cluster
+    # this driver's child processes before Ray started: not Ray's, never stopped here
+    pids_before: frozenset = frozenset()
 
     def shutdown(self) -> None:
         """Stop the embedded cluster, or disconnect from a joined one; never touch Ray
-        that was initialized before ``connect()``."""
+        that was initialized before ``connect()``. An embedded cluster's processes (GCS,
+        raylet, dashboard and runtime-env agents, workers) are gone when this returns: any
+        that outlives ``ray.shutdown()`` is killed by pid (stale_cluster.stop_survivors)."""
         import ray  # here, not at the top: predict and capture import this module, not Ray
 
         if self.owns_connection and ray.is_initialized():
+            started = [p for p in stale_cluster.cluster_processes()
+                       if p.pid not in self.pids_before] if self.started_ray else []
             ray.shutdown()
+            stale_cluster.stop_survivors(started, _SHUTDOWN_WAIT_S)
         self.owns_connection = False
 
 
@@ -57,9 +67,11 @@ def connect(cfg: ClusterConfig, world_size: int) -> ClusterHandle:
                                        os.cpu_count() or 1)
         if cfg.temp_dir:
             os.makedirs(cfg.temp_dir, exist_ok=True)
+        before = frozenset(p.pid for p in stale_cluster.cluster_processes())
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=cfg.log_to_driver,
                  _temp_dir=cfg.temp_dir, runtime_env=cfg.runtime_env)
-        return ClusterHandle(True, True, ray.get_runtime_context().gcs_address)
+        interrupts.reassert()  # Ray's driver replaced the SIGTERM handler (it aborts)
+        return ClusterHandle(True, True, ray.get_runtime_context().gcs_address, before)
     if cfg.address != "auto" and not cfg.address.startswith("ray://"):
         # Ray retries an unreachable GCS for minutes; fail within our own bound instead.
         _check_reachable(cfg.address, min(cfg.timeout_s, 10.0))
@@ -70,6 +82,7 @@ def connect(cfg: ClusterConfig, world_size: int) -> ClusterHandle:
         raise ClusterError(
             f"cannot connect to the Ray cluster at cluster.address={cfg.address!r}: {exc}; "
             f"{_AUTH_HINT}") from exc
+    interrupts.reassert()
     return ClusterHandle(False, True, ray.get_runtime_context().gcs_address)
 
 

@@ -21,6 +21,7 @@ class Outcome(Choice):
     died = "died"  # the actor process is gone
     timeout = "timeout"  # not done by the deadline
     aborted = "aborted"  # still running when the grace after another rank's failure ran out
+    interrupted = "interrupted"  # still running when a signal stopped the driver
 
 
 @dataclass

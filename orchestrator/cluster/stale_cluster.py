@@ -89,6 +89,23 @@ def reap(path: Path) -> list[int]:
     return [p.pid for p in procs]
 
 
+def stop_survivors(processes: list[psutil.Process], timeout_s: float) -> list[int]:
+    """Wait up to ``timeout_s`` for ``processes`` (an embedded cluster just shut down) to
+    exit, kill those still running (by pid, psutil checks it was not reused); their pids."""
+    _, alive = psutil.wait_procs(processes, timeout=timeout_s)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=_KILL_WAIT_S)
+    if alive:
+        log.warning("killed %d process(es) of the Ray cluster still running %.0f s after it "
+                    "was shut down (pids %s)", len(alive), timeout_s,
+                    ", ".join(str(p.pid) for p in alive))
+    return [p.pid for p in alive]
+
+
 def cluster_processes() -> list[psutil.Process]:
     """This process's descendants: with an embedded cluster, its GCS, raylet, agents and
     workers (the driver starts them, and the raylet starts the rest)."""

@@ -123,7 +123,8 @@ class WorkerGroup:
         ``failure_grace_s`` more (they may be blocked in a collective with the failed
         rank) before they are reported 'aborted'. Ranks not done by ``timeout_s`` are
         'timeout'. ``on_progress(num_done, num_total, elapsed_s)`` is called every poll.
-        A group with a non-ok rank is in an unknown state: shut it down.
+        A group with a non-ok rank is in an unknown state: shut it down. A KeyboardInterrupt
+        (a signal) leaves with ``.results``: the ranks done so far, the others 'interrupted'.
         ``is_failure(value)`` marks a returned value as a failure too (a rank that reports
         its own failure instead of raising), starting the same grace period.
         """
@@ -133,23 +134,31 @@ class WorkerGroup:
         pending = {ref: rank for rank, ref in enumerate(refs)}
         first_failure: Result | None = None
         grace_end = float("inf")
-        while pending:
-            limit = min(deadline, grace_end)
-            now = time.monotonic()
-            if now >= limit:
-                break
-            ready, _ = ray.wait(list(pending), num_returns=len(pending),
-                                timeout=min(poll_s, limit - now))
-            for ref in ready:
-                rank = pending.pop(ref)
-                results[rank] = outcome(rank, ref)
-                failed = not results[rank].ok or (is_failure is not None and
-                                                  is_failure(results[rank].value))
-                if failed and first_failure is None:
-                    first_failure = results[rank]
-                    grace_end = time.monotonic() + failure_grace_s
-            if on_progress is not None:
-                on_progress(len(refs) - len(pending), len(refs), time.monotonic() - start)
+        try:
+            while pending:
+                limit = min(deadline, grace_end)
+                now = time.monotonic()
+                if now >= limit:
+                    break
+                ready, _ = ray.wait(list(pending), num_returns=len(pending),
+                                    timeout=min(poll_s, limit - now))
+                for ref in ready:
+                    rank = pending.pop(ref)
+                    results[rank] = outcome(rank, ref)
+                    failed = not results[rank].ok or (is_failure is not None and
+                                                      is_failure(results[rank].value))
+                    if failed and first_failure is None:
+                        first_failure = results[rank]
+                        grace_end = time.monotonic() + failure_grace_s
+                if on_progress is not None:
+                    on_progress(len(refs) - len(pending), len(refs), time.monotonic() - start)
+        except KeyboardInterrupt as stop:  # a signal: what finished so far rides on it
+            for rank, result in enumerate(results):
+                if result is None:
+                    results[rank] = Result(rank, Outcome.interrupted, error=(
+                        f"rank {rank} still running when the driver was interrupted"))
+            stop.results = self._named(results)
+            raise
         for rank in pending.values():
             if first_failure is not None and time.monotonic() < deadline:
                 results[rank] = Result(rank, Outcome.aborted, error=(
@@ -158,7 +167,12 @@ class WorkerGroup:
             else:
                 results[rank] = Result(rank, Outcome.timeout, error=(
                     f"rank {rank} did not finish within {timeout_s:.1f} s"))
-        for result in results:  # name the node of each rank (a lost node is the usual cause)
+        return self._named(results)
+
+    def _named(self, results: list[Result]) -> list[Result]:
+        """``results`` with each rank's node (a lost node is the usual cause of a failure);
+        dead actors are remembered (never asked to shut down)."""
+        for result in results:
             info = self.node_infos[result.rank] if result.rank < len(self.node_infos) else {}
             result.node_ip, result.node_id = info.get("node_ip"), info.get("node_id")
             if result.kind == Outcome.died and result.rank < len(self.workers):

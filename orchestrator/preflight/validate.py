@@ -2,7 +2,8 @@
 
 1. Find the rank traces of ``trace.dir``: a folder, a ``.tar[.gz]`` archive or one file
    (`actors.trace.source.discover`; the rank-from-name rule is in `actors.trace.archive`),
-   and select ``trace.ranks`` (default: all of them).
+   check the per-rank figures of a capture's ``meta.json`` beside them
+   (`actors.trace.meta_file.check_ranks`), and select ``trace.ranks`` (default: all of them).
 2. Group the selected ranks by trace content (`orchestrator.preflight.trace_identity`: hard links by
    inode, then size and hash) and reduce one trace per group to its collective signature
    where it is (`orchestrator.preflight.signature_pool`); the other ranks of a group share it. The
@@ -28,6 +29,7 @@ from actors.errors import ConfigError
 from actors.trace import ProcessGroupInfo
 from actors.trace.model import MAX_WORLD_SIZE
 from actors.trace.archive import DEFAULT_MAX_DECOMPRESSED_BYTES, rank_from_name
+from actors.trace.meta_file import check_ranks, meta_path_of, read_meta
 from actors.trace.source import TraceSource, discover
 from orchestrator.preflight.crosscheck import cross_check
 from orchestrator.preflight.signature import RankSignature
@@ -87,6 +89,7 @@ def preflight(trace_dir, world_size_requested: int | None = None,
     (an unreadable trace).
     """
     found = discover(trace_dir, max_decompressed_bytes)
+    _check_meta(trace_dir)
     selected = _select(trace_dir, found, ranks)
     sources = {r: found[r] for r in selected}
     groups = identical_groups(sources)
@@ -108,6 +111,16 @@ def preflight(trace_dir, world_size_requested: int | None = None,
     index = {r: i for i, r in enumerate(selected)}
     return PreflightResult(len(selected), selected, [sources[r] for r in selected], world, table,
                            group_map, counts, warnings, [index[rep[r]] for r in selected])
+
+
+def _check_meta(trace_dir) -> None:
+    """The per-rank figures of the capture's ``meta.json`` beside the traces, when there is
+    one (actors/trace/meta_file.py: TraceError naming the file and field)."""
+    if Path(trace_dir).is_dir():
+        path = meta_path_of(trace_dir)
+        meta = read_meta(path)
+        if meta is not None:
+            check_ranks(path, meta)
 
 
 def _signatures(sources: dict[int, TraceSource], groups: dict[int, list[int]], group_map,

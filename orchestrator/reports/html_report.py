@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import base64
 import html
+import logging
 import re
 from pathlib import Path
 
-import orjson
 import pandas as pd
 from omegaconf import OmegaConf
 
 from actors.errors import ConfigError
 from orchestrator.reports import plots
 from orchestrator.reports.oom_study_table import plot_oom_study, study_table
+from orchestrator.errors import ResultsError
 from orchestrator.results import CAPACITY, KIND, MAX_FAILING_CAPACITY, MIN_CAPACITY, MODE, POINT, \
-    REASON, RUN_DIR, STATUS, THRESHOLD, ResultsStore, RowKind
+    REASON, RUN_DIR, STATUS, THRESHOLD, ResultsStore, RowKind, read_json
 from orchestrator.units import human_bytes
+
+log = logging.getLogger("tracefleet")
 
 REPORT_NAME = "report.html"
 PLOTS_DIR = "report"
@@ -61,7 +64,8 @@ _CSS = """body{font-family:sans-serif;margin:24px;color:#222;max-width:1200px}
 table{border-collapse:collapse;font-size:13px;margin:8px 0 20px}
 th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}
 td:first-child,th:first-child{text-align:left}img{max-width:100%;border:1px solid #ddd;margin:6px 0}
-.ok{color:#2ca02c}.oom{color:#c51b7d}.failed,.invalid{color:#d62728}.timeout{color:#ff9f0e}"""
+.ok{color:#2ca02c}.oom{color:#c51b7d}.failed,.invalid{color:#d62728}
+.timeout,.interrupted{color:#ff9f0e}"""
 
 
 def write_report(directory) -> Path:
@@ -91,7 +95,10 @@ def load_run(run_dir: Path) -> tuple[dict, list[dict]]:
     """A run dir's summary and its rank reports, each with its memory timeline (from the
     summary, else from ``memory/rank-<r>.csv``); the flush threshold from ``config.yaml``
     when the summary lacks it."""
-    summary = orjson.loads((run_dir / "summary.json").read_bytes())
+    summary = read_json(run_dir / "summary.json", "a run summary")
+    if not isinstance(summary, dict):
+        raise ResultsError(f"{run_dir / 'summary.json'}: a run summary is a JSON object; this "
+                           f"file holds a {type(summary).__name__}")
     config = run_dir / "config.yaml"
     if summary.get("device_memory_threshold") is None and config.is_file():
         alloc = OmegaConf.load(config).get("replay", {}).get("allocation", {})
@@ -198,7 +205,11 @@ def _point_timelines(root: Path, points: pd.DataFrame, swept: list[str], out: Pa
         run_dir = root / str(row.get(RUN_DIR) or "")
         if pd.isna(row.get(RUN_DIR)) or not (run_dir / "summary.json").is_file():
             continue
-        summary, ranks = load_run(run_dir)
+        try:
+            summary, ranks = load_run(run_dir)
+        except ResultsError as exc:  # one point's file: the rest of the page still stands
+            log.warning("no memory timeline for %s: %s", row[RUN_DIR], exc)
+            continue
         path = out / f"timeline_{str(row['run_dir']).replace('/', '_')}.png"
         if plots.plot_memory_timeline(summary, ranks, path):
             label = ", ".join(f"{k}={row[k]}" for k in swept) or str(row[RUN_DIR])

@@ -28,6 +28,7 @@ from actors.hardlink import link_or_copy
 from orchestrator.reports.plots import plot_iteration_times, plot_memory_timeline, timeline_points
 from orchestrator.reports.plots import timeline_scale  # noqa: F401 (re-exported)
 from orchestrator.reports.not_run import not_run_lines
+from orchestrator.results import atomic_write
 from orchestrator.status import RunStatus
 from orchestrator.units import human_bytes
 
@@ -123,10 +124,11 @@ def _replayed(rank_reports: list[dict]) -> list[dict]:
 
 
 def write_summary(summary: dict, out_dir: Path) -> Path:
-    """Write (or rewrite) ``summary.json`` in ``out_dir``; returns its path."""
+    """Write (or rewrite) ``summary.json`` in ``out_dir``, whole or not at all (a run killed
+    meanwhile leaves the previous one); returns its path."""
     path = Path(out_dir) / "summary.json"
-    path.write_bytes(orjson.dumps(summary, default=str,
-                                  option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    atomic_write(path, orjson.dumps(summary, default=str,
+                                    option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
     return path
 
 
@@ -253,6 +255,22 @@ def _footer(summary: dict) -> str:
     return " | ".join(parts) + "\n" + " | ".join(more)
 
 
+MAX_SKIPPED_REASONS = 4  # reasons named on the console (summary.json has them all)
+
+
+def skipped_line(summary: dict) -> str | None:
+    """``not replayed: 2 ops: <reason> (1), <reason> (1)``: the ops left out of the coverage,
+    most frequent reason first (None when every op replayed)."""
+    reasons = {k: v for k, v in (summary.get("skipped_reasons") or {}).items() if v}
+    if not reasons:
+        return None
+    ranked = sorted(reasons.items(), key=lambda kv: -kv[1])
+    shown = "; ".join(f"{reason} ({count})" for reason, count in ranked[:MAX_SKIPPED_REASONS])
+    more = f"; {len(ranked) - MAX_SKIPPED_REASONS} more reasons in summary.json" \
+        if len(ranked) > MAX_SKIPPED_REASONS else ""
+    return f"not replayed (summed over ranks): {sum(reasons.values())} op(s): {shown}{more}"
+
+
 def breakdown_line(summary: dict) -> str | None:
     """``peak (accounted) at rank r node N op: category size, ...`` (largest first)."""
     parts = summary.get("peak_breakdown")
@@ -316,6 +334,10 @@ def print_summary(summary: dict, console: Console | None = None) -> None:
     line = breakdown_line(summary)
     if line:
         console.print(line, markup=False)
+    # not_run_ops names each op with its bytes; older summaries have the reasons only
+    line = None if summary.get("not_run_ops") else skipped_line(summary)
+    if line:
+        console.print("warning: " + line, style="yellow", markup=False)
     for warning in summary.get("machine_warnings") or ():
         console.print("warning: " + warning, style="yellow", markup=False)
     for warning in not_run_lines(summary.get("not_run_ops"), summary.get("not_run_rank")):

@@ -22,8 +22,10 @@ from datetime import datetime, timezone
 from hydra.core.config_store import ConfigStore
 
 from actors.trace.conventions import kineto_file_name, trace_file_name
+from actors.trace.model import MAX_WORLD_SIZE
 from actors.capture.workload_config import WorkloadConfig, validate as validate_workload
 from actors.errors import ConfigError, TracefleetError
+from actors.time_limit import time_limit
 from orchestrator.config import ClusterConfig, Transfer
 
 
@@ -54,7 +56,8 @@ class CaptureConfig:
     record_kineto: bool = True
     # Timeout of one gloo collective on the ranks, seconds.
     dist_timeout_s: float = 300.0
-    # Bound on the whole capture on every rank, seconds (a cold DeepSpeed op build takes ~90 s).
+    # Bound on the whole capture on every rank, seconds (a cold DeepSpeed op build takes ~90 s);
+    # on meta and fake the in-process capture (a step that never returns is stopped).
     capture_timeout_s: float = 900.0
     # Folder for the rank traces and meta.json (relative paths are taken from the cwd).
     out_dir: str = "${hydra:runtime.output_dir}/traces"
@@ -67,14 +70,13 @@ class CaptureConfig:
     def validate(self) -> None:
         """Raise ConfigError on inconsistent values (before any cluster work); a custom
         entrypoint is resolved (a file made absolute) and its function looked up here."""
+        check_world_size(self.world_size)
         validate_workload(self.workload)
         if self.workload.model == "custom":
             from actors.capture.custom import load_build, resolve_entrypoint
 
             self.workload.entrypoint = resolve_entrypoint(self.workload.entrypoint)
             load_build(self.workload.entrypoint)
-        if self.world_size < 1:
-            raise ConfigError(f"world_size={self.world_size}: expected >= 1")
         if self.warmup_iters < 1 or self.timing_iters < 1:
             raise ConfigError(f"warmup_iters={self.warmup_iters} and timing_iters="
                               f"{self.timing_iters} must be >= 1 (the last warm-up iteration "
@@ -90,6 +92,20 @@ class CaptureConfig:
                 "record_kineto": self.record_kineto}
 
 
+def check_world_size(world_size: int, key: str = "world_size") -> None:
+    """ConfigError unless 1 <= world_size <= MAX_WORLD_SIZE: a capture's fake process group
+    and device mesh hold a table of every rank (torch's rank map and the mesh's rank tensor,
+    ~140 MiB at the bound), and a larger world would grow them past any machine's memory
+    (10^9 ranks: ~140 GB) before anything could be said; checked before any capture."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ConfigError(f"{key}={world_size!r}: expected an integer >= 1")
+    if world_size > MAX_WORLD_SIZE:
+        raise ConfigError(f"{key}={world_size:,} exceeds {MAX_WORLD_SIZE:,} ranks, the most a "
+                          "capture serves: its fake process group and device mesh (and "
+                          "pre-flight's checks) keep a table of every rank, ~140 MiB at that "
+                          "bound, growing with every rank")
+
+
 def register_configs() -> None:
     """Register the capture schema (and the cluster and workload groups' schemas) in Hydra's
     ConfigStore."""
@@ -99,11 +115,20 @@ def register_configs() -> None:
     cs.store(group="workload", name="schema", node=WorkloadConfig)
 
 
+def _rank_files(out_dir: str) -> list[str]:
+    """The rank traces and profiles in out_dir (their ``.partial`` files too)."""
+    return sorted(glob.glob(os.path.join(out_dir, "rank-*.et.json*"))
+                  + glob.glob(os.path.join(out_dir, "rank-*.kineto.json*")))
+
+
 def prepare_out_dir(out_dir: str, overwrite: bool) -> None:
     """Create out_dir; refuse (or with overwrite, delete) rank traces already there."""
-    os.makedirs(out_dir, exist_ok=True)
-    stale = sorted(glob.glob(os.path.join(out_dir, "rank-*.et.json*"))
-                   + glob.glob(os.path.join(out_dir, "rank-*.kineto.json*")))
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"out_dir={out_dir}: cannot create it ({e.strerror or e}); choose a "
+                          "writable folder") from None
+    stale = _rank_files(out_dir)
     if stale and not overwrite:
         raise ConfigError(f"out_dir={out_dir} already holds {len(stale)} rank trace(s) "
                           f"({os.path.basename(stale[0])}, ...); pass overwrite=true or "
@@ -112,27 +137,38 @@ def prepare_out_dir(out_dir: str, overwrite: bool) -> None:
         os.remove(path)
 
 
-def run_capture_job(cfg: CaptureConfig, rank0_only: bool = False) -> dict:
+def run_capture_job(cfg: CaptureConfig, rank0_only: bool = False,
+                    timeout_key: str = "capture_timeout_s") -> dict:
     """Capture ``cfg.world_size`` rank traces into cfg.out_dir; returns the meta dict.
-    ``rank0_only`` (meta and fake: every rank's trace is rank 0's) writes rank 0's alone."""
+    ``rank0_only`` (meta and fake: every rank's trace is rank 0's) writes rank 0's alone.
+    ``timeout_key``: the setting a stopped capture names (the caller's own for the bound)."""
     cfg.validate()
     out_dir = os.path.abspath(cfg.out_dir)
     prepare_out_dir(out_dir, cfg.overwrite)
     start = time.perf_counter()
-    if cfg.workload.device in ("meta", "fake"):
-        from actors.capture.meta_world import run_meta_capture
+    try:
+        if cfg.workload.device in ("meta", "fake"):
+            from actors.capture.meta_world import run_meta_capture
 
-        ranks = run_meta_capture(cfg.rank_cfg(), out_dir, cfg.world_size,
-                                 num_files=1 if rank0_only else None)
-    else:
-        ranks = _capture_on_ray(cfg, out_dir)
-    meta = build_meta(cfg, ranks, out_dir, time.perf_counter() - start)
-    if cfg.workload.check_fake:  # the same step for real at world 2, compared (fake_check.py)
-        from orchestrator.run.fake_check import check_fake
+            # in this process: the step is bounded here (on Ray the actors are killed at it)
+            with time_limit(cfg.capture_timeout_s, timeout_key,
+                            f"the {cfg.workload.device} capture"):
+                ranks = run_meta_capture(cfg.rank_cfg(), out_dir, cfg.world_size,
+                                         num_files=1 if rank0_only else None)
+        else:
+            ranks = _capture_on_ray(cfg, out_dir)
+        meta = build_meta(cfg, ranks, out_dir, time.perf_counter() - start)
+        if cfg.workload.check_fake:  # the same step for real at world 2 (fake_check.py)
+            from orchestrator.run.fake_check import check_fake
 
-        meta["check_fake"] = check_fake(cfg, out_dir).to_dict()
-    with open(os.path.join(out_dir, "meta.json"), "w") as f:
-        json.dump(meta, f, indent=2)
+            meta["check_fake"] = check_fake(cfg, out_dir).to_dict()
+        with open(os.path.join(out_dir, "meta.json"), "w") as f:
+            json.dump(meta, f, indent=2)
+    except BaseException:  # a failed or stopped capture leaves no rank file a rerun refuses
+        for path in _rank_files(out_dir) + [os.path.join(out_dir, "meta.json")]:
+            if os.path.exists(path):
+                os.remove(path)
+        raise
     return meta
 
 

@@ -19,6 +19,7 @@ from orchestrator.run import metrics
 from orchestrator.config import RunConfig
 from orchestrator.cluster.node_state import lost_nodes
 from orchestrator.cluster.rank_result import Outcome
+from orchestrator import interrupts
 from orchestrator.run.session import ReplaySession
 from orchestrator.status import RunStatus
 
@@ -26,9 +27,10 @@ log = logging.getLogger("tracefleet")
 
 
 def _failed_report(result) -> dict:
-    """A rank that returned no report: its actor died, raised, hung or was aborted."""
+    """A rank that returned no report: its actor died, raised, hung, was aborted or was still
+    running when a signal stopped the driver."""
     status = RunStatus.timeout if result.kind in (Outcome.timeout, Outcome.aborted) \
-        else RunStatus.failed
+        else RunStatus.interrupted if result.kind == Outcome.interrupted else RunStatus.failed
     return {"rank": result.rank, "status": status, "error": result.error, "last_op": None,
             "node_ip": result.node_ip, "node_id": result.node_id}
 
@@ -41,9 +43,51 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
     ``actor_cls`` is the rank actor (tests substitute a subclass that misbehaves).
     ``session`` keeps Ray, the actors and pre-flight for the next replay (a sweep); without
     one, everything started here is stopped before returning. ``quiet`` skips the console
-    tables and the plots (a search's probes).
+    tables and the plots (a search's probes). A signal (KeyboardInterrupt) stops the run:
+    the actors and the cluster are stopped as on any exit, ``summary.json`` gets status
+    ``interrupted`` with the reports of the ranks that finished, and the exception goes on
+    with a note saying so.
     """
     cfg.validate()
+    progress: dict = {}  # how far the run got: pre-flight's result, the ranks replayed
+    try:
+        return _run_replay(cfg, out_dir, config_yaml, console, actor_cls, session, quiet,
+                           progress)
+    except KeyboardInterrupt as stop:
+        try:
+            _write_interrupted(stop, cfg, out_dir, config_yaml, progress)
+        except Exception as exc:  # noqa: BLE001 (the signal is what the user must hear of)
+            stop.add_note(f"no summary.json written ({type(exc).__name__}: {exc})")
+        raise
+
+
+def _write_interrupted(stop: KeyboardInterrupt, cfg: RunConfig, out_dir: Path,
+                       config_yaml: str | None, progress: dict) -> None:
+    """``summary.json`` (and ranks.csv) of a run a signal stopped, from what had finished."""
+    pre, replayed = progress.get("pre"), progress.get("replayed")
+    world_size = pre.world_size if pre is not None else cfg.experiment.world_size or 0
+    results = getattr(stop, "results", None) or []
+    for r in results:
+        r.rank = replayed[r.rank]
+    reports = [r.value if r.ok else _failed_report(r) for r in results]
+    if reports and len(replayed) < world_size:
+        reports = dedup.expand_reports(reports, replayed, pre.same_as)
+    done = sum(1 for r in reports if r.get("status") != RunStatus.interrupted)
+    summary = metrics.aggregate(
+        reports, world_size=world_size, run_status_override=RunStatus.interrupted,
+        error=f"interrupted by {interrupts.name_of(stop)}", extra={
+            "experiment": cfg.experiment.name, "trace_dir": str(cfg.trace.dir),
+            "mode": cfg.replay.mode, "allocation_mode": cfg.replay.allocation.mode,
+            "trace_ranks": pre.ranks if pre is not None else None,
+            "num_replays": len(replayed) if replayed else 0})
+    report.write_run_outputs(summary, reports, out_dir, config_yaml, plots=False)
+    stop.add_note(f"{Path(out_dir) / 'summary.json'} has status interrupted, {done} of "
+                  f"{world_size} rank(s) finished")
+
+
+def _run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None, console, actor_cls,
+                session: ReplaySession | None, quiet: bool, progress: dict) -> dict:
+    """`run_replay`'s work; ``progress`` records how far it got."""
     own_session = session is None
     session = session or ReplaySession()
     timings = {}  # phase -> seconds; see replay_phases() for the split of the replay window
@@ -57,11 +101,13 @@ def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, co
                                 mode=str(cfg.replay.mode), ranks=cfg.trace.ranks,
                                 max_decompressed_bytes=cfg.trace.decompression_limit_bytes())
         world_size = pre.world_size
+        progress["pre"] = pre
         timings["preflight_s"] = time.perf_counter() - t_pre
         if cfg.experiment.preflight_only:
             return _preflight_only(pre, cfg, out_dir, timings)
         # actor k replays rank replayed[k] (all ranks, or one per distinct trace: dedup.py)
         replayed = dedup.replayed_actors(pre, cfg.replay.mode, cfg.experiment.dedup_identical_ranks)
+        progress["replayed"] = replayed
         num_actors = len(replayed)
         t1 = time.perf_counter()
         session.connect(cfg.cluster, num_actors)

@@ -203,9 +203,10 @@ def aggregate(rank_reports: list[dict], *, world_size: int,
     run-level message put before the per-rank ones; ``extra`` adds keys (e.g.
     ``device_memory_capacity_bytes``) and may not shadow a computed key.
     """
-    if run_status_override is not None and run_status_override not in REPLAY_STATUSES:
+    allowed = (*REPLAY_STATUSES, RunStatus.interrupted)
+    if run_status_override is not None and run_status_override not in allowed:
         raise ValueError(f"run_status_override must be one of "
-                         f"{[str(s) for s in REPLAY_STATUSES]}, got {run_status_override!r}")
+                         f"{[str(s) for s in allowed]}, got {run_status_override!r}")
     missing_status = RunStatus.failed if run_status_override in (None, RunStatus.ok) \
         else RunStatus(run_status_override)
     ranks = _rank_rows(rank_reports, world_size, missing_status)

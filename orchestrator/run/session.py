@@ -36,6 +36,7 @@ from orchestrator.status import ANSWERED  # a rank that ended so is kept for the
 log = logging.getLogger("tracefleet")
 
 _RELEASE_S = 10.0  # bound on the actors' release of their process groups
+_GRACEFUL_S = 5.0  # bound on the actors' own shutdown() before they are killed
 
 
 def _files_key(paths) -> tuple:
@@ -139,8 +140,11 @@ class ReplaySession:
         reusable = results is not None and all(
             r.ok and isinstance(r.value, dict) and r.value.get("status") in ANSWERED
             for r in results)
+        # no results: the wait was cut short (a signal, an error), the actors may be mid-call
+        # and would answer a polite shutdown only after it: killed at once
+        graceful_s = 0.0 if results is None else _GRACEFUL_S
         if group is not self._group:
-            group.shutdown()
+            group.shutdown(graceful_timeout_s=graceful_s)
             return
         if reusable:
             refs = [w.shutdown.remote() for w in group.workers]
@@ -151,7 +155,7 @@ class ReplaySession:
                     return
                 except ray.exceptions.RayError as exc:
                     log.warning("rank actors failed to release their process groups: %s", exc)
-        self._drop_group()
+        self._drop_group(graceful_s)
 
     def close(self) -> None:
         """Kill the actors and stop (or leave) the Ray cluster this session started."""
@@ -170,9 +174,9 @@ class ReplaySession:
                 and self._cluster.started_ray:
             stale_cluster.record(self._processes_record, stale_cluster.cluster_processes())
 
-    def _drop_group(self) -> None:
+    def _drop_group(self, graceful_s: float = _GRACEFUL_S) -> None:
         if self._group is not None:
-            self._group.shutdown()
+            self._group.shutdown(graceful_timeout_s=graceful_s)
         self._group, self._group_key = None, None
 
     @staticmethod

@@ -78,6 +78,9 @@ class PredictSettings:
     # model's segments, blocks and history in torch.cuda.memory._snapshot()'s layout (open it
     # at pytorch.org/memory_viz; compare it with a GPU's: tracefleet-compare).
     snapshot: bool = False
+    # Bound on a capture (on meta or fake, in this process), seconds: a custom step that never
+    # returns is stopped with an error naming where it was.
+    capture_timeout_s: float = 900.0
 
 
 def _dry_run_replay() -> ReplayConfig:
@@ -122,8 +125,12 @@ class PredictConfig:
         if not 0 <= self.predict.error_band < 1:
             raise ConfigError(f"predict.error_band={self.predict.error_band}; expected a fraction "
                               "in [0, 1), e.g. 0.03 for 3%")
-        if self.world_size is not None and self.world_size < 1:
-            raise ConfigError(f"world_size={self.world_size}; expected >= 1")
+        if self.world_size is not None:
+            from orchestrator.run.capture import check_world_size  # refused before any capture
+            check_world_size(self.world_size)
+        if self.predict.capture_timeout_s <= 0:
+            raise ConfigError(f"predict.capture_timeout_s={self.predict.capture_timeout_s:g}; "
+                              "expected seconds > 0")
         if self.zero3.enabled and self.trace.dir is None:
             raise ConfigError(f"zero3={self.zero3.strategy} emulates ZeRO-3 on traces you give "
                               "with trace.dir; a workload takes workload.zero3_emulation."
@@ -157,7 +164,9 @@ def _capture(cfg: PredictConfig, name: str) -> tuple[Path, dict]:
     # every rank of a local workload trains alone: its trace does not depend on the world
     world = 1 if wl.parallel == Parallel.local and wl.model != ModelName.custom else cfg.world_size
     start = time.perf_counter()
-    folder, reused = capture_cached(wl, world, cfg.predict.cache_dir, name, rank0_only=True)
+    folder, reused = capture_cached(wl, world, cfg.predict.cache_dir, name, rank0_only=True,
+                                    timeout_s=cfg.predict.capture_timeout_s,
+                                    timeout_key="predict.capture_timeout_s")
     took = time.perf_counter() - start
     if reused:
         log.info("predict: capture reused from the cache: %s", folder)

@@ -140,7 +140,8 @@ def test_bad_entrypoints_are_named_clearly(tmp_path):
 
 @pytest.mark.parametrize("body, message", [
     ("def build(ctx):\n    raise ValueError('no GPU here')\n",
-     r"build\(ctx\) raised ValueError: no GPU here \(rank 0 of 1, device cpu\)"),
+     r"build\(ctx\) raised ValueError: no GPU here at \S+\.py:2 in build "
+     r"\(rank 0 of 1, device cpu\)"),
     ("def build(ctx):\n    return 1, 2\n",
      r"must return \(model, make_batch, step\); got a tuple of 2"),
     ("def build(ctx):\n    return None\n", r"must return \(model, make_batch, step\); got a NoneType"),

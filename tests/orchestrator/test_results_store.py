@@ -6,8 +6,9 @@ import subprocess
 
 import pandas as pd
 
-from orchestrator.results import (CSV_NAME, PARQUET_NAME, ResultsStore, make_row,
+from orchestrator.results import (CSV_NAME, PARQUET_NAME, ResultsStore, RowKind, make_row,
                                   override_columns, point_key, summary_columns)
+from orchestrator.status import RunStatus
 from orchestrator.studies.sweep import exit_code, with_sweep_dir
 
 
@@ -106,3 +107,22 @@ def _a_dead_pid() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()
     return proc.pid
+
+
+def test_a_cut_or_corrupt_row_is_named_skipped_and_its_point_runs_again(tmp_path, caplog):
+    store = ResultsStore(tmp_path)
+    for key in ("a=1", "a=2", "a=3"):
+        store.put(make_row(RowKind.point, key, [key], RunStatus.ok, None, None))
+    cut, wrong = store._row_path("a=2"), store._row_path("a=3")
+    cut.write_bytes(cut.read_bytes()[:40])  # a disk that filled mid-write
+    wrong.write_bytes(b"[1, 2]")
+    with caplog.at_level("WARNING", logger="tracefleet"):
+        assert store.get("a=2") is None and store.get("a=3") is None  # resume runs them
+        assert [r["point"] for r in store.rows()] == ["a=1"]
+    assert f"skipped {cut}: a results row that is not valid JSON (cut short" in caplog.text
+    assert f"skipped {wrong}: a results row is a JSON object; this file holds a list" \
+        in caplog.text
+    store.write_tables()  # the tables rebuild from the readable rows
+    assert list(pd.read_csv(tmp_path / CSV_NAME)["point"]) == ["a=1"]
+    store.put(make_row(RowKind.point, "a=2", ["a=2"], RunStatus.ok, None, None))
+    assert store.get("a=2")["status"] == "ok"  # re-run: the row is whole again

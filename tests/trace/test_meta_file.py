@@ -37,3 +37,34 @@ def test_a_ranks_seconds_are_checked_and_absent_means_not_measured(tmp_path):
         rank_seconds(path, meta, 2, "cost_s")
     with pytest.raises(TraceError, match=r"field ranks\[0\] is 7"):
         rank_seconds(path, {"ranks": [7]}, 0, "cost_s")
+
+
+@pytest.mark.parametrize("rank1, message", [
+    ({"iteration_times_s": "fast"}, r'ranks\[1\]\.iteration_times_s is "fast"; expected a list '
+                                    r"of seconds \(numbers > 0\)"),
+    ({"iteration_times_s": [0.1, -1]}, r"ranks\[1\]\.iteration_times_s is \[0.1,-1\]"),
+    ({"profiler_op_cost_s": 0}, r"ranks\[1\]\.profiler_op_cost_s is 0; expected seconds"),
+    ({"num_threads": "4"}, r'ranks\[1\]\.num_threads is "4"; expected an integer >= 0'),
+    ({"machine": "epyc"}, r'ranks\[1\]\.machine is "epyc"; expected an object'),
+])
+def test_pre_flight_refuses_a_malformed_rank_figure_naming_it(tmp_path, rank1, message):
+    """Every rank's figures a replay reads, checked once before any actor starts (they used to
+    be read for one rank, or not at all: a "fast" iteration_times_s went unnoticed)."""
+    import json
+    import shutil
+
+    from actors.trace.meta_file import check_ranks
+    from orchestrator.config import DEMO_TRACES
+    from orchestrator.preflight.validate import preflight
+
+    folder = tmp_path / "traces"
+    shutil.copytree(DEMO_TRACES / "gpt_dp_4", folder)
+    meta = json.loads((folder / "meta.json").read_text())
+    check_ranks(folder / "meta.json", meta)  # the demo's is well-formed
+    meta["ranks"][1].update(rank1)
+    (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(TraceError, match=message) as err:
+        preflight(str(folder), mode="compute")
+    assert err.value.path == str(folder / "meta.json")
+    meta["ranks"][1].update({k: None for k in rank1})  # null: not measured, no error
+    check_ranks(folder / "meta.json", meta)

@@ -159,3 +159,92 @@ def test_source_is_a_path_for_the_filesystem(tmp_path):
     source = discover(archive)[0]
     assert os.stat(source).st_size == archive.stat().st_size  # actors key caches on it
     assert str(source) == f"{archive}:rank-0.json" and source.name == "rank-0.json"
+
+
+_BOMB_SCRIPT = """
+import sys
+from actors.errors import TraceError
+from actors.trace import archive, load_trace
+from actors.trace.source import TraceSource
+path, limit = sys.argv[1], int(sys.argv[2])
+try:
+    load_trace(TraceSource(path, None, limit))
+except TraceError as e:
+    print(e)
+# VmHWM, not ru_maxrss: this process's own peak (ru_maxrss keeps the forking parent's)
+print(next(line for line in open("/proc/self/status") if line.startswith("VmHWM")))
+"""
+
+
+def test_a_gzip_bomb_is_refused_at_its_bound_without_holding_it(tmp_path):
+    """1 GiB of zeros named like a rank trace, refused at a 768 MiB bound: the stream is only
+    counted past 256 MiB (archive.HOLD_BYTES), so the reader's peak stays far below the bound
+    (it held the whole bound before). A gzip file given alone is read as gzip, not as the
+    empty tar its zeros look like."""
+    import subprocess
+    import sys
+
+    bomb = tmp_path / "rank-0.et.json.gz"
+    packer, zeros = gzip.zlib.compressobj(1, gzip.zlib.DEFLATED, 31), bytes(64 * MIB)
+    with open(bomb, "wb") as f:
+        for _ in range(16):
+            f.write(packer.compress(zeros))
+        f.write(packer.flush())
+    assert discover(bomb) == {0: TraceSource(str(bomb))}  # one trace, not an archive
+    limit = 768 * MIB
+    proc = subprocess.run([sys.executable, "-c", _BOMB_SCRIPT, str(bomb), str(limit)],
+                          capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert proc.returncode == 0, proc.stderr
+    message, peak = proc.stdout.strip().splitlines()
+    assert message == (f"{bomb}: expands past the limit of {limit:,} bytes; if the trace is "
+                       "genuine, raise the limit: trace.max_decompressed_bytes=16GiB (tracefleet) "
+                       "or --max-decompressed-bytes 16GiB (tracefleet-inspect)")
+    peak_bytes = int(peak.split()[1]) * 1024  # "VmHWM:  123 kB"
+    assert peak_bytes < limit / 2, f"peak RSS {peak_bytes / MIB:.0f} MiB"
+
+
+def test_a_stream_longer_than_what_is_held_is_inflated_again(tmp_path, monkeypatch):
+    from actors.trace import archive
+
+    data = os.urandom(3 * MIB) + b"x" * (5 * MIB)
+    packed = gzip.compress(data[:4 * MIB]) + gzip.compress(data[4 * MIB:]) + b"\0" * 8
+    monkeypatch.setattr(archive, "HOLD_BYTES", MIB)
+    assert archive.gunzip(packed, 64 * MIB, "w") == data  # two members and NUL padding
+    with pytest.raises(TraceError, match="expands past the limit of 7,340,032 bytes"):
+        archive.gunzip(packed, 7 * MIB, "w")
+    with pytest.raises(TraceError, match="trailing garbage after the last gzip member"):
+        archive.gunzip(packed + b"junk", 64 * MIB, "w")
+    with pytest.raises(TraceError, match="the data ends inside a gzip member"):
+        archive.gunzip(packed[:MIB], 64 * MIB, "w")
+
+
+def test_a_plain_file_past_the_bound_is_refused_unread(tmp_path, monkeypatch):
+    from actors.trace import archive
+
+    big = tmp_path / "rank-0.json"
+    big.write_bytes(b"{" + b" " * 2048)
+    monkeypatch.setattr("builtins.open", _no_read(open))
+    with pytest.raises(TraceError, match="expands past the limit of 1,024 bytes"):
+        archive.read_file(big, 1024)
+
+
+def _no_read(real_open):
+    """``open`` whose files refuse ``read``: what is refused from its size reads nothing."""
+    def opener(*args, **kwargs):
+        f = real_open(*args, **kwargs)
+
+        class NoRead:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                f.close()
+
+            def fileno(self):
+                return f.fileno()
+
+            def read(self, *a):
+                raise AssertionError("read() called on a file past the bound")
+        return NoRead()
+    return opener

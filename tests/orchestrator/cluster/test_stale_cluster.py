@@ -62,3 +62,15 @@ def test_forget_and_an_unreadable_record(tmp_path):
     stale_cluster.record(path, [])
     stale_cluster.forget(path)
     assert not path.exists()
+
+
+def test_stop_survivors_kills_what_outlives_a_shutdown(sleepers):
+    """What the embedded cluster left running after ray.shutdown (connect.py) is killed by
+    pid after the wait; what had already exited is not waited for again."""
+    done = subprocess.Popen(["true"])
+    procs = [psutil.Process(p.pid) for p in sleepers] + [psutil.Process(done.pid)]
+    done.wait()
+    assert sorted(stale_cluster.stop_survivors(procs, timeout_s=0.5)) == \
+        sorted(p.pid for p in sleepers)
+    assert all(p.wait(timeout=10) is not None for p in sleepers)
+    assert stale_cluster.stop_survivors([], timeout_s=0.5) == []

@@ -229,3 +229,29 @@ def test_lost_nodes_names_the_node_of_dead_actors_only(cluster_cfg):
             Result(3, "died", error="rank 3 actor died", node_ip=ip, node_id=node)]
     assert lost_nodes(died) == f"the actors of rank(s) 1, 3 died on Ray node {ip} (node id {node})"
     assert lost_nodes([Result(0, "error", node_ip=ip, node_id=node), Result(1, "timeout")]) is None
+
+
+def test_a_signal_mid_wait_leaves_with_the_ranks_done_so_far(monkeypatch):
+    """No Ray: ray.wait hands rank 1's result back, then a signal arrives in it."""
+    from orchestrator.cluster import worker_group as wg
+    from orchestrator.cluster.rank_result import Outcome
+
+    group = WorkerGroup(RankWorkerBase, 3, ClusterConfig())
+    group.node_infos = [{"node_ip": "10.0.0.1", "node_id": "n"}] * 3
+    calls = []
+
+    def fake_wait(refs, num_returns, timeout):
+        calls.append(len(refs))
+        if len(calls) == 1:
+            return ["ref1"], []
+        raise KeyboardInterrupt()
+
+    monkeypatch.setattr(wg.ray, "wait", fake_wait)
+    monkeypatch.setattr(wg, "outcome",
+                        lambda rank, ref: Result(rank, Outcome.ok, value={"r": rank}))
+    with pytest.raises(KeyboardInterrupt) as err:
+        group.wait(["ref0", "ref1", "ref2"], timeout_s=60, poll_s=0.01)
+    results = err.value.results
+    assert [r.kind for r in results] == [Outcome.interrupted, Outcome.ok, Outcome.interrupted]
+    assert results[1].value == {"r": 1} and results[0].node_ip == "10.0.0.1"
+    assert results[2].error == "rank 2 still running when the driver was interrupted"

@@ -147,6 +147,27 @@ def test_report_cli_exit_codes(sweep_root, tmp_path, capsys):
     assert "no results table" in capsys.readouterr().err
 
 
+def test_a_cut_summary_or_row_is_named_never_a_traceback(sweep_root, tmp_path, capsys, caplog):
+    run = _run_dir(tmp_path / "run")
+    (run / "summary.json").write_bytes((run / "summary.json").read_bytes()[:60])
+    assert report_main([str(run)]) == 2
+    err = capsys.readouterr().err
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"tracefleet-report: error: {run / 'summary.json'}: a run summary "
+                           "that is not valid JSON (cut short: unexpected end of data")
+    # a sweep root: the bad row and a point's cut summary are named and left out; page written
+    bad_row = next(p for p in sorted((sweep_root / "rows").glob("*.json"))
+                   if orjson.loads(p.read_bytes())["run_dir"] == "1")
+    bad_row.write_bytes(bad_row.read_bytes()[:30])
+    point_summary = sweep_root / "0" / "summary.json"  # point 0's row stays whole
+    point_summary.write_bytes(b"{")
+    with caplog.at_level("WARNING", logger="tracefleet"):
+        assert report_main([str(sweep_root)]) == 0
+    assert f"skipped {bad_row}: a results row that is not valid JSON" in caplog.text
+    assert f"{point_summary}: a run summary that is not valid JSON" in caplog.text
+    assert (sweep_root / REPORT_NAME).is_file()
+
+
 # --- as a browser shows it ---------------------------------------------------------------------
 _PROBE = """<script>window.addEventListener('load', () => {
   const out = document.createElement('pre'); out.id = 'img-probe';

@@ -339,3 +339,19 @@ def test_a_long_rank_error_keeps_its_place():
     line = aggregate([report], world_size=1)["error"].split("did not finish: ", 1)[1]
     assert line.startswith("rank 0 failed: KeyError: xxx") and line.endswith("x..." + place)
     assert len("rank 0: " + line[len("rank 0 failed: "):]) == MAX_RANK_ERROR_CHARS
+
+
+def test_print_summary_names_the_ops_that_did_not_replay():
+    """Unknown ops used to show only as a coverage figure; the reasons were in summary.json."""
+    reports = [ok_report(r, 0.1, coverage=0.99) for r in range(2)]
+    for report in reports:
+        report["skipped_reasons"] = {"aten::does_not_exist is not registered in this torch": 1,
+                                     "mylib::foo is not registered in this torch": 1}
+    console = Console(record=True, width=400)
+    print_summary(aggregate(reports, world_size=2), console=console)
+    assert ("warning: not replayed (summed over ranks): 4 op(s): aten::does_not_exist is not "
+            "registered in this torch (2); mylib::foo is not registered in this torch (2)") \
+        in console.export_text()
+    quiet = Console(record=True, width=400)
+    print_summary(aggregate([ok_report(0, 0.1)], world_size=1), console=quiet)
+    assert "not replayed" not in quiet.export_text()  # full coverage: no line

@@ -8,9 +8,11 @@ from orchestrator.cluster.rank_result import Result
 class _Group:
     workers = []
     num_shutdowns = 0
+    graceful_s = None
 
-    def shutdown(self):
+    def shutdown(self, graceful_timeout_s: float = 5.0):
         self.num_shutdowns += 1
+        self.graceful_s = graceful_timeout_s
 
 
 def _kept(session: ReplaySession, group) -> ReplaySession:
@@ -27,6 +29,9 @@ def test_actors_are_dropped_after_a_failed_or_missing_rank():
         session = _kept(ReplaySession(), group)
         session.release(group, results, timeout_s=1.0)
         assert group.num_shutdowns == 1 and session._group is None
+        # no results (the wait was cut short: a signal, an error): killed without waiting on
+        # actors that may still be mid-replay; else they get their polite shutdown first
+        assert group.graceful_s == (0.0 if results is None else 5.0)
 
 
 def test_a_group_the_session_does_not_keep_is_shut_down():

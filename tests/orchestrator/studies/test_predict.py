@@ -277,3 +277,35 @@ def test_cli_user_error_exits_2(tmp_path):
                 f"hydra.run.dir={tmp_path}", cwd=tmp_path)
     assert proc.returncode == 2
     assert "tracefleet-predict: error: target=none" in proc.stderr
+
+
+def test_a_world_no_capture_can_serve_is_refused_before_any_capture(tmp_path):
+    cfg = _compose("workload=llama3_8b", "world_size=1000000000",
+                   f"predict.cache_dir={tmp_path / 'cache'}")
+    with pytest.raises(ConfigError, match=r"world_size=1,000,000,000 exceeds 1,048,576 ranks, "
+                                          "the most a capture serves"):
+        predict(cfg)
+    assert not (tmp_path / "cache").exists()  # refused before a byte was captured
+
+
+@pytest.mark.parametrize("bad, error, message", [
+    ("hang", "TimeLimitError", r"predict.capture_timeout_s=20: the fake capture did not finish "
+                               r"within 20 s \(stopped at \S+my_step.py:\d+ in step\)"),
+    ("raise_recorded", "ConfigError", r"step\(batch\) raised ValueError: boom in the recorded "
+                                      r"step at \S+my_step.py:\d+ in step"),
+])
+def test_a_custom_step_that_hangs_or_raises_leaves_no_temp_capture(tmp_path, bad, error,
+                                                                   message):
+    from actors.time_limit import TimeLimitError
+    from tests.capture.test_user_code import STEP
+
+    step = tmp_path / "my_step.py"
+    step.write_text(STEP.format(bad=bad))
+    cfg = _compose("workload=custom", f"workload.entrypoint={step}:build", "world_size=2",
+                   f"predict.cache_dir={tmp_path / 'cache'}", "predict.capture_timeout_s=20")
+    with pytest.raises((TimeLimitError, ConfigError), match=message) as err:
+        predict(cfg)
+    assert type(err.value).__name__ == error
+    assert list((tmp_path / "cache").iterdir()) == []  # no .<name>.<pid>.tmp left behind
+    with pytest.raises(ConfigError, match="predict.capture_timeout_s=0; expected seconds > 0"):
+        _compose("world_size=8", "predict.capture_timeout_s=0").validate()

@@ -155,3 +155,27 @@ def test_min_memory_run_finds_the_known_answer_on_one_cluster(tmp_path, ray_temp
     assert all(t["cluster_start_s"] < 0.5 and t["actor_start_s"] < 2.0 for t in timings[1:])
     assert (run_dir / "report.html").stat().st_size > 10_000
     assert "min_memory lazy threshold 1: 12288 B" in proc.stdout
+
+
+def test_resume_names_a_cut_row_and_runs_its_point_again(tmp_path):
+    """A row file cut short (a disk that filled) is named in a warning, its point runs again
+    and its row is whole afterwards; the intact point is skipped as recorded. Pre-flight-only
+    points: no Ray."""
+    cmd = [*ENTRY, "--multirun", "experiment.preflight_only=true", "experiment.name=a,b",
+           "experiment.report=false"]
+    first = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                           timeout=240)
+    assert first.returncode == 0, first.stderr[-3000:]
+    root = _sweep_root(tmp_path)
+    rows = {orjson.loads(p.read_bytes())["experiment.name"]: p
+            for p in (root / ROWS_DIR).glob("*.json")}
+    cut = rows["b"]
+    cut.write_bytes(cut.read_bytes()[:50])
+    again = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                           timeout=240)
+    out = again.stdout + again.stderr
+    assert again.returncode == 0, out[-3000:]
+    assert "Traceback" not in out and out.count("already recorded") == 1
+    assert f"skipped {cut}: a results row that is not valid JSON (cut short" in out
+    assert orjson.loads(cut.read_bytes())["status"] == "ok"  # run again, written whole
+    assert sorted(pd.read_csv(root / CSV_NAME)["experiment.name"]) == ["a", "b"]
