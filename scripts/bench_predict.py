@@ -1,7 +1,8 @@
 """Prediction benchmark: the predicted peak of a training job against its measured peak; one
 JSON line.
 
-For every configuration (small enough to run for real here, 2 ranks each):
+For every configuration (small enough to run for real here, 2 ranks each; the mesh rows 4:
+``WORLDS``):
 
 * ``measured``: the real CPU run's measured peak, max over ranks (``tracefleet-capture`` on
   cpu: ``meta.json`` memory, the CPU allocation counter over the last warm-up iteration);
@@ -64,7 +65,13 @@ CONFIGS = {
     "deepspeed_zero3_fp32": _recipe("zero3", "fp32"),
     "deepspeed_zero3_bf16_mixed": _recipe("zero3", "bf16_mixed"),
     "custom_fsdp2_bf16_mixed": {},
+    # 2 x 2 meshes (workload.parallelism): FSDP2 on dp_shard beside tp, HSDP, cp
+    "fsdp2_tp_sp_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.tp": 2},
+    "hsdp_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.dp_replicate": 2},
+    "fsdp2_cp_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.cp": 2},
 }
+# rows run at another world size than WORLD
+WORLDS = {"fsdp2_tp_sp_bf16_mixed": 4, "hsdp_bf16_mixed": 4, "fsdp2_cp_bf16_mixed": 4}
 # DeepSpeed's rows: the plain capture the emulation partitions (DeepSpeed's bf16 mode runs the
 # model in bf16: a pure-bf16 plain trace; its fp32 masters and moments are the layout's).
 _PLAIN = {"deepspeed_zero3_fp32": _recipe("local", "fp32"),
@@ -75,13 +82,13 @@ def _overrides(workload: dict) -> list[str]:
     return [f"workload.{k}={v}" for k, v in workload.items()]
 
 
-def _capture(workload: dict, device: str, out: Path, env: dict) -> dict:
+def _capture(workload: dict, device: str, out: Path, env: dict, world: int = WORLD) -> dict:
     """``tracefleet-capture`` into ``out``; its meta.json (a capture already in ``out``, from
     ``--keep`` of an earlier run, is reused)."""
     if (out / "meta.json").is_file():
         return json.loads((out / "meta.json").read_text())
     cmd = [sys.executable, "-m", "orchestrator.cli.capture", *_overrides(workload),
-           f"workload.device={device}", f"world_size={WORLD}", f"out_dir={out}",
+           f"workload.device={device}", f"world_size={world}", f"out_dir={out}",
            "warmup_iters=2", "timing_iters=1", f"hydra.run.dir={out}.hydra",
            "hydra.output_subdir=null"]
     proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
@@ -91,12 +98,12 @@ def _capture(workload: dict, device: str, out: Path, env: dict) -> dict:
     return json.loads((out / "meta.json").read_text())
 
 
-def _predict(folder: Path, zero3: Zero3Config | None) -> tuple[int, dict]:
+def _predict(folder: Path, zero3: Zero3Config | None, world: int = WORLD) -> tuple[int, dict]:
     """Max accounted peak over the folder's distinct rank traces (faithful dry run on meta)
     and that rank's breakdown."""
     best = (0, {})
     seen = set()
-    for rank in range(WORLD):
+    for rank in range(world):
         path = folder / trace_file_name(rank)
         data = path.read_bytes()
         if data in seen:  # fake and meta record rank 0 once for every rank
@@ -163,8 +170,9 @@ def run_config(name: str, model: dict, tmp: Path) -> dict:
     custom = name.startswith("custom")
     workload = dict(CUSTOM) if custom else {**model, **CONFIGS[name]}
     env = EXAMPLE_ENV if custom and model is MODEL else {}
+    world = WORLDS.get(name, WORLD)
     t0 = time.perf_counter()
-    meta = _capture(workload, "cpu", tmp / f"{name}-real", env)
+    meta = _capture(workload, "cpu", tmp / f"{name}-real", env, world)
     measured = max(r["peak_memory_bytes"] for r in meta["ranks"])
     plain = _PLAIN.get(name)
     zero3 = None
@@ -174,12 +182,15 @@ def run_config(name: str, model: dict, tmp: Path) -> dict:
         zero3 = Zero3Config(strategy="per_module", world_size=WORLD, layout="deepspeed",
                             param_persistence_threshold=ds["stage3_param_persistence_threshold"],
                             reduce_bucket_size=ds["reduce_bucket_size"])
-    _capture(workload, "fake", tmp / f"{name}-fake", env)
-    predicted, breakdown = _predict(tmp / f"{name}-fake", zero3)
+    _capture(workload, "fake", tmp / f"{name}-fake", env, world)
+    predicted, breakdown = _predict(tmp / f"{name}-fake", zero3, world)
     row = {"predicted": predicted, "measured": measured,
            "ratio": round(predicted / measured, 4), "breakdown": breakdown,
            "seconds": round(time.perf_counter() - t0, 1)}
-    if workload.get("parallel") == "fsdp2" or custom:
+    if world != WORLD:
+        row["world_size"] = world
+    # FSDPMemTracker runs FSDP2 over a 1-D mesh of WORLD ranks: not the mesh rows
+    if (workload.get("parallel") == "fsdp2" or custom) and name not in WORLDS:
         tracked = _fsdp_mem_tracker(workload, env, tmp)
         row["fsdp_mem_tracker_ratio"] = round(tracked / measured, 4) if tracked else None
     return row

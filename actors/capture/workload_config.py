@@ -10,6 +10,7 @@ import torch
 
 from actors.capture.attention import Attention
 from actors.capture.checkpointing import ActivationCheckpointing
+from actors.capture.mesh import ParallelismConfig
 from actors.choices import Choice
 from actors.errors import ConfigError
 from actors.zero3.config import Zero3Config
@@ -92,6 +93,10 @@ class WorkloadConfig:
     entrypoint: str = ""
     # ddp, fsdp2, zero3 or local (no gradient communication).
     parallel: Parallel = Parallel.ddp
+    # The device mesh (torchtitan's degrees: dp_replicate, dp_shard, tp, pp, cp, ep; their
+    # product is world_size, dp_shard=-1 the rest): actors/capture/mesh.py. The default, only
+    # dp_shard, is the 1-D data-parallel job every recipe ran before.
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     # fp32, bf16 (pure), fp16 (pure) or bf16_mixed (bf16 compute, fp32 masters and reduction).
     precision: Precision = Precision.fp32
     # none, full, selective_layer (every ac_every-th block) or selective_op (docs/capture.md).
@@ -165,6 +170,8 @@ class WorkloadConfig:
     def __post_init__(self):
         if isinstance(self.zero3_emulation, dict):  # rebuilt from asdict (meta.json, ranks)
             self.zero3_emulation = Zero3Config(**self.zero3_emulation)
+        if isinstance(self.parallelism, dict):
+            self.parallelism = ParallelismConfig(**self.parallelism)
         self.model = ModelName.coerce(self.model, "workload.model")
         self.parallel = Parallel.coerce(self.parallel, "workload.parallel")
         self.precision = Precision.coerce(self.precision, "workload.precision")

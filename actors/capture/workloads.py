@@ -17,6 +17,7 @@ from actors.capture.checkpointing import apply_activation_checkpointing
 from actors.capture.context import Workload
 from actors.capture.gpt import GPT, Block
 from actors.capture.llama import Llama, TransformerBlock
+from actors.capture.mesh import dp_index, validate_parallelism
 from actors.capture.workload_config import (PARAM_DTYPES, ModelName, Parallel, WorkloadConfig,
                                             WorkloadDevice,
                                             ffn_dim_of, validate)
@@ -45,9 +46,11 @@ def build_workload(cfg: WorkloadConfig, rank: int, world_size: int,
 
     torch.distributed must be initialized unless ``cfg.parallel`` is local. ``mesh``: fsdp2's
     1-D DeviceMesh over all ranks (None: made here with ``init_device_mesh``; pass one made
-    outside a FakeTensorMode, where making it fails).
+    outside a FakeTensorMode, where making it fails), or the N-D mesh of
+    ``cfg.parallelism`` (actors/capture/mesh.py's ``build_mesh``; required then).
     """
     validate(cfg)
+    validate_parallelism(cfg, world_size)
     device = device or torch.device("cpu" if cfg.device == WorkloadDevice.fake else str(cfg.device))
     if cfg.model == ModelName.custom:
         from actors.capture.context import CaptureContext
@@ -63,7 +66,9 @@ def build_workload(cfg: WorkloadConfig, rank: int, world_size: int,
     num_params = sum(p.numel() for p in model.parameters())
     apply_activation_checkpointing(blocks_of(model), cfg.activation_checkpointing, cfg.ac_every)
     info = {}
-    gen = torch.Generator().manual_seed(cfg.seed + 1 + rank)
+    # ranks that split one model replica's work (tp, cp, pp peers) read the same data
+    gen = torch.Generator().manual_seed(cfg.seed + 1 + dp_index(cfg.parallelism, world_size,
+                                                                rank))
 
     def micro_batch():
         if device.type == "meta":  # no values to draw
@@ -79,6 +84,11 @@ def build_workload(cfg: WorkloadConfig, rank: int, world_size: int,
         from actors.capture.zero3 import zero3_step
 
         step, info = zero3_step(model, cfg, block_class)
+    elif not cfg.parallelism.is_one_dim():
+        from actors.capture.parallelize.recipe import mesh_step
+
+        assert mesh is not None, "the caller builds the N-D mesh (actors/capture/mesh.py)"
+        step = mesh_step(model, cfg, blocks_of(model), device, world_size, mesh)
     elif cfg.parallel == Parallel.fsdp2:
         from actors.capture.fsdp2 import fsdp2_step
 

@@ -5,7 +5,9 @@
   only positional inputs before that). It is usually the child of a ``c10d::*`` op.
 * gloo traces: only the ``c10d::*`` op exists, with the group shown as ``"<Object>"``; the
   sizes come from its tensor arguments, named by the op schema.
-* functional collectives (``_c10d_functional::*``) name their group as a string argument.
+* functional collectives (``_c10d_functional::*``) name their group as a string argument;
+  so do ``c10d::*`` ops of an N-D mesh captured on fake, whose ProcessGroup argument the
+  capture wrote as the group's name (actors/capture/group_names.py).
 """
 from __future__ import annotations
 
@@ -119,7 +121,7 @@ def from_c10d(name: str, arg_names: list[str], inputs: tuple, outputs: tuple = (
     kind = C10D_KINDS[name]
     functional = name.startswith("_c10d_functional::")
     by_name = dict(zip(arg_names, inputs))
-    group = by_name.get("group_name")
+    group = by_name.get("group_name") or by_name.get("process_group")
     pg_name = group.value if group is not None and group.kind == "str" else None
     if kind == "wait":  # completes a call; carries no message of its own (as record_param_comms)
         return Collective(kind, pg_name=pg_name, source="functional" if functional else "c10d")

@@ -23,6 +23,7 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 
 from actors.trace.conventions import kineto_file_name, trace_file_name
+from actors.capture.mesh import validate_parallelism
 from actors.capture.workload_config import WorkloadConfig, validate as validate_workload
 from actors.errors import ConfigError, TracefleetError
 from orchestrator.config import ClusterConfig, Transfer
@@ -69,6 +70,7 @@ class CaptureConfig:
         """Raise ConfigError on inconsistent values (before any cluster work); a custom
         entrypoint is resolved (a file made absolute) and its function looked up here."""
         validate_workload(self.workload)
+        validate_parallelism(self.workload, self.world_size)
         if self.workload.model == "custom":
             from actors.capture.custom import load_build, resolve_entrypoint
 
@@ -218,7 +220,7 @@ def build_meta(cfg: CaptureConfig, ranks: list[dict], out_dir: str, wall_s: floa
                    "profiler_op_cost_s": (r.get("profiler_cost") or {}).get("profiler_op_cost_s"),
                    "profiler_cost": r.get("profiler_cost")} for r in ranks],
     }
-    for key in ("deepspeed_version", "shm_comm_op", "ds_config", "entrypoint"):
+    for key in ("deepspeed_version", "shm_comm_op", "ds_config", "entrypoint", "mesh"):
         if key in first:
             meta[key] = first[key]
     if "recorded_as_rank" in first:  # meta/fake: one rank recorded, its trace written for all
