@@ -69,9 +69,14 @@ CONFIGS = {
     "fsdp2_tp_sp_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.tp": 2},
     "hsdp_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.dp_replicate": 2},
     "fsdp2_cp_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.cp": 2},
+    # pp 2 stages x FSDP2 2: 2 micro-batches of batch_size per step
+    "pp_1f1b_fsdp2_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.pp": 2},
+    "pp_gpipe_fsdp2_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.pp": 2,
+                                  "parallelism.pp_schedule": "gpipe"},
 }
 # rows run at another world size than WORLD
-WORLDS = {"fsdp2_tp_sp_bf16_mixed": 4, "hsdp_bf16_mixed": 4, "fsdp2_cp_bf16_mixed": 4}
+WORLDS = {"fsdp2_tp_sp_bf16_mixed": 4, "hsdp_bf16_mixed": 4, "fsdp2_cp_bf16_mixed": 4,
+          "pp_1f1b_fsdp2_bf16_mixed": 4, "pp_gpipe_fsdp2_bf16_mixed": 4}
 # DeepSpeed's rows: the plain capture the emulation partitions (DeepSpeed's bf16 mode runs the
 # model in bf16: a pure-bf16 plain trace; its fp32 masters and moments are the layout's).
 _PLAIN = {"deepspeed_zero3_fp32": _recipe("local", "fp32"),

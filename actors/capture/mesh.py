@@ -11,7 +11,7 @@ them: ``tp`` neighbours are adjacent ranks), and flattened dimensions built from
 * ``dp_cp``: ``(dp_replicate, dp_shard, cp)``, where the loss and gradients are averaged.
 
 A flattened name exists when it joins two or more present dimensions. Expert parallelism
-(``ep``) is not a dimension of its own: it borrows ``dp_shard x cp`` ranks (stage 4).
+(``ep``) would borrow ``dp_shard x cp`` ranks; it needs an MoE block, not built: refused.
 
 With only ``dp_shard`` (the default) the mesh stays the 1-D mesh over all ranks that FSDP2 and
 custom steps always had (:func:`actors.capture.context.world_mesh`).
@@ -131,6 +131,13 @@ def dp_index(par: ParallelismConfig, world_size: int, rank: int) -> int:
     return coords["dp_replicate"] * degrees["dp_shard"] + coords["dp_shard"]
 
 
+def batch_rows(par: ParallelismConfig, world_size: int, batch_size: int) -> int:
+    """Samples a rank's micro-batch holds: ``batch_size``, times ``pp_microbatches`` (default
+    pp) under pipeline parallel, whose schedule cuts it into its micro-batches."""
+    pp = par.degrees(world_size)["pp"]
+    return batch_size * (par.pp_microbatches or pp) if pp > 1 else batch_size
+
+
 def build_mesh(device_type: str, par: ParallelismConfig, world_size: int):
     """The job's DeviceMesh (see the module docstring), flattened dimensions included.
 
@@ -216,16 +223,35 @@ def validate_parallelism(cfg, world_size: int) -> None:
         raise ConfigError(f"{where}: workload.seq_len={cfg.seq_len} must be divisible by "
                           f"tp x 2 cp = {divisor} (sequence parallel, then ring attention's "
                           "two chunks per context-parallel rank)")
-    stages = pp * par.pp_stages_per_rank
-    if pp > 1 and cfg.n_layers % stages:
-        raise ConfigError(f"{where}: workload.n_layers={cfg.n_layers} is not divisible by "
-                          f"{stages} pipeline stages (pp x pp_stages_per_rank)")
-    if pp == 1 and (par.pp_stages_per_rank != 1 or par.pp_microbatches):
-        raise ConfigError(f"{where}: pp_stages_per_rank and pp_microbatches need pp > 1")
     if par.ep > 1:
         raise ConfigError(f"{where}: expert parallel needs an MoE model (not built yet)")
-    if pp > 1:
-        raise ConfigError(f"{where}: pipeline parallel is not built yet")
+    _validate_pipeline(cfg, par, pp, where)
+
+
+def _validate_pipeline(cfg, par: ParallelismConfig, pp: int, where: str) -> None:
+    if pp == 1:
+        if par.pp_stages_per_rank != 1 or par.pp_microbatches:
+            raise ConfigError(f"{where}: pp_stages_per_rank and pp_microbatches need pp > 1")
+        return
+    stages = pp * par.pp_stages_per_rank
+    if par.pp_stages_per_rank < 1 or par.pp_microbatches < 0:
+        raise ConfigError(f"{where}: pp_stages_per_rank={par.pp_stages_per_rank} must be >= 1 "
+                          f"and pp_microbatches={par.pp_microbatches} >= 0")
+    if cfg.n_layers % stages:
+        raise ConfigError(f"{where}: workload.n_layers={cfg.n_layers} is not divisible by "
+                          f"{stages} pipeline stages (pp x pp_stages_per_rank)")
+    interleaved = par.pp_schedule == PipelineSchedule.interleaved_1f1b
+    if interleaved != (par.pp_stages_per_rank > 1):
+        raise ConfigError(f"{where}: pp_schedule={par.pp_schedule} with pp_stages_per_rank="
+                          f"{par.pp_stages_per_rank}: interleaved_1f1b runs 2 or more stages per "
+                          "rank, gpipe and 1f1b one")
+    n_mb = par.pp_microbatches or pp
+    if par.pp_schedule != PipelineSchedule.gpipe and n_mb < pp:
+        raise ConfigError(f"{where}: pp_microbatches={n_mb} < pp={pp}: {par.pp_schedule} needs "
+                          "a micro-batch in flight per stage")
+    if cfg.grad_accum_steps != 1:
+        raise ConfigError(f"{where}: grad_accum_steps={cfg.grad_accum_steps} under pp: the "
+                          "schedule's micro-batches accumulate; use pp_microbatches")
 
 
 def rank_roles(par: ParallelismConfig, world_size: int) -> dict[str, list[int]]:

@@ -17,7 +17,7 @@ from actors.capture.checkpointing import apply_activation_checkpointing
 from actors.capture.context import Workload
 from actors.capture.gpt import GPT, Block
 from actors.capture.llama import Llama, TransformerBlock
-from actors.capture.mesh import dp_index, validate_parallelism
+from actors.capture.mesh import batch_rows, dp_index, validate_parallelism
 from actors.capture.workload_config import (PARAM_DTYPES, ModelName, Parallel, WorkloadConfig,
                                             WorkloadDevice,
                                             ffn_dim_of, validate)
@@ -70,11 +70,13 @@ def build_workload(cfg: WorkloadConfig, rank: int, world_size: int,
     gen = torch.Generator().manual_seed(cfg.seed + 1 + dp_index(cfg.parallelism, world_size,
                                                                 rank))
 
+    rows = batch_rows(cfg.parallelism, world_size, cfg.batch_size)
+
     def micro_batch():
         if device.type == "meta":  # no values to draw
-            idx = torch.empty(cfg.batch_size, cfg.seq_len, dtype=torch.long, device=device)
+            idx = torch.empty(rows, cfg.seq_len, dtype=torch.long, device=device)
             return idx, torch.empty_like(idx)
-        seq = torch.randint(0, cfg.vocab, (cfg.batch_size, cfg.seq_len + 1), generator=gen)
+        seq = torch.randint(0, cfg.vocab, (rows, cfg.seq_len + 1), generator=gen)
         return seq[:, :-1].contiguous().to(device), seq[:, 1:].contiguous().to(device)
 
     def next_batch():
@@ -89,6 +91,7 @@ def build_workload(cfg: WorkloadConfig, rank: int, world_size: int,
 
         assert mesh is not None, "the caller builds the N-D mesh (actors/capture/mesh.py)"
         step = mesh_step(model, cfg, blocks_of(model), device, world_size, mesh)
+        model = step.model  # with pp: this rank's stages only
     elif cfg.parallel == Parallel.fsdp2:
         from actors.capture.fsdp2 import fsdp2_step
 

@@ -137,7 +137,9 @@ def from_c10d(name: str, arg_names: list[str], inputs: tuple, outputs: tuple = (
     group_size = _int_value(by_name["group_size"]) if "group_size" in by_name else None
     # On a non-root rank, scatter's input list is empty: the dtype is then the output's.
     dtype = _first_dtype(ins[:1]) or _first_dtype(outs[:1]) or _first_dtype(outputs)
-    async_op = True if functional else _async_arg(by_name)
+    # point-to-point calls run async: pipelining posts them as isend/irecv in batches, and a
+    # replay that waited for each send could block on a peer still posting its own send
+    async_op = True if functional or kind in ("send", "recv") else _async_arg(by_name)
     return Collective(kind, pg_name=pg_name, dtype=dtype,
                       in_nelems=in_nelems, out_nelems=out_nelems,
                       in_splits=splits["input_split_sizes"], out_splits=splits["output_split_sizes"],

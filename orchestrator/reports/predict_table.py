@@ -15,7 +15,8 @@ def _job_line(p: dict) -> str:
     if p.get("zero3_emulation"):
         z = p["zero3_emulation"]
         what += f", ZeRO-3 emulated ({z['strategy']}, layout {z['layout']})"
-    return f"{what} on {p['world_size']} x {t['name']}"
+    mesh = f", mesh {p['mesh']['description']}" if p.get("mesh") else ""
+    return f"{what}{mesh} on {p['world_size']} x {t['name']}"
 
 
 def _peak_op(op: dict | None) -> str:
@@ -44,6 +45,10 @@ def prediction_table(p: dict) -> str:
         ("verdict", f"**{p['verdict']}**"),
         ("op at the peak", _peak_op(p["peak_op"])),
     ]
+    if p.get("mesh"):
+        m = p["mesh"]
+        rows.append(("worst rank", f"rank {p['rank']} ({m['worst_rank_role']}, "
+                                   f"{m['ranks_per_role'][m['worst_rank_role']]} rank(s) alike)"))
     total = sum(p["breakdown"].values()) or 1
     rows += [(f"peak: {name}", f"{human_bytes(b)} ({100 * b / total:.0f}%)")
              for name, b in sorted(p["breakdown"].items(), key=lambda kv: -kv[1]) if b]

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import orjson
 
+from actors.capture.mesh import validate_parallelism
 from actors.capture.workload_config import (ModelName, Parallel, Precision, WorkloadConfig,
                                             WorkloadDevice, validate as validate_workload)
 from actors.choices import Choice
@@ -29,6 +30,7 @@ from actors.gc_pause import gc_paused
 from actors.replay.config import AllocationConfig, AllocationMode, ReplayConfig, parse_bytes
 from actors.replay.memory.target import TargetConfig, TargetName
 from orchestrator.status import ANSWERED
+from orchestrator.studies.predict_mesh import mesh_facts, ranks_per_trace
 from actors.zero3.config import Zero3Config
 
 log = logging.getLogger("tracefleet")
@@ -126,6 +128,7 @@ class PredictConfig:
             if self.world_size is None:
                 raise ConfigError("world_size=N is required: the job's number of GPUs")
             validate_workload(capture_workload(self.workload))
+            validate_parallelism(self.workload, self.world_size)
         parse_bytes(self.trace.max_decompressed_bytes, "trace.max_decompressed_bytes")
 
 
@@ -260,6 +263,7 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
     reserved, usable = worst["predicted_reserved_peak_bytes"], figures["usable_capacity_bytes"]
     headroom = usable - reserved
     band = cfg.predict.error_band
+    mesh = mesh_facts(capture["dir"], worst["rank"]) if capture else None
     result = {
         "predicted_allocated_peak_bytes": worst["predicted_allocated_peak_bytes"],
         "predicted_reserved_peak_bytes": reserved,
@@ -284,7 +288,9 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
         "rank": worst["rank"],
         "num_distinct_traces": len(groups),
         "ranks_per_trace": {str(r[0]): len(r) for r in groups.values()}
-        if cfg.trace.dir is not None and len(sources) == world else {"0": world},
+        if cfg.trace.dir is not None and len(sources) == world
+        else ranks_per_trace(capture["dir"]) if mesh else {"0": world},
+        "mesh": mesh,  # N-D jobs: degrees, ranks per role, the worst rank's role
         "capture": capture,
         "timings_s": {"capture_s": capture["seconds"] if capture else 0.0, "replay_s": replay_s,
                       "total_s": time.perf_counter() - t0},

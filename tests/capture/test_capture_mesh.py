@@ -11,7 +11,9 @@ from collections import Counter
 import orjson
 import pytest
 
+from actors.capture.mesh import validate_parallelism
 from actors.capture.workload_config import WorkloadConfig
+from actors.errors import ConfigError
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
 from actors.trace import load_trace
@@ -159,3 +161,60 @@ def test_a_custom_step_gets_the_named_mesh(tmp_path):
         names = Counter(n["name"] for n in orjson.loads(f.read())["nodes"])
     assert names["_c10d_functional::all_reduce"] >= 1  # RowwiseParallel's partial sum
     assert json.loads((tmp_path / "out" / "meta.json").read_text())["world_size"] == 4
+
+
+@pytest.fixture(scope="module")
+def pp_job(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pp")
+    return out, _capture(out, {"pp": 2}, n_layers=4)
+
+
+def test_pp_stages_are_roles_each_with_its_own_layers(pp_job):
+    out, meta = pp_job
+    assert meta["mesh"]["roles"] == {"pp stage 0": [0, 1], "pp stage 1": [2, 3]}
+    first, last = (load_trace(out / trace_file_name(r)) for r in (0, 2))
+    modules = [{op.module for op in t.ops} for t in (first, last)]
+    # each stage keeps the whole model's names: layers 0-1 and the embedding on stage 0,
+    # layers 2-3, the norm and the output on stage 1
+    assert any("tok_embeddings" in m for m in modules[0])
+    assert not any("output" in m or "layers.2" in m for m in modules[0])
+    assert any("layers.3" in m for m in modules[1]) and any("output" in m for m in modules[1])
+    pp_group = _groups(out / trace_file_name(0))["mesh_pp"]
+    p2p = Counter((op.collective.kind, op.collective.pg_name, op.collective.root)
+                  for op in first.collectives if op.collective.kind in ("send", "recv"))
+    # 1f1b over 2 micro-batches: each activation sent to stage 1 (group rank 1), each
+    # gradient received from it
+    assert p2p == {("send", pp_group, 1): 2, ("recv", pp_group, 1): 2}
+    peaks = [_dry_run(out / trace_file_name(r))["accounted_peak_bytes"] for r in (0, 2)]
+    assert all(peaks) and peaks[0] != peaks[1]
+
+
+def test_preflight_pairs_every_send_with_its_receive(pp_job, tmp_path):
+    out, _ = pp_job
+    assert preflight(out, mode="full", executor="inline").world_size == 4
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for path in out.glob("*"):
+        (broken / path.name).write_bytes(path.read_bytes())
+    with gzip.open(broken / trace_file_name(0)) as f:
+        doc = orjson.loads(f.read())
+    dropped = max(n["id"] for n in doc["nodes"] if n["name"] == "c10d::send")
+    doc["nodes"] = [n for n in doc["nodes"] if n["id"] != dropped]
+    with gzip.open(broken / trace_file_name(0), "wb") as f:
+        f.write(orjson.dumps(doc))
+    with pytest.raises(ConfigError, match=r"receive #1 on rank 2 from rank 0 \(node \d+: "
+                                          r"\d+ bfloat16\) has no send on rank 0, which sends 1 "
+                                          r"to rank 2"):
+        preflight(broken, mode="full", executor="inline")
+
+
+@pytest.mark.parametrize("parallelism, message", [
+    ({"pp": 2, "pp_schedule": "interleaved_1f1b"}, "interleaved_1f1b runs 2 or more stages"),
+    ({"pp": 2, "pp_stages_per_rank": 2, "pp_schedule": "interleaved_1f1b"},
+     r"n_layers=2 is not divisible by 4 pipeline stages"),
+    ({"pp": 2, "pp_microbatches": 1}, r"pp_microbatches=1 < pp=2: 1f1b needs"),
+    ({"pp_microbatches": 4, "tp": 2}, "pp_stages_per_rank and pp_microbatches need pp > 1"),
+])
+def test_pipelines_that_cannot_run_are_refused(parallelism, message):
+    with pytest.raises(ConfigError, match=message):
+        validate_parallelism(WorkloadConfig(**TINY, parallelism=parallelism), 4)

@@ -1,6 +1,6 @@
 """Mesh jobs captured on fake, replayed on 4 CPU ranks with gloo: tensor parallel's
 functional collectives beside FSDP2's c10d ones on their own sub-groups, context parallel's
-ring (all-gather and all-to-all on the cp group)."""
+ring (all-gather and all-to-all on the cp group), pipeline stages' sends and receives."""
 from __future__ import annotations
 
 import pytest
@@ -29,6 +29,7 @@ def ray_session(tmp_path_factory):
 @pytest.mark.parametrize("parallelism, kinds", [
     ({"tp": 2}, {"all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"}),
     ({"cp": 2}, {"all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"}),
+    ({"pp": 2}, {"all_gather_into_tensor", "reduce_scatter_tensor", "send", "recv"}),
 ])
 def test_mesh_traces_replay_on_gloo(ray_session, tmp_path, parallelism, kinds):
     traces = tmp_path / "traces"

@@ -107,7 +107,9 @@ def apply_context_parallel(model: nn.Module, cp_mesh) -> None:
     rotary tables cut to this rank's positions, as context_parallel cuts the rope buffer."""
     cp, rank = cp_mesh.size(), cp_mesh.get_local_rank()
     ring = RingAttention(cp_mesh)
-    for block in model.layers:
+    from actors.capture.parallelize.tensor_parallel import blocks
+
+    for block in blocks(model):
         block.attention.context_parallel = ring
     for name in ("rope_cos", "rope_sin"):
         setattr(model, name, head_tail(getattr(model, name), 0, rank, cp))

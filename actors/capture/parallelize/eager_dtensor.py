@@ -7,7 +7,12 @@ every op, and propagation runs the op again on global-shaped fake tensors of the
 mode: ops of the whole logits or activations, which a real run never executes (there it is
 cached after the first call and, when not, runs under a private fake mode the trace does not
 mix with the local work). :func:`eager_dtensor` makes DTensor's modules see an eager run
-(torch.compile's and make_fx's own checks still apply); functional collectives keep theirs.
+(torch.compile's and make_fx's own checks still apply). Functional collectives keep theirs:
+eagerly they return an AsyncCollectiveTensor, a wrapper whose storage the trace cannot follow.
+
+DTensor's caches key on the mesh's layout, which is every rank's: a second rank recorded in
+the same process (another role) would get the first one's redistribution plans, on the first
+one's process groups. They are cleared when the block ends.
 """
 from __future__ import annotations
 
@@ -45,3 +50,17 @@ def eager_dtensor():
     finally:
         for m, original in zip(modules, saved):
             m._are_we_tracing = original
+        _clear_caches()
+
+
+def _clear_caches() -> None:
+    """DTensor's sharding-propagation and redistribution caches (see the module docstring)."""
+    from torch.distributed.tensor._collective_utils import MeshTopoInfo
+    from torch.distributed.tensor._redistribute import _gen_transform_infos
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
+    _gen_transform_infos.cache_clear()
+    ShardingPropagator._propagate_tensor_meta_cached.cache_clear()
+    MeshTopoInfo.build_from_mesh.cache_clear()

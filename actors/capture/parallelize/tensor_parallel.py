@@ -19,21 +19,31 @@ import contextlib
 import torch.nn as nn
 
 
+def blocks(model: nn.Module) -> list[nn.Module]:
+    """The decoder blocks of a Llama (a list) or of a pipeline stage (a dict by layer)."""
+    layers = model.layers
+    return list(layers.values()) if isinstance(layers, nn.ModuleDict) else list(layers)
+
+
 def apply_tensor_parallel(model: nn.Module, tp_mesh, loss_parallel: bool = True) -> None:
-    """Split ``model`` (actors/capture/llama.py's Llama) over the 1-D ``tp_mesh`` in place."""
+    """Split ``model`` (actors/capture/llama.py's Llama, or a pipeline stage of it) over the
+    1-D ``tp_mesh`` in place."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
                                                    RowwiseParallel, SequenceParallel,
                                                    parallelize_module)
 
-    parallelize_module(model, tp_mesh, {
+    plan = {
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
         "norm": SequenceParallel(),
         "output": ColwiseParallel(input_layouts=Shard(1),
                                   output_layouts=Shard(-1) if loss_parallel else Replicate(),
                                   use_local_output=not loss_parallel),
-    })
-    for block in model.layers:
+    }
+    # a pipeline stage holds some of them
+    parallelize_module(model, tp_mesh, {k: v for k, v in plan.items()
+                                        if getattr(model, k, None) is not None})
+    for block in blocks(model):
         parallelize_module(block, tp_mesh, {
             "attention_norm": SequenceParallel(),
             # (x, cos, sin): the rotary tables stay plain, whole-sequence tensors
