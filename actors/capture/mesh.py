@@ -55,8 +55,10 @@ class ParallelismConfig:
     cp: int = 1
     # Expert parallel: MoE experts split over this many of the dp_shard x cp ranks.
     ep: int = 1
-    # pp > 1: the pipeline schedule.
-    pp_schedule: PipelineSchedule = PipelineSchedule.f1b1
+    # pp > 1: the pipeline schedule, gpipe, 1f1b or interleaved_1f1b. A string checked when
+    # the config is built (a ConfigError before any work): Hydra matches an Enum field by
+    # member name, and "1f1b", torch's and torchtitan's name, cannot be one.
+    pp_schedule: str = PipelineSchedule.f1b1.value
     # pp > 1: micro-batches per step (0 = pp: one per stage). Each is batch_size samples.
     pp_microbatches: int = 0
     # pp > 1: model chunks (stages) per rank; interleaved_1f1b needs >= 2, the others 1.
@@ -237,9 +239,10 @@ def _validate_pipeline(cfg, par: ParallelismConfig, pp: int, where: str) -> None
     if par.pp_stages_per_rank < 1 or par.pp_microbatches < 0:
         raise ConfigError(f"{where}: pp_stages_per_rank={par.pp_stages_per_rank} must be >= 1 "
                           f"and pp_microbatches={par.pp_microbatches} >= 0")
-    if cfg.n_layers % stages:
-        raise ConfigError(f"{where}: workload.n_layers={cfg.n_layers} is not divisible by "
-                          f"{stages} pipeline stages (pp x pp_stages_per_rank)")
+    if cfg.n_layers + 2 < stages:
+        raise ConfigError(f"{where}: workload.n_layers={cfg.n_layers} blocks (+ the embedding "
+                          f"and the output) cannot fill {stages} pipeline stages "
+                          "(pp x pp_stages_per_rank)")
     interleaved = par.pp_schedule == PipelineSchedule.interleaved_1f1b
     if interleaved != (par.pp_stages_per_rank > 1):
         raise ConfigError(f"{where}: pp_schedule={par.pp_schedule} with pp_stages_per_rank="

@@ -49,6 +49,10 @@ def prediction_table(p: dict) -> str:
         m = p["mesh"]
         rows.append(("worst rank", f"rank {p['rank']} ({m['worst_rank_role']}, "
                                    f"{m['ranks_per_role'][m['worst_rank_role']]} rank(s) alike)"))
+        if len(p.get("per_role") or ()) > 1:  # pipeline stages, cp ranks: each role's peak
+            rows += [(f"reserved peak*: {role}",
+                      f"{human_bytes(f['predicted_reserved_peak_bytes'])} (rank {f['rank']})")
+                     for role, f in p["per_role"].items()]
     total = sum(p["breakdown"].values()) or 1
     rows += [(f"peak: {name}", f"{human_bytes(b)} ({100 * b / total:.0f}%)")
              for name, b in sorted(p["breakdown"].items(), key=lambda kv: -kv[1]) if b]

@@ -30,7 +30,8 @@ from actors.gc_pause import gc_paused
 from actors.replay.config import AllocationConfig, AllocationMode, ReplayConfig, parse_bytes
 from actors.replay.memory.target import TargetConfig, TargetName
 from orchestrator.status import ANSWERED
-from orchestrator.studies.predict_mesh import mesh_facts, ranks_per_trace
+from orchestrator.reports.predict_timelines import per_role, write_timelines
+from orchestrator.studies.predict_mesh import mesh_facts, ranks_per_trace, roles_of
 from actors.zero3.config import Zero3Config
 
 log = logging.getLogger("tracefleet")
@@ -295,8 +296,11 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
         "timings_s": {"capture_s": capture["seconds"] if capture else 0.0, "replay_s": replay_s,
                       "total_s": time.perf_counter() - t0},
     }
+    # each distinct trace's figures, by its role on a mesh (docs/prediction.md)
+    result["per_role"] = per_role(reports, roles_of(capture["dir"]) if mesh else None, mesh)
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
+        result["memory_timelines"] = write_timelines(out_dir, reports, result["per_role"])
         (Path(out_dir) / PREDICTION_JSON).write_bytes(
             orjson.dumps(result, option=orjson.OPT_INDENT_2))
     return result

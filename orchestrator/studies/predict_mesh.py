@@ -26,3 +26,9 @@ def ranks_per_trace(folder) -> dict[str, int]:
     """``{recorded rank: ranks it stands for}`` of a mesh capture folder."""
     roles = read_meta(Path(folder) / META_JSON)["mesh"]["roles"]
     return {str(ranks[0]): len(ranks) for ranks in roles.values()}
+
+
+def roles_of(folder) -> dict[str, list[int]] | None:
+    """``{role: ranks}`` of a mesh capture folder (None for a 1-D one)."""
+    mesh = (read_meta(Path(folder) / META_JSON) or {}).get("mesh")
+    return mesh["roles"] if mesh else None

@@ -210,11 +210,21 @@ def test_preflight_pairs_every_send_with_its_receive(pp_job, tmp_path):
 
 @pytest.mark.parametrize("parallelism, message", [
     ({"pp": 2, "pp_schedule": "interleaved_1f1b"}, "interleaved_1f1b runs 2 or more stages"),
-    ({"pp": 2, "pp_stages_per_rank": 2, "pp_schedule": "interleaved_1f1b"},
-     r"n_layers=2 is not divisible by 4 pipeline stages"),
+    ({"pp": 4, "pp_stages_per_rank": 2, "pp_schedule": "interleaved_1f1b"},
+     r"n_layers=2 blocks \(\+ the embedding and the output\) cannot fill 8 pipeline stages"),
     ({"pp": 2, "pp_microbatches": 1}, r"pp_microbatches=1 < pp=2: 1f1b needs"),
     ({"pp_microbatches": 4, "tp": 2}, "pp_stages_per_rank and pp_microbatches need pp > 1"),
 ])
 def test_pipelines_that_cannot_run_are_refused(parallelism, message):
     with pytest.raises(ConfigError, match=message):
-        validate_parallelism(WorkloadConfig(**TINY, parallelism=parallelism), 4)
+        validate_parallelism(WorkloadConfig(**TINY, parallelism=parallelism),
+                             8 if parallelism.get("pp") == 4 else 4)
+
+
+def test_stages_share_blocks_as_torchtitan():
+    from actors.capture.parallelize.pipeline import stage_layers
+
+    # Llama 3.1 405B over 8 stages: the embedding and the output count one block each
+    assert [len(r) for r in stage_layers(126, 8)] == [15, 16, 16, 16, 16, 16, 16, 15]
+    assert stage_layers(4, 2) == [range(0, 2), range(2, 4)]
+    assert [len(r) for r in stage_layers(2, 4)] == [0, 1, 1, 0]

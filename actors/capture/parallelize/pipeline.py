@@ -1,9 +1,9 @@
 """Pipeline parallel on the Llama decoder with ``torch.distributed.pipelining``, as torchtitan
 splits it (``pipeline_llama_manual_split``) and schedules it.
 
-The ``pp x pp_stages_per_rank`` stages hold consecutive, equal shares of the blocks; the first
-also the token embedding, the last the final norm and the output projection, whose logits the
-schedule's loss function takes. A rank holds stage ``s`` (its pp index) and, looped as
+The ``pp x pp_stages_per_rank`` stages hold consecutive shares of the blocks (``stage_layers``);
+the first also the token embedding, the last the final norm and the output projection, whose
+logits the schedule's loss function takes. A rank holds stage ``s`` (its pp index) and, looped as
 torchtitan's interleaved schedules, ``s + pp``, ``s + 2 pp``, ... Each stage keeps the model's
 module names (``layers.<i>`` of the whole model), so the trace's module ranges read as the
 unsplit model's.
@@ -66,11 +66,26 @@ def stage_ids(pp_rank: int, pp: int, per_rank: int) -> list[int]:
     return [pp_rank + k * pp for k in range(per_rank)]
 
 
+def stage_layers(num_layers: int, num_stages: int) -> list[range]:
+    """Each stage's blocks, torchtitan's rule (``generate_llm_fqn_per_model_part``): the
+    embedding and the output count one block each, the ``num_layers + 2`` units are shared
+    out evenly, the first stages taking one more of the remainder (Llama 3.1 405B's 126 blocks
+    over 8 stages: 15, 16 x 6, 15)."""
+    units = num_layers + 2
+    out, start = [], 0
+    for s in range(num_stages):
+        n = units // num_stages + (1 if s < units % num_stages else 0)
+        n -= (s == 0) + (s == num_stages - 1)
+        out.append(range(start, start + n))
+        start += n
+    return out
+
+
 def split_model(model: nn.Module, pp_rank: int, pp: int, per_rank: int) -> list[LlamaStage]:
-    """The rank's stages of ``model``, equal shares of the blocks each."""
+    """The rank's stages of ``model`` (blocks as :func:`stage_layers` shares them)."""
     num_stages = pp * per_rank
-    share = len(model.layers) // num_stages
-    return [LlamaStage(model, range(s * share, (s + 1) * share), s == 0, s == num_stages - 1)
+    layers = stage_layers(len(model.layers), num_stages)
+    return [LlamaStage(model, layers[s], s == 0, s == num_stages - 1)
             for s in stage_ids(pp_rank, pp, per_rank)]
 
 
