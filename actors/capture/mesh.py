@@ -227,6 +227,10 @@ def validate_parallelism(cfg, world_size: int) -> None:
                           "two chunks per context-parallel rank)")
     if par.ep > 1:
         raise ConfigError(f"{where}: expert parallel needs an MoE model (not built yet)")
+    if cfg.float8 and tp > 1:
+        raise ConfigError(f"{where}: workload.float8 with tp={tp} needs torchao's float8 "
+                          "parallel styles (Float8ColwiseParallel, ...): not built; float8 "
+                          "runs with FSDP2, HSDP, cp and pp")
     _validate_pipeline(cfg, par, pp, where)
 
 

@@ -87,7 +87,8 @@ def run_meta_capture(cfg: dict, out_dir: str, world_size: int,
     rank order (``cfg`` as :func:`actors.capture.worker.run_capture` reads it). ``num_files``
     writes only the first ranks' files (the rest would be copies of rank 0's). A job on an
     N-D mesh records one rank per role instead (actors/capture/mesh_world.py)."""
-    if not workload_config(cfg).parallelism.is_one_dim():
+    wl = workload_config(cfg)
+    if not wl.parallelism.is_one_dim() or wl.float8:  # tensor subclasses: see mesh_world
         from actors.capture.mesh_world import run_mesh_capture
 
         return run_mesh_capture(cfg, out_dir, world_size, num_files)

@@ -97,6 +97,10 @@ class WorkloadConfig:
     # product is world_size, dp_shard=-1 the rest): actors/capture/mesh.py. The default, only
     # dp_shard, is the 1-D data-parallel job every recipe ran before.
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    # torchao float8 training: the Linears but the output as Float8Linear (tensorwise dynamic
+    # scaling), and FSDP2's all-gathers in float8 (actors/capture/parallelize/float8.py;
+    # torchtitan's float8 converter). Needs fsdp2, bf16_mixed and the fake device (or cuda).
+    float8: bool = False
     # fp32, bf16 (pure), fp16 (pure) or bf16_mixed (bf16 compute, fp32 masters and reduction).
     precision: Precision = Precision.fp32
     # none, full, selective_layer (every ac_every-th block) or selective_op (docs/capture.md).
@@ -265,6 +269,12 @@ def _validate_recipe(cfg: WorkloadConfig) -> None:
             raise ConfigError("workload.precision=bf16_mixed runs under torch.autocast, which "
                               "has no meta backend (a meta trace would run in float32); use "
                               "workload.device=fake, or precision=bf16 for pure bf16")
+    if cfg.float8 and (cfg.parallel != Parallel.fsdp2 or cfg.precision != Precision.bf16_mixed
+                       or cfg.device not in (WorkloadDevice.fake, WorkloadDevice.cuda)):
+        raise ConfigError(f"workload.float8=true with {where}, precision={cfg.precision}, "
+                          f"device={cfg.device}: float8 training is torchtitan's bf16_mixed "
+                          "FSDP2 recipe with float8 linears, on fake (or cuda: _scaled_mm has "
+                          "no cpu kernel for it here)")
     if cfg.parallel == Parallel.zero3 and cfg.precision in (Precision.bf16, Precision.fp16):
         raise ConfigError(f"{where} with workload.precision={cfg.precision}: DeepSpeed keeps "
                           "fp32 master weights in its optimizer; use precision=bf16_mixed "

@@ -64,6 +64,10 @@ def build_workload(cfg: WorkloadConfig, rank: int, world_size: int,
     if cfg.parallel != Parallel.zero3:  # DeepSpeed casts the model itself in bf16 mode
         model = model.to(PARAM_DTYPES[cfg.precision])
     num_params = sum(p.numel() for p in model.parameters())
+    if cfg.float8:  # a converter on the built model, before parallelizing it (torchtitan's)
+        from actors.capture.parallelize.float8 import apply_float8
+
+        apply_float8(model, fsdp=cfg.parallel == Parallel.fsdp2)
     apply_activation_checkpointing(blocks_of(model), cfg.activation_checkpointing, cfg.ac_every)
     info = {}
     # ranks that split one model replica's work (tp, cp, pp peers) read the same data
