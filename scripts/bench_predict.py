@@ -69,6 +69,9 @@ CONFIGS = {
     "fsdp2_tp_sp_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.tp": 2},
     "hsdp_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.dp_replicate": 2},
     "fsdp2_cp_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.cp": 2},
+    # FSDP2's CPUOffloadPolicy: on a CPU host and device are one memory, so the row checks
+    # the capture and the accounted total; the device / host split is tracefleet-predict's
+    "fsdp2_cpu_offload_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "cpu_offload": True},
     # pp 2 stages x FSDP2 2: 2 micro-batches of batch_size per step
     "pp_1f1b_fsdp2_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.pp": 2},
     "pp_gpipe_fsdp2_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.pp": 2,

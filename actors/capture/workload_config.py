@@ -101,6 +101,10 @@ class WorkloadConfig:
     # scaling), and FSDP2's all-gathers in float8 (actors/capture/parallelize/float8.py;
     # torchtitan's float8 converter). Needs fsdp2, bf16_mixed and the fake device (or cuda).
     float8: bool = False
+    # fsdp2: FSDP2's CPUOffloadPolicy (torchtitan's training.enable_cpu_offload): parameter
+    # shards, their gradients and the optimizer state (and its step) in host memory.
+    # tracefleet-predict counts those storages as host bytes, not the GPU's.
+    cpu_offload: bool = False
     # fp32, bf16 (pure), fp16 (pure) or bf16_mixed (bf16 compute, fp32 masters and reduction).
     precision: Precision = Precision.fp32
     # none, full, selective_layer (every ac_every-th block) or selective_op (docs/capture.md).
@@ -275,6 +279,9 @@ def _validate_recipe(cfg: WorkloadConfig) -> None:
                           f"device={cfg.device}: float8 training is torchtitan's bf16_mixed "
                           "FSDP2 recipe with float8 linears, on fake (or cuda: _scaled_mm has "
                           "no cpu kernel for it here)")
+    if cfg.cpu_offload and cfg.parallel != Parallel.fsdp2:
+        raise ConfigError(f"workload.cpu_offload=true is FSDP2's CPUOffloadPolicy; {where} "
+                          "(DeepSpeed's offload is a ZeRO-3 emulation setting, not built)")
     if cfg.parallel == Parallel.zero3 and cfg.precision in (Precision.bf16, Precision.fp16):
         raise ConfigError(f"{where} with workload.precision={cfg.precision}: DeepSpeed keeps "
                           "fp32 master weights in its optimizer; use precision=bf16_mixed "

@@ -45,6 +45,9 @@ def prediction_table(p: dict) -> str:
         ("verdict", f"**{p['verdict']}**"),
         ("op at the peak", _peak_op(p["peak_op"])),
     ]
+    if p.get("host_peak_bytes"):
+        rows.append(("host memory (offloaded)", f"{human_bytes(p['host_peak_bytes'])} peak, "
+                                                "not in the figures above"))
     if p.get("mesh"):
         m = p["mesh"]
         rows.append(("worst rank", f"rank {p['rank']} ({m['worst_rank_role']}, "

@@ -37,6 +37,8 @@ from actors.zero3.config import Zero3Config
 log = logging.getLogger("tracefleet")
 
 PREDICTION_JSON = "prediction.json"
+# what FSDP2's CPUOffloadPolicy keeps in host memory (actors/trace/categories.py)
+OFFLOADED = ("parameters", "gradients", "optimizer_state")
 # bench_predict's target band, which every configuration is measured within (2026-12-01: max
 # |error| 0.0125); wider than that maximum because the measured peak itself moves ~1% between
 # identical runs and the GPU's allocator adds its own (conf/predict.yaml says the same).
@@ -244,6 +246,8 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
 
     name = name or f"{cfg.workload.model}_{cfg.workload.parallel}"
     zero3, capture = None, None
+    if cfg.trace.dir is None and cfg.workload.cpu_offload:  # the offloaded states: host memory
+        cfg.target.host_categories = list(OFFLOADED)
     if cfg.trace.dir is not None:
         name = "trace"
         sources, world, zero3 = _given_traces(cfg)
@@ -283,6 +287,8 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
         "breakdown_of": "the accounted peak (bytes of the storages held, by category)",
         "num_predicted_ooms": worst["num_predicted_ooms"],
         "num_alloc_retries": worst["num_alloc_retries"],
+        # host offload: the peak of what the job keeps in host memory (not in the figures)
+        "host_peak_bytes": worst["cuda_allocator"].get("host_peak_bytes", 0),
         "coverage": worst["coverage"],
         "target": figures,
         "zero3_emulation": _plain(zero3) if zero3 is not None else None,

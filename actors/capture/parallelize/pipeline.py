@@ -133,7 +133,9 @@ def pipeline_step(stages: list[LlamaStage], cfg, device: torch.device, pp_mesh, 
     pp, pp_rank = pp_mesh.size(), pp_mesh.get_local_rank()
     num_stages = pp * par.pp_stages_per_rank
     n_mb = par.pp_microbatches or pp
-    kwargs = {"mesh": fsdp_mesh, "reshard_after_forward": False}
+    from actors.capture.fsdp2 import offload_kwargs
+
+    kwargs = {"mesh": fsdp_mesh, "reshard_after_forward": False, **offload_kwargs(cfg, device)}
     if cfg.precision == "bf16_mixed":
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                                    reduce_dtype=torch.float32)
