@@ -1,7 +1,8 @@
 """Prediction benchmark: the predicted peak of a training job against its measured peak; one
 JSON line.
 
-For every configuration (small enough to run for real here, 2 ranks each):
+For every configuration (small enough to run for real here, 2 ranks each; the mesh rows 4:
+``WORLDS``):
 
 * ``measured``: the real CPU run's measured peak, max over ranks (``tracefleet-capture`` on
   cpu: ``meta.json`` memory, the CPU allocation counter over the last warm-up iteration);
@@ -36,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from actors.trace.conventions import trace_file_name  # noqa: E402
+from scripts.json_layout import EACH, emit  # noqa: E402
 from actors.replay.config import AllocationConfig, ReplayConfig  # noqa: E402
 from actors.replay.engine import ReplayEngine  # noqa: E402
 from actors.trace import load_trace  # noqa: E402
@@ -92,8 +94,22 @@ CONFIGS = {
     "deepspeed_zero3_fp32": _recipe("zero3", "fp32"),
     "deepspeed_zero3_bf16_mixed": _recipe("zero3", "bf16_mixed"),
     "custom_fsdp2_bf16_mixed": {},
+    # 2 x 2 meshes (workload.parallelism): FSDP2 on dp_shard beside tp, HSDP, cp
+    "fsdp2_tp_sp_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.tp": 2},
+    "hsdp_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.dp_replicate": 2},
+    "fsdp2_cp_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.cp": 2},
+    # FSDP2's CPUOffloadPolicy: on a CPU host and device are one memory, so the row checks
+    # the capture and the accounted total; the device / host split is tracefleet-predict's
+    "fsdp2_cpu_offload_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "cpu_offload": True},
+    # pp 2 stages x FSDP2 2: 2 micro-batches of batch_size per step
+    "pp_1f1b_fsdp2_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.pp": 2},
+    "pp_gpipe_fsdp2_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.pp": 2,
+                                  "parallelism.pp_schedule": "gpipe"},
     **ECOSYSTEM,
 }
+# rows run at another world size than WORLD
+WORLDS = {"fsdp2_tp_sp_bf16_mixed": 4, "hsdp_bf16_mixed": 4, "fsdp2_cp_bf16_mixed": 4,
+          "pp_1f1b_fsdp2_bf16_mixed": 4, "pp_gpipe_fsdp2_bf16_mixed": 4}
 # DeepSpeed's rows: the plain capture the emulation partitions (DeepSpeed's bf16 mode runs the
 # model in bf16: a pure-bf16 plain trace; its fp32 masters and moments are the layout's).
 _PLAIN = {"deepspeed_zero3_fp32": _recipe("local", "fp32"),
@@ -104,13 +120,13 @@ def _overrides(workload: dict) -> list[str]:
     return [f"workload.{k}={v}" for k, v in workload.items()]
 
 
-def _capture(workload: dict, device: str, out: Path, env: dict) -> dict:
+def _capture(workload: dict, device: str, out: Path, env: dict, world: int = WORLD) -> dict:
     """``tracefleet-capture`` into ``out``; its meta.json (a capture already in ``out``, from
     ``--keep`` of an earlier run, is reused)."""
     if (out / "meta.json").is_file():
         return json.loads((out / "meta.json").read_text())
     cmd = [sys.executable, "-m", "orchestrator.cli.capture", *_overrides(workload),
-           f"workload.device={device}", f"world_size={WORLD}", f"out_dir={out}",
+           f"workload.device={device}", f"world_size={world}", f"out_dir={out}",
            "warmup_iters=2", "timing_iters=1", f"hydra.run.dir={out}.hydra",
            "hydra.output_subdir=null"]
     proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
@@ -120,12 +136,12 @@ def _capture(workload: dict, device: str, out: Path, env: dict) -> dict:
     return json.loads((out / "meta.json").read_text())
 
 
-def _predict(folder: Path, zero3: Zero3Config | None) -> tuple[int, dict]:
+def _predict(folder: Path, zero3: Zero3Config | None, world: int = WORLD) -> tuple[int, dict]:
     """Max accounted peak over the folder's distinct rank traces (faithful dry run on meta)
     and that rank's breakdown."""
     best = (0, {})
     seen = set()
-    for rank in range(WORLD):
+    for rank in range(world):
         path = folder / trace_file_name(rank)
         data = path.read_bytes()
         if data in seen:  # fake and meta record rank 0 once for every rank
@@ -197,6 +213,17 @@ def _fsdp_mem_tracker(workload: dict, env: dict, tmp: Path) -> int | None:
     return int(text) if text else None
 
 
+# --quick: one row of each way a row is predicted, on the tiny model or the steps' own tiny
+# defaults: a built-in recipe, DeepSpeed through the ZeRO-3 emulation, a user's step (with
+# FSDPMemTracker beside it), a 2 x 2 mesh at world 4
+QUICK_CONFIGS = ["ddp_fp32", "deepspeed_zero3_fp32", "nn_transformer_encoder_fsdp2_checkpoint",
+                 "fsdp2_tp_sp_bf16_mixed"]
+# the keys of the JSON line (scripts/json_layout.py)
+KEYS = {"configs": {EACH: dict.fromkeys(("predicted", "measured", "ratio", "breakdown",
+                                         "seconds", "world_size", "fsdp_mem_tracker_ratio"))},
+        **dict.fromkeys(("world_size", "model", "max_abs_error", "target", "all_within_target"))}
+
+
 def run_config(name: str, model: dict, tmp: Path) -> dict:
     """One configuration's measured and predicted peaks."""
     custom = name.startswith("custom") or name in ECOSYSTEM
@@ -206,8 +233,9 @@ def run_config(name: str, model: dict, tmp: Path) -> dict:
     else:
         workload = dict(CUSTOM) if custom else {**model, **CONFIGS[name]}
         env = EXAMPLE_ENV if custom and model is MODEL else {}
+    world = WORLDS.get(name, WORLD)
     t0 = time.perf_counter()
-    meta = _capture(workload, "cpu", tmp / f"{name}-real", env)
+    meta = _capture(workload, "cpu", tmp / f"{name}-real", env, world)
     measured = max(r["peak_memory_bytes"] for r in meta["ranks"])
     plain = _PLAIN.get(name)
     zero3 = None
@@ -217,12 +245,14 @@ def run_config(name: str, model: dict, tmp: Path) -> dict:
         zero3 = Zero3Config(strategy="per_module", world_size=WORLD, layout="deepspeed",
                             param_persistence_threshold=ds["stage3_param_persistence_threshold"],
                             reduce_bucket_size=ds["reduce_bucket_size"])
-    _capture(workload, "fake", tmp / f"{name}-fake", env)
-    predicted, breakdown = _predict(tmp / f"{name}-fake", zero3)
+    _capture(workload, "fake", tmp / f"{name}-fake", env, world)
+    predicted, breakdown = _predict(tmp / f"{name}-fake", zero3, world)
     row = {"predicted": predicted, "measured": measured,
            "ratio": round(predicted / measured, 4), "breakdown": breakdown,
            "seconds": round(time.perf_counter() - t0, 1)}
-    if workload.get("parallel") == "fsdp2" or custom and "fsdp2" in name:
+    row["world_size"], row["fsdp_mem_tracker_ratio"] = world, None
+    # FSDPMemTracker runs FSDP2 over a 1-D mesh of WORLD ranks: not the mesh rows
+    if (workload.get("parallel") == "fsdp2" or custom and "fsdp2" in name) and name not in WORLDS:
         tracked = _fsdp_mem_tracker(workload, env, tmp)
         row["fsdp_mem_tracker_ratio"] = round(tracked / measured, 4) if tracked else None
     return row
@@ -232,11 +262,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--quick", action="store_true",
-                        help="one tiny configuration (ddp_fp32): seconds, for the smoke test")
+                        help="one tiny row of each kind (QUICK_CONFIGS): minutes, for the smoke "
+                             "test")
     parser.add_argument("--keep", help="keep the captures in this folder (and reuse those "
                         "already there: re-predicts without re-capturing)")
     args = parser.parse_args()
-    names, model = (["ddp_fp32"], TINY) if args.quick else (args.configs, MODEL)
+    names, model = (QUICK_CONFIGS, TINY) if args.quick else (args.configs, MODEL)
     tmp = Path(args.keep or tempfile.mkdtemp(prefix="bench_predict_"))
     tmp.mkdir(parents=True, exist_ok=True)
     configs = {}
@@ -244,10 +275,10 @@ def main() -> None:
         configs[name] = run_config(name, model, tmp)
         print(f"{name}: {json.dumps(configs[name])}", file=sys.stderr, flush=True)
     errors = [abs(c["ratio"] - 1) for c in configs.values()]
-    print(json.dumps({"configs": configs, "world_size": WORLD, "model": model,
-                      "max_abs_error": round(max(errors), 4), "target": TARGET,
-                      "all_within_target": all(TARGET[0] <= c["ratio"] <= TARGET[1]
-                                               for c in configs.values())}))
+    emit({"configs": configs, "world_size": WORLD, "model": model,
+          "max_abs_error": round(max(errors), 4), "target": TARGET,
+          "all_within_target": all(TARGET[0] <= c["ratio"] <= TARGET[1]
+                                   for c in configs.values())}, KEYS)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ rusage of that child, or RUSAGE_SELF inside it):
   capture cache (``predict.cache_dir`` a fresh temporary folder): capture on fake included;
 * ``predict_8b_cached_s``: the same command again, the capture now in that cache;
 * ``predict_70b_cold_s``: ``workload=llama3_70b world_size=64``, empty cache;
+* ``predict_405b_cold_s``: ``workload=llama3_405b_tp8 world_size=128`` (8-way tensor parallel
+  under FSDP2), empty cache;
 * ``dry_run_1024_s``, ``driver_rss_1024_gib``: ``tracefleet replay=dry_run`` of 1,024 rank
   traces of a 70B meta capture (scripts/bench_dry_run_scale.py, whose traces are cached in
   ``~/.cache/tracefleet/bench_dry_run/``);
@@ -47,6 +49,7 @@ from scripts.json_layout import emit  # noqa: E402
 GIB = 1 << 30
 TIMEOUT_S = 1800
 TARGETS = {"predict_8b_cold_s": 60, "predict_8b_cached_s": 10, "predict_70b_cold_s": 180,
+           "predict_405b_cold_s": 180,
            "dry_run_1024_s": 60, "driver_rss_1024_gib": 1.0, "meta_us_per_op_70b": 40,
            "fit_search_70b_s": 60}
 QUICK_LAYERS = 2  # --quick: every model cut to this many layers
@@ -59,7 +62,8 @@ KEYS = {**dict.fromkeys((
         "predicted_reserved_8b_bytes", "predict_70b_cold_s", "predict_70b_cold_cpu_s",
         "predict_70b_cold_rss_gib", "predict_70b_timings_s", "dry_run_1024_s",
         "driver_rss_1024_gib", "dry_run_num_ranks", "dry_run_num_replays", "meta_us_per_op_70b",
-        "meta_num_ops", "fit_search_70b_s")),
+        "meta_num_ops", "fit_search_70b_s", "predict_405b_cold_s", "predict_405b_cold_cpu_s",
+        "predict_405b_cold_rss_gib", "predict_405b_timings_s")),
     "targets": dict.fromkeys(TARGETS), "targets_met": dict.fromkeys(TARGETS)}
 FIT_SEARCH_KEY = "fit_search_s"  # bench_fit_search.py's figure, cached search's wall time
 # --quick: its --quick on one axis (every axis is tests/test_bench_smoke.py's own check of it)
@@ -128,7 +132,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help=f"models cut to {QUICK_LAYERS} layers, small worlds: seconds")
     parser.add_argument("--skip", nargs="*", default=[],
-                        choices=["70b", "dry_run", "meta", "fit_search"])
+                        choices=["70b", "405b", "dry_run", "meta", "fit_search"])
     parser.add_argument("--dry-run-traces", type=Path,
                         help="the 1,024 rank traces (default: bench_dry_run_scale's cache)")
     args = parser.parse_args()
@@ -159,6 +163,14 @@ def main() -> None:
                        predict_70b_cold_cpu_s=round(run["cpu_s"], 2),
                        predict_70b_cold_rss_gib=round(run["rss_gib"], 3),
                        predict_70b_timings_s=run["prediction"]["timings_s"])
+        if "405b" not in args.skip:
+            world = 16 if args.quick else 128
+            run = predict(tmp, "405b_cold", tmp / "cache-405b", "workload=llama3_405b_tp8",
+                          f"world_size={world}", "target=h100_96gb", *layers)
+            out.update(predict_405b_cold_s=round(run["s"], 2),
+                       predict_405b_cold_cpu_s=round(run["cpu_s"], 2),
+                       predict_405b_cold_rss_gib=round(run["rss_gib"], 3),
+                       predict_405b_timings_s=run["prediction"]["timings_s"])
         world = 8 if args.quick else 1024
         workload = scale.QUICK_WORKLOAD if args.quick else "llama_70b"
         traces = args.dry_run_traces or (tmp / "traces" if args.quick else

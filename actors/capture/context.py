@@ -18,7 +18,17 @@ class CaptureContext:
     # workload.device=fake: cpu, inside the fake tensor mode)
     rank: int  # this rank, 0..world_size-1 (on fake: the recorded rank, 0)
     world_size: int  # number of ranks training together (on fake: any number)
-    mesh: DeviceMesh  # 1-D, over all ranks, on device.type (FSDP2's ``mesh=``)
+    # 1-D over all ranks on device.type (FSDP2's ``mesh=``); with workload.parallelism beyond
+    # dp_shard, the job's named N-D mesh (actors/capture/mesh.py: ctx.mesh["tp"], ...)
+    mesh: DeviceMesh
+
+    def parallelizing(self):
+        """Wrap ``parallelize_module`` / ``fully_shard`` calls on an N-D mesh in it: on fake they
+        slice the mesh, which must run outside the fake tensor mode (``aten.nonzero`` has no
+        fake kernel); the parameters stay fake. Nothing on a real device."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        return unset_fake_temporarily()
 
 
 @dataclass

@@ -18,6 +18,16 @@ import torch.nn as nn
 from actors.capture.data_parallel import micro_batch_loss
 
 
+def offload_kwargs(cfg, device: torch.device) -> dict:
+    """``fully_shard``'s ``offload_policy`` for workload.cpu_offload (pinned host memory only
+    beside a GPU), else nothing."""
+    if not getattr(cfg, "cpu_offload", False):
+        return {}
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    return {"offload_policy": CPUOffloadPolicy(pin_memory=device.type == "cuda")}
+
+
 def fsdp2_step(model: nn.Module, cfg, blocks: nn.ModuleList, device: torch.device,
                world_size: int, mesh=None):
     """Shard ``model`` in place; ``step(batch)``: micro-batches' forward and backward, AdamW."""
@@ -26,7 +36,7 @@ def fsdp2_step(model: nn.Module, cfg, blocks: nn.ModuleList, device: torch.devic
 
     if mesh is None:
         mesh = init_device_mesh(device.type, (world_size,))
-    kwargs = {"mesh": mesh}
+    kwargs = {"mesh": mesh, **offload_kwargs(cfg, device)}
     if cfg.precision == "bf16_mixed":
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                                    reduce_dtype=torch.float32)

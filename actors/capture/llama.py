@@ -57,6 +57,8 @@ class GQAttention(nn.Module):
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.head_dim = dim // n_heads
         self.attention = attention
+        # context parallel's ring attention (actors/capture/parallelize/context_parallel.py)
+        self.context_parallel = None
         self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
@@ -64,12 +66,16 @@ class GQAttention(nn.Module):
 
     def forward(self, x, cos, sin):
         b, t, _ = x.shape
-        q = self.wq(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        # -1 heads: under tensor parallel each rank holds n_heads / tp of them
+        q = self.wq(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, t, -1, self.head_dim).transpose(1, 2)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         n_rep = self.n_heads // self.n_kv_heads
-        y = causal_attention(q, _repeat_kv(k, n_rep), _repeat_kv(v, n_rep), self.attention)
+        if self.context_parallel is None:
+            y = causal_attention(q, _repeat_kv(k, n_rep), _repeat_kv(v, n_rep), self.attention)
+        else:
+            y = self.context_parallel(q, _repeat_kv(k, n_rep), _repeat_kv(v, n_rep))
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
 

@@ -116,7 +116,13 @@ def run_meta_capture(cfg: dict, out_dir: str, world_size: int,
                      num_files: int | None = None) -> list[dict]:
     """Capture ranks 0..world_size-1 of a meta or fake workload into out_dir; their facts in
     rank order (``cfg`` as :func:`actors.capture.worker.run_capture` reads it). ``num_files``
-    writes only the first ranks' files (the rest would be copies of rank 0's)."""
+    writes only the first ranks' files (the rest would be copies of rank 0's). A job on an
+    N-D mesh records one rank per role instead (actors/capture/mesh_world.py)."""
+    wl = workload_config(cfg)
+    if not wl.parallelism.is_one_dim() or wl.float8:  # tensor subclasses: see mesh_world
+        from actors.capture.mesh_world import run_mesh_capture
+
+        return run_mesh_capture(cfg, out_dir, world_size, num_files)
     os.makedirs(out_dir, exist_ok=True)
     start = time.perf_counter()
     # The fake mode and autograd make millions of short-lived objects, few in cycles: left on,

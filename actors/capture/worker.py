@@ -29,7 +29,8 @@ from actors.trace.conventions import kineto_file_name, trace_file_name
 from actors.capture.memory import MemoryMeter
 from actors.capture.profiler_cost import profiler_op_cost
 from actors.capture.recorder import profiler_activities, record_iteration
-from actors.capture.context import Workload, world_mesh
+from actors.capture.context import Workload
+from actors.capture.mesh import build_mesh
 from actors.capture.workloads import WorkloadConfig, build_workload
 from actors.errors import ConfigError
 from actors.machine import machine_info
@@ -91,7 +92,8 @@ def run_capture(cfg: Mapping, out_dir: str) -> dict:
                             world_size=world_size,
                             timeout=timedelta(seconds=float(cfg.get("dist_timeout_s", 300))))
     try:
-        mesh = world_mesh(device.type, world_size)  # reuses the default group: no new one
+        # 1-D: reuses the default group, no new one; N-D: workload.parallelism's mesh
+        mesh = build_mesh(device.type, wl_cfg.parallelism, world_size)
         meter = MemoryMeter(device)
         meter.start()
         try:
@@ -107,7 +109,10 @@ def run_capture(cfg: Mapping, out_dir: str) -> dict:
         recorded = record_iteration(
             workload.step, workload.next_batch(), workload.model,
             step_index=warmup_iters + timing_iters, out_path=path,
-            module_backward=bool(cfg.get("module_backward_ranges", True)), kineto_path=kineto)
+            module_backward=bool(cfg.get("module_backward_ranges", True)), kineto_path=kineto,
+            # the observer reads an integral tensor's range with .item(), which a DTensor (tp's
+            # embedding input) refuses: the observer would stop recording there
+            tensor_ranges=wl_cfg.parallelism.is_one_dim())
         dist.barrier()
     finally:
         dist.destroy_process_group()

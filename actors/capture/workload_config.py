@@ -10,6 +10,7 @@ import torch
 
 from actors.capture.attention import Attention
 from actors.capture.checkpointing import ActivationCheckpointing
+from actors.capture.mesh import ParallelismConfig
 from actors.choices import Choice
 from actors.errors import ConfigError
 from actors.zero3.config import Zero3Config
@@ -92,6 +93,18 @@ class WorkloadConfig:
     entrypoint: str = ""
     # ddp, fsdp2, zero3 or local (no gradient communication).
     parallel: Parallel = Parallel.ddp
+    # The device mesh (torchtitan's degrees: dp_replicate, dp_shard, tp, pp, cp, ep; their
+    # product is world_size, dp_shard=-1 the rest): actors/capture/mesh.py. The default, only
+    # dp_shard, is the 1-D data-parallel job every recipe ran before.
+    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
+    # torchao float8 training: the Linears but the output as Float8Linear (tensorwise dynamic
+    # scaling), and FSDP2's all-gathers in float8 (actors/capture/parallelize/float8.py;
+    # torchtitan's float8 converter). Needs fsdp2, bf16_mixed and the fake device (or cuda).
+    float8: bool = False
+    # fsdp2: FSDP2's CPUOffloadPolicy (torchtitan's training.enable_cpu_offload): parameter
+    # shards, their gradients and the optimizer state (and its step) in host memory.
+    # tracefleet-predict counts those storages as host bytes, not the GPU's.
+    cpu_offload: bool = False
     # fp32, bf16 (pure), fp16 (pure) or bf16_mixed (bf16 compute, fp32 masters and reduction).
     precision: Precision = Precision.fp32
     # none, full, selective_layer (every ac_every-th block) or selective_op (docs/capture.md).
@@ -169,6 +182,8 @@ class WorkloadConfig:
     def __post_init__(self):
         if isinstance(self.zero3_emulation, dict):  # rebuilt from asdict (meta.json, ranks)
             self.zero3_emulation = Zero3Config(**self.zero3_emulation)
+        if isinstance(self.parallelism, dict):
+            self.parallelism = ParallelismConfig(**self.parallelism)
         self.model = ModelName.coerce(self.model, "workload.model")
         self.parallel = Parallel.coerce(self.parallel, "workload.parallel")
         self.precision = Precision.coerce(self.precision, "workload.precision")
@@ -265,6 +280,15 @@ def _validate_recipe(cfg: WorkloadConfig) -> None:
             raise ConfigError("workload.precision=bf16_mixed runs under torch.autocast, which "
                               "has no meta backend (a meta trace would run in float32); use "
                               "workload.device=fake, or precision=bf16 for pure bf16")
+    if cfg.float8 and (cfg.parallel != Parallel.fsdp2 or cfg.precision != Precision.bf16_mixed
+                       or cfg.device not in (WorkloadDevice.fake, WorkloadDevice.cuda)):
+        raise ConfigError(f"workload.float8=true with {where}, precision={cfg.precision}, "
+                          f"device={cfg.device}: float8 training is torchtitan's bf16_mixed "
+                          "FSDP2 recipe with float8 linears, on fake (or cuda: _scaled_mm has "
+                          "no cpu kernel for it here)")
+    if cfg.cpu_offload and cfg.parallel != Parallel.fsdp2:
+        raise ConfigError(f"workload.cpu_offload=true is FSDP2's CPUOffloadPolicy; {where} "
+                          "(DeepSpeed's offload is a ZeRO-3 emulation setting, not built)")
     if cfg.parallel == Parallel.zero3 and cfg.precision in (Precision.bf16, Precision.fp16):
         raise ConfigError(f"{where} with workload.precision={cfg.precision}: DeepSpeed keeps "
                           "fp32 master weights in its optimizer; use precision=bf16_mixed "

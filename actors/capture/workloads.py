@@ -17,6 +17,7 @@ from actors.capture.checkpointing import apply_activation_checkpointing
 from actors.capture.context import Workload
 from actors.capture.gpt import GPT, Block
 from actors.capture.llama import Llama, TransformerBlock
+from actors.capture.mesh import batch_rows, dp_index, validate_parallelism
 from actors.capture.workload_config import (PARAM_DTYPES, ModelName, Parallel, WorkloadConfig,
                                             WorkloadDevice,
                                             ffn_dim_of, validate)
@@ -45,9 +46,11 @@ def build_workload(cfg: WorkloadConfig, rank: int, world_size: int,
 
     torch.distributed must be initialized unless ``cfg.parallel`` is local. ``mesh``: fsdp2's
     1-D DeviceMesh over all ranks (None: made here with ``init_device_mesh``; pass one made
-    outside a FakeTensorMode, where making it fails).
+    outside a FakeTensorMode, where making it fails), or the N-D mesh of
+    ``cfg.parallelism`` (actors/capture/mesh.py's ``build_mesh``; required then).
     """
     validate(cfg)
+    validate_parallelism(cfg, world_size)
     device = device or torch.device("cpu" if cfg.device == WorkloadDevice.fake else str(cfg.device))
     if cfg.model == ModelName.custom:
         from actors.capture.context import CaptureContext
@@ -61,15 +64,23 @@ def build_workload(cfg: WorkloadConfig, rank: int, world_size: int,
     if cfg.parallel != Parallel.zero3:  # DeepSpeed casts the model itself in bf16 mode
         model = model.to(PARAM_DTYPES[cfg.precision])
     num_params = sum(p.numel() for p in model.parameters())
+    if cfg.float8:  # a converter on the built model, before parallelizing it (torchtitan's)
+        from actors.capture.parallelize.float8 import apply_float8
+
+        apply_float8(model, fsdp=cfg.parallel == Parallel.fsdp2)
     apply_activation_checkpointing(blocks_of(model), cfg.activation_checkpointing, cfg.ac_every)
     info = {}
-    gen = torch.Generator().manual_seed(cfg.seed + 1 + rank)
+    # ranks that split one model replica's work (tp, cp, pp peers) read the same data
+    gen = torch.Generator().manual_seed(cfg.seed + 1 + dp_index(cfg.parallelism, world_size,
+                                                                rank))
+
+    rows = batch_rows(cfg.parallelism, world_size, cfg.batch_size)
 
     def micro_batch():
         if device.type == "meta":  # no values to draw
-            idx = torch.empty(cfg.batch_size, cfg.seq_len, dtype=torch.long, device=device)
+            idx = torch.empty(rows, cfg.seq_len, dtype=torch.long, device=device)
             return idx, torch.empty_like(idx)
-        seq = torch.randint(0, cfg.vocab, (cfg.batch_size, cfg.seq_len + 1), generator=gen)
+        seq = torch.randint(0, cfg.vocab, (rows, cfg.seq_len + 1), generator=gen)
         return seq[:, :-1].contiguous().to(device), seq[:, 1:].contiguous().to(device)
 
     def next_batch():
@@ -79,6 +90,12 @@ def build_workload(cfg: WorkloadConfig, rank: int, world_size: int,
         from actors.capture.zero3 import zero3_step
 
         step, info = zero3_step(model, cfg, block_class)
+    elif not cfg.parallelism.is_one_dim():
+        from actors.capture.parallelize.recipe import mesh_step
+
+        assert mesh is not None, "the caller builds the N-D mesh (actors/capture/mesh.py)"
+        step = mesh_step(model, cfg, blocks_of(model), device, world_size, mesh)
+        model = step.model  # with pp: this rank's stages only
     elif cfg.parallel == Parallel.fsdp2:
         from actors.capture.fsdp2 import fsdp2_step
 

@@ -96,7 +96,7 @@ def _convert(value_arg: Arg, schema_type: str, device: torch.device):
 
 def compile_step(op: Op, device: torch.device, mode: str) -> Step:
     """Resolve one op and build its argument template."""
-    if op.collective is not None:
+    if op.collective is not None and not standins.stands_in_for_collective(op, device, mode):
         return Step(op, "collective") if mode != "compute" else Step(op, "skip", "out of scope")
     if mode == "comms":
         return Step(op, "skip", "out of scope")

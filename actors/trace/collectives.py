@@ -5,7 +5,9 @@
   only positional inputs before that). It is usually the child of a ``c10d::*`` op.
 * gloo traces: only the ``c10d::*`` op exists, with the group shown as ``"<Object>"``; the
   sizes come from its tensor arguments, named by the op schema.
-* functional collectives (``_c10d_functional::*``) name their group as a string argument.
+* functional collectives (``_c10d_functional::*``) name their group as a string argument;
+  so do ``c10d::*`` ops of an N-D mesh captured on fake, whose ProcessGroup argument the
+  capture wrote as the group's name (actors/capture/group_names.py).
 """
 from __future__ import annotations
 
@@ -119,7 +121,7 @@ def from_c10d(name: str, arg_names: list[str], inputs: tuple, outputs: tuple = (
     kind = C10D_KINDS[name]
     functional = name.startswith("_c10d_functional::")
     by_name = dict(zip(arg_names, inputs))
-    group = by_name.get("group_name")
+    group = by_name.get("group_name") or by_name.get("process_group")
     pg_name = group.value if group is not None and group.kind == "str" else None
     if kind == "wait":  # completes a call; carries no message of its own (as record_param_comms)
         return Collective(kind, pg_name=pg_name, source="functional" if functional else "c10d")
@@ -135,7 +137,9 @@ def from_c10d(name: str, arg_names: list[str], inputs: tuple, outputs: tuple = (
     group_size = _int_value(by_name["group_size"]) if "group_size" in by_name else None
     # On a non-root rank, scatter's input list is empty: the dtype is then the output's.
     dtype = _first_dtype(ins[:1]) or _first_dtype(outs[:1]) or _first_dtype(outputs)
-    async_op = True if functional else _async_arg(by_name)
+    # point-to-point calls run async: pipelining posts them as isend/irecv in batches, and a
+    # replay that waited for each send could block on a peer still posting its own send
+    async_op = True if functional or kind in ("send", "recv") else _async_arg(by_name)
     return Collective(kind, pg_name=pg_name, dtype=dtype,
                       in_nelems=in_nelems, out_nelems=out_nelems,
                       in_splits=splits["input_split_sizes"], out_splits=splits["output_split_sizes"],

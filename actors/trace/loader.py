@@ -194,6 +194,7 @@ def _build_ops(path, nodes: list, flat: bool) -> "_Built":
     lost: dict[int, int] = {}  # node id -> the never-written range above it (orphans)
     lost_ops: dict[int, int] = {}  # the same, for selected ops
     freed_marks: list = []
+    unwrapped: set[int] = set()  # ids of wrapper ops dropped for their subclass's local ops
     schema_of = OpSchemaReader(flat)
     for raw in nodes:
         try:
@@ -253,8 +254,12 @@ def _build_ops(path, nodes: list, flat: bool) -> "_Built":
             ctx[nid] = (_IN_FUNCTIONAL if name in coll.FUNCTIONAL_CALLS else max(enclosing, _IN_OP),
                         step, module)
             continue
-        if name == SUBCLASS and parent in selected:
-            selected.pop(parent)[0] = None  # the wrapper op: its local ops replace it
+        # the wrapper op is replaced by its local ops; a composite op may run several
+        # subclass calls (actors/capture/subclass_frames.py hangs them under it)
+        if name == SUBCLASS and (parent in selected or parent in unwrapped):
+            if parent in selected:
+                selected.pop(parent)[0] = None
+                unwrapped.add(parent)
             ctx[nid] = (_FREE, step, module)
             continue
         if name.startswith(STEP_PREFIX) and step < 0:

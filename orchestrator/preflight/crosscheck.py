@@ -10,6 +10,10 @@ collectives run on the default group "0" unless ``group_map`` says otherwise:
 over "*"). When the tables hold groups of different memberships and no ``group_map`` is
 given, the check refuses: the mapping cannot be guessed.
 
+Sends and receives (pipeline parallel) are not a group's sequence: each rank's sends to a
+peer, in order, must be that peer's receives from it, in order, one for one in size and dtype
+(`check_point_to_point`).
+
 Every check raises ConfigError naming the ranks, the group and the position.
 """
 from __future__ import annotations
@@ -35,6 +39,7 @@ def cross_check(sigs: dict[int, RankSignature], sources: dict[int, TraceSource],
     present = {name: tuple(r for r in m if r in sigs) for name, m in full.items()}
     _check_group_map(group_map, full, sigs)
     _check_membership(sigs, full)
+    check_point_to_point(sigs)
     counts = {}
     for name, ranks in present.items():
         if not ranks:
@@ -121,3 +126,35 @@ def _check_splits(name, ranks, sigs) -> None:
                         f"process group {name!r}: collective #{pos}: rank {ranks[i]} sends "
                         f"{calls[i][2][j]} to rank {ranks[j]} (node {calls[i][1]}), which "
                         f"expects {calls[j][3][i]} (node {calls[j][1]})")
+
+
+def check_point_to_point(sigs: dict[int, RankSignature]) -> None:
+    """Pair every send with its receive (ranks of ``sigs`` only); ConfigError naming the first
+    one without its match."""
+    sends: dict[tuple[int, int], list] = {}
+    recvs: dict[tuple[int, int], list] = {}
+    for rank, sig in sigs.items():
+        for kind, peer, dtype, nelems, node in sig.p2p:
+            if kind == "send":
+                sends.setdefault((rank, peer), []).append((dtype, nelems, node))
+            else:
+                recvs.setdefault((peer, rank), []).append((dtype, nelems, node))
+    for src, dst in sorted(set(sends) | set(recvs)):
+        if src not in sigs or dst not in sigs:
+            continue  # a subset replay: the peer's trace is not here
+        out, got = sends.get((src, dst), []), recvs.get((src, dst), [])
+        for i, (s, r) in enumerate(zip(out, got)):
+            if s[:2] != r[:2]:
+                raise ConfigError(f"send #{i} from rank {src} to rank {dst} (node {s[2]}: "
+                                  f"{s[1]} {s[0]}) does not match rank {dst}'s receive #{i} "
+                                  f"from rank {src} (node {r[2]}: {r[1]} {r[0]})")
+        if len(out) != len(got):
+            if len(out) > len(got):
+                s = out[len(got)]
+                raise ConfigError(f"send #{len(got)} from rank {src} to rank {dst} (node "
+                                  f"{s[2]}: {s[1]} {s[0]}) has no receive on rank {dst}, "
+                                  f"which receives {len(got)} from rank {src}")
+            r = got[len(out)]
+            raise ConfigError(f"receive #{len(out)} on rank {dst} from rank {src} (node "
+                              f"{r[2]}: {r[1]} {r[0]}) has no send on rank {src}, which sends "
+                              f"{len(out)} to rank {dst}")

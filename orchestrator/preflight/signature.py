@@ -61,6 +61,8 @@ class RankSignature:
     process_groups: list[ProcessGroupInfo]
     groups: dict[str, GroupSequence]  # resolved group name -> its sequence
     unnamed: bool  # some call's trace does not name its group (gloo), so group_map decides
+    # point-to-point calls in order: (kind, peer global rank, dtype, elements, node id)
+    p2p: list[tuple] = field(default_factory=list)
 
     @property
     def recorded_world_size(self) -> int | None:
@@ -92,7 +94,23 @@ def reduce_trace(trace: Trace, rank: int, group_map: dict | None) -> RankSignatu
         groups[name] = seq
     unnamed = any(op.collective.pg_name is None and op.collective.kind != "wait"
                   for op in trace.collectives)
-    return RankSignature(rank, trace.path, list(trace.process_groups), groups, unnamed)
+    return RankSignature(rank, trace.path, list(trace.process_groups), groups, unnamed,
+                         _p2p(trace, group_map))
+
+
+def _p2p(trace: Trace, group_map: dict | None) -> list[tuple]:
+    """The rank's sends and receives in order, their peers as global ranks (a call records
+    its peer's rank in the call's group)."""
+    members = {g.name: sorted(g.ranks) for g in trace.process_groups if g.ranks}
+    out = []
+    for op in trace.collectives:
+        c = op.collective
+        if c.kind in ("send", "recv"):
+            ranks = members.get(resolve_pg_name(c, group_map))
+            peer = c.root if ranks is None or c.root is None or c.root >= len(ranks) \
+                else ranks[c.root]
+            out.append((c.kind, peer, c.dtype, c.in_nelems or c.out_nelems, op.node_id))
+    return out
 
 
 def rank_signature(source: TraceSource, rank: int, group_map: dict | None) -> RankSignature:

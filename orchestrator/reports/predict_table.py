@@ -18,7 +18,8 @@ def _job_line(p: dict) -> str:
     if p.get("zero3_emulation"):
         z = p["zero3_emulation"]
         what += f", ZeRO-3 emulated ({z['strategy']}, layout {z['layout']})"
-    return f"{what} on {p['world_size']} x {t['name']}"
+    mesh = f", mesh {p['mesh']['description']}" if p.get("mesh") else ""
+    return f"{what}{mesh} on {p['world_size']} x {t['name']}"
 
 
 def _peak_op(op: dict | None) -> str:
@@ -47,6 +48,17 @@ def prediction_table(p: dict) -> str:
         ("verdict", f"**{p['verdict']}**"),
         ("op at the peak", _peak_op(p["peak_op"])),
     ]
+    if p.get("host_peak_bytes"):
+        rows.append(("host memory (offloaded)", f"{human_bytes(p['host_peak_bytes'])} peak, "
+                                                "not in the figures above"))
+    if p.get("mesh"):
+        m = p["mesh"]
+        rows.append(("worst rank", f"rank {p['rank']} ({m['worst_rank_role']}, "
+                                   f"{m['ranks_per_role'][m['worst_rank_role']]} rank(s) alike)"))
+        if len(p.get("per_role") or ()) > 1:  # pipeline stages, cp ranks: each role's peak
+            rows += [(f"reserved peak*: {role}",
+                      f"{human_bytes(f['predicted_reserved_peak_bytes'])} (rank {f['rank']})")
+                     for role, f in p["per_role"].items()]
     total = sum(p["breakdown"].values()) or 1
     rows += [(f"peak: {name}", f"{human_bytes(b)} ({100 * b / total:.0f}%)")
              for name, b in sorted(p["breakdown"].items(), key=lambda kv: -kv[1]) if b]

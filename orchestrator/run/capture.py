@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from hydra.core.config_store import ConfigStore
 
 from actors.trace.conventions import kineto_file_name, trace_file_name
+from actors.capture.mesh import validate_parallelism
 from actors.trace.model import MAX_WORLD_SIZE
 from actors.capture.workload_config import WorkloadConfig, validate as validate_workload
 from actors.errors import ConfigError, TracefleetError
@@ -72,6 +73,7 @@ class CaptureConfig:
         entrypoint is resolved (a file made absolute) and its function looked up here."""
         check_world_size(self.world_size)
         validate_workload(self.workload)
+        validate_parallelism(self.workload, self.world_size)
         if self.workload.model == "custom":
             from actors.capture.custom import load_build, resolve_entrypoint
 
@@ -257,7 +259,7 @@ def build_meta(cfg: CaptureConfig, ranks: list[dict], out_dir: str, wall_s: floa
                    "profiler_op_cost_s": (r.get("profiler_cost") or {}).get("profiler_op_cost_s"),
                    "profiler_cost": r.get("profiler_cost")} for r in ranks],
     }
-    for key in ("deepspeed_version", "shm_comm_op", "ds_config", "entrypoint"):
+    for key in ("deepspeed_version", "shm_comm_op", "ds_config", "entrypoint", "mesh"):
         if key in first:
             meta[key] = first[key]
     if "recorded_as_rank" in first:  # meta/fake: one rank recorded, its trace written for all

@@ -1,5 +1,6 @@
 """``tracefleet-predict experiment=fit_search``: the largest local batch, the longest sequence,
-the fewest GPUs and the cheapest activation checkpointing that still ``fits`` the target.
+the fewest GPUs, the cheapest activation checkpointing and (when asked) the cheapest mesh
+layout (orchestrator/studies/fit_layout.py) that still ``fits`` the target.
 
 One axis at a time, the others at the composed job's values. Every probe is one prediction
 (orchestrator/predict.py ``predict``: the capture on meta/fake cached by the config's hash, the
@@ -47,6 +48,8 @@ class AxisAnswer:
     num_probes: int
     reason: str | None  # why the answer is not a proven boundary, None when it is
     probes: list[dict] = field(default_factory=list)  # the probe records, in probe order
+    # the layout axis: every cheaper layout, with why it does not fit (fit_layout.py)
+    others: list[dict] = field(default_factory=list)
 
 
 def gallop_bisect(values: Sequence, start: int, fits: Callable[[object], bool],
@@ -103,11 +106,16 @@ class _Prober:
             except ConfigError as e:
                 raise ConfigError(f"fit_search: the job itself: {e}") from None
 
-    def fits(self, axis: Axis, value, probes: list[dict]) -> bool:
-        """Whether ``value`` on ``axis`` fits with the verdict's margin (recorded in ``probes``)."""
+    def fits(self, axis: Axis, value, probes: list[dict], label: str | None = None) -> bool:
+        """Whether ``value`` on ``axis`` fits with the verdict's margin (recorded in ``probes``;
+        ``label`` names the value there: a layout's degrees)."""
         cfg = copy.deepcopy(self.cfg)
         if axis == Axis.world_size:
             cfg.world_size = value
+        elif axis == Axis.layout:
+            from orchestrator.studies.fit_layout import with_layout
+
+            cfg = with_layout(cfg, value)
         else:
             setattr(cfg.workload, str(axis), value)
         t0 = time.perf_counter()
@@ -120,7 +128,8 @@ class _Prober:
             except ConfigError as e:
                 raise ConfigError(f"fit_search {axis}={value}: {e}") from None
         p = self.done[job]
-        record = {"axis": str(axis), "value": value, "verdict": p["verdict"],
+        record = {"axis": str(axis), "value": value if label is None else label,
+                  "verdict": p["verdict"],
                   "predicted_allocated_peak_bytes": p["predicted_allocated_peak_bytes"],
                   "predicted_reserved_peak_bytes": p["predicted_reserved_peak_bytes"],
                   "usable_capacity_bytes": p["usable_capacity_bytes"],
@@ -134,9 +143,12 @@ class _Prober:
 
 
 def _job_key(cfg: FitSearchRunConfig) -> tuple:
-    """What tells one probed job from another: (batch, seq, world size, AC)."""
+    """What tells one probed job from another: (batch, seq, world size, AC, mesh)."""
     wl = cfg.workload
-    return wl.batch_size, wl.seq_len, cfg.world_size, str(wl.activation_checkpointing)
+    par = wl.parallelism
+    mesh = (par.dp_replicate, par.tp, par.pp, par.cp, par.ep, str(par.pp_schedule),
+            par.pp_microbatches, par.pp_stages_per_rank)
+    return wl.batch_size, wl.seq_len, cfg.world_size, str(wl.activation_checkpointing), mesh
 
 
 def _as_predict_config(cfg: FitSearchRunConfig) -> PredictConfig:
@@ -163,6 +175,10 @@ def search_axis(cfg: FitSearchRunConfig, axis: Axis, prober: _Prober) -> AxisAns
     """One axis' search (see the module doc)."""
     probes: list[dict] = []
     max_probes = cfg.fit_search.max_probes
+    if axis == Axis.layout:
+        from orchestrator.studies.fit_layout import search_layout
+
+        return search_layout(cfg, prober)
     if axis == Axis.activation_checkpointing:
         for level in AC_ORDER[:max_probes]:
             if prober.fits(axis, level, probes):

@@ -30,6 +30,9 @@ class Axis(Choice):
     seq_len = "seq_len"  # the longest sequence (workload.seq_len, a multiple of seq_len_step)
     world_size = "world_size"  # the fewest GPUs (world_size among world_sizes)
     activation_checkpointing = "activation_checkpointing"  # the cheapest AC level that fits
+    # on world_size GPUs, the cheapest mesh (tp, pp, cp; dp_shard the rest) that fits
+    # (orchestrator/studies/fit_layout.py); not searched unless named in fit_search.axes
+    layout = "layout"
 
 
 @dataclass
@@ -39,7 +42,7 @@ class FitSearchConfig:
     workload's (and world_size's) values."""
 
     # Axes searched, in this order (each from the composed job, not from another axis' answer).
-    axes: list[Axis] = field(default_factory=lambda: list(Axis))
+    axes: list[Axis] = field(default_factory=lambda: [a for a in Axis if a != Axis.layout])
     # Largest local batch probed; the search doubles from workload.batch_size up to it, then
     # bisects between the last value that fits and the first that does not.
     max_batch_size: int = 64
@@ -53,6 +56,12 @@ class FitSearchConfig:
     world_sizes: list[int] = field(default_factory=list)
     # Bound on the predictions of one axis (a search stopped by it says so in its answer).
     max_probes: int = 12
+    # The layout axis' candidate degrees: every (tp, pp, cp) of these whose product divides
+    # world_size, walked cheapest first (fit_layout.py); tp up to a node's 8 GPUs, cp for long
+    # sequences only by default.
+    layout_tp: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    layout_pp: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    layout_cp: list[int] = field(default_factory=lambda: [1])
     # Processes searching axes side by side (each axis is a sequential search; the axes are
     # independent). 1: one after another in this process. Each worker imports torch once
     # (~2 s) and holds one trace at a time.
@@ -70,9 +79,16 @@ class FitSearchConfig:
         if self.max_seq_len < self.seq_len_step:
             raise ConfigError(f"{key}.max_seq_len={self.max_seq_len} is below "
                               f"{key}.seq_len_step={self.seq_len_step}: no sequence to probe")
+        for name in ("layout_tp", "layout_pp", "layout_cp"):
+            if not getattr(self, name) or min(getattr(self, name)) < 1:
+                raise ConfigError(f"{key}.{name}={list(getattr(self, name))}: expected one or "
+                                  "more degrees >= 1")
         bad = [w for w in self.world_sizes if w < 1]
         if bad:
             raise ConfigError(f"{key}.world_sizes={list(self.world_sizes)}: {bad} not >= 1")
+        if Axis.layout in self.axes and world_size is None:
+            raise ConfigError(f"{key}.axes has layout but world_size is null: the layout search "
+                              "splits the job's world_size=N GPUs")
         if Axis.world_size in self.axes and world_size is None:
             raise ConfigError(f"{key}.axes has world_size but world_size is null: the fewest-GPU "
                               "search starts from the job's world_size=N")

@@ -23,7 +23,8 @@ PROBE = RowKind.fit_search_probe.value  # the kind of a probe's results row
 # the command-line key of each axis (a row carries its value under that column)
 OVERRIDE_KEYS = {"batch_size": "workload.batch_size", "seq_len": "workload.seq_len",
                  "world_size": "world_size",
-                 "activation_checkpointing": "workload.activation_checkpointing"}
+                 "activation_checkpointing": "workload.activation_checkpointing",
+                 "layout": "workload.parallelism"}
 VERDICT_COLORS = {"fits": "#2ca02c", "too_close": "#ff9f0e", "oom": "#c51b7d"}
 
 
@@ -53,11 +54,15 @@ class FitSearchRecorder:
         summary = {
             "answers": {a.axis: {"best": a.best, "first_failing": a.first_failing,
                                  "num_probes": a.num_probes, "reason": a.reason,
-                                 "plot": _plot_name(a.axis)} for a in answers},
+                                 "plot": _plot_name(a.axis),
+                                 **({"others": a.others} if a.others else {})}
+                        for a in answers},
             "job": {"world_size": self.cfg.world_size, "target": str(self.cfg.target.name),
                     "batch_size": self.cfg.workload.batch_size,
                     "seq_len": self.cfg.workload.seq_len,
-                    "activation_checkpointing": str(self.cfg.workload.activation_checkpointing)},
+                    "activation_checkpointing": str(self.cfg.workload.activation_checkpointing),
+                    "layout": self.cfg.workload.parallelism.describe(self.cfg.world_size)
+                    if self.cfg.world_size else None},
             "fit_search": orjson.loads(orjson.dumps(asdict(self.cfg.fit_search), default=str)),
             "error_band": self.cfg.predict.error_band,
             "num_probes": sum(a.num_probes for a in answers),
@@ -93,6 +98,8 @@ def print_answers(summary: dict) -> None:
                       "-" if a["first_failing"] is None else str(a["first_failing"]),
                       str(a["num_probes"]), a["reason"] or "")
     Console(width=120).print(table)
+    for other in summary["answers"].get("layout", {}).get("others", ()):
+        print(f"fit_search layout {other['layout']}: {other['verdict']}: {other['reason']}")
     print(f"fit_search: {summary['num_probes']} probes ({summary['num_predictions']} "
           f"predictions) in {summary['total_s']:.1f} s")
 
@@ -107,6 +114,9 @@ def plot_axis(axis: str, probes: list[dict], path: Path) -> bool:
         order = [str(level) for level in AC_ORDER]
         probes = sorted(probes, key=lambda p: order.index(str(p["value"])))
         xs = [order.index(str(p["value"])) for p in probes]
+    elif axis == "layout":  # cheapest first, as probed
+        order = [str(p["value"]) for p in probes]
+        xs = list(range(len(order)))
     else:
         probes = sorted(probes, key=lambda p: p["value"])
         xs = [p["value"] for p in probes]
@@ -127,8 +137,8 @@ def plot_axis(axis: str, probes: list[dict], path: Path) -> bool:
     ax.axhline(usable / scale, color="black", label="usable capacity")
     ax.axhspan(usable / scale / (1 + band), usable / scale, color="#ff9f0e", alpha=0.15,
                label="too_close zone")
-    if axis == "activation_checkpointing":
-        ax.set_xticks(range(len(order)), order)
+    if axis in ("activation_checkpointing", "layout"):
+        ax.set_xticks(range(len(order)), order, rotation=20 if axis == "layout" else 0)
     else:
         if max(xs) > 4 * min(xs):
             ax.set_xscale("log", base=2)

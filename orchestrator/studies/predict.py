@@ -21,6 +21,7 @@ from pathlib import Path
 
 import orjson
 
+from actors.capture.mesh import validate_parallelism
 from actors.capture.workload_config import (ModelName, Parallel, Precision, WorkloadConfig,
                                             WorkloadDevice, validate as validate_workload)
 from actors.choices import Choice
@@ -31,11 +32,15 @@ from actors.replay.memory.model_recording import TIMELINE_KEY, pop_snapshot
 from actors.replay.memory.snapshot import write_snapshots
 from actors.replay.memory.target import TargetConfig, TargetName
 from orchestrator.status import ANSWERED
+from orchestrator.reports.predict_timelines import per_role, write_timelines
+from orchestrator.studies.predict_mesh import mesh_facts, ranks_per_trace, roles_of
 from actors.zero3.config import Zero3Config
 
 log = logging.getLogger("tracefleet")
 
 PREDICTION_JSON = "prediction.json"
+# what FSDP2's CPUOffloadPolicy keeps in host memory (actors/trace/categories.py)
+OFFLOADED = ("parameters", "gradients", "optimizer_state")
 # bench_predict's target band, which every configuration is measured within (2026-12-01: max
 # |error| 0.0125); wider than that maximum because the measured peak itself moves ~1% between
 # identical runs and the GPU's allocator adds its own (conf/predict.yaml says the same).
@@ -139,6 +144,7 @@ class PredictConfig:
             if self.world_size is None:
                 raise ConfigError("world_size=N is required: the job's number of GPUs")
             validate_workload(capture_workload(self.workload))
+            validate_parallelism(self.workload, self.world_size)
         parse_bytes(self.trace.max_decompressed_bytes, "trace.max_decompressed_bytes")
 
 
@@ -258,6 +264,8 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
 
     name = name or f"{cfg.workload.model}_{cfg.workload.parallel}"
     zero3, capture = None, None
+    if cfg.trace.dir is None and cfg.workload.cpu_offload:  # the offloaded states: host memory
+        cfg.target.host_categories = list(OFFLOADED)
     if cfg.trace.dir is not None:
         name = "trace"
         sources, world, zero3 = _given_traces(cfg)
@@ -279,6 +287,7 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
     reserved, usable = worst["predicted_reserved_peak_bytes"], figures["usable_capacity_bytes"]
     headroom = usable - reserved
     band = cfg.predict.error_band
+    mesh = mesh_facts(capture["dir"], worst["rank"]) if capture else None
     result = {
         "predicted_allocated_peak_bytes": worst["predicted_allocated_peak_bytes"],
         "predicted_reserved_peak_bytes": reserved,
@@ -297,6 +306,8 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
         "breakdown_of": "the accounted peak (bytes of the storages held, by category)",
         "num_predicted_ooms": worst["num_predicted_ooms"],
         "num_alloc_retries": worst["num_alloc_retries"],
+        # host offload: the peak of what the job keeps in host memory (not in the figures)
+        "host_peak_bytes": worst["cuda_allocator"].get("host_peak_bytes", 0),
         "coverage": worst["coverage"],
         # what did not run as recorded (actors/replay/report.py: not_run_ops), with its bytes
         "num_dropped_ops": worst["num_dropped_ops"],
@@ -307,18 +318,23 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
         "rank": worst["rank"],
         "num_distinct_traces": len(groups),
         "ranks_per_trace": {str(r[0]): len(r) for r in groups.values()}
-        if cfg.trace.dir is not None and len(sources) == world else {"0": world},
+        if cfg.trace.dir is not None and len(sources) == world
+        else ranks_per_trace(capture["dir"]) if mesh else {"0": world},
+        "mesh": mesh,  # N-D jobs: degrees, ranks per role, the worst rank's role
         "capture": capture,
         "timings_s": {"capture_s": capture["seconds"] if capture else 0.0, "replay_s": replay_s,
                       "total_s": time.perf_counter() - t0},
         "memory_timeline": worst["cuda_allocator"].get(TIMELINE_KEY),
         "snapshots": {},  # rank -> snapshot_rank<r>.pickle, written beside prediction.json
     }
+    # each distinct trace's figures, by its role on a mesh (docs/prediction.md)
+    result["per_role"] = per_role(reports, roles_of(capture["dir"]) if mesh else None, mesh)
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         result["snapshots"] = write_snapshots(out_dir, snapshots)
         result["timings_s"]["snapshot_s"] = sum(
             r["cuda_allocator"].get("snapshot_s", 0.0) for r in reports.values())
+        result["memory_timelines"] = write_timelines(out_dir, reports, result["per_role"])
         (Path(out_dir) / PREDICTION_JSON).write_bytes(
             orjson.dumps(result, option=orjson.OPT_INDENT_2))
         from orchestrator.reports.prediction_page import write_prediction_page  # matplotlib

@@ -60,6 +60,8 @@ def capture_key(workload, world_size: int, rank0_only: bool = False) -> str:
 
     fields = dataclasses.asdict(workload)
     fields.pop("zero3_emulation", None)
+    if workload.parallelism.is_one_dim():  # keys of 1-D jobs stay what they were
+        fields.pop("parallelism", None)
     entry = _entrypoint_file(workload.entrypoint) if workload.entrypoint else None
     text = json.dumps({"workload": fields, "world_size": world_size,
                        "torch": torch.__version__, "rank0_only": rank0_only,

@@ -95,3 +95,36 @@ def test_fallback_only_for_errors_that_need_values(value_trace):
 def test_value_dependent_names_are_ops_of_this_torch(name):
     namespace, _, op = name.partition("::")
     assert hasattr(getattr(torch.ops, namespace), op)
+
+
+def test_a_functional_collectives_output_is_held_from_the_call_on_meta(tmp_path):
+    """A meta dry run replays no collective; a functional collective makes its output inside
+    the call (tensor and context parallel), so it is a stand-in, held from there: here across
+    a 2000 B temporary made before the first op reads the gathered buffer."""
+    t, s = et_json.tensor, et_json.scalar
+    ones = "aten::ones(SymInt[] size, *, ScalarType? dtype=None) -> Tensor"
+    path = et_json.write_trace(tmp_path, [
+        et_json.node(3, "_c10d_functional::all_gather_into_tensor", schema=et_json.FUNC_ALL_GATHER,
+                     inputs=[t(1, 1, 200), s(2), s("0", "String")], outputs=[t(2, 2, 400)]),
+        et_json.node(4, "_c10d_functional::wait_tensor", schema=et_json.FUNC_WAIT,
+                     inputs=[t(2, 2, 400)], outputs=[t(2, 2, 400)]),
+        et_json.node(5, "aten::ones", schema=ones, inputs=[s([500], "GenericList[Int]")],
+                     outputs=[t(3, 3, 500)]),
+        et_json.node(6, "aten::relu", schema=et_json.RELU, inputs=[t(3, 3, 500)],
+                     outputs=[t(4, 4, 500)]),
+        et_json.node(7, "aten::clone", schema=et_json.CLONE, inputs=[t(2, 2, 400)],
+                     outputs=[t(5, 5, 400)]),
+    ])
+    trace = load_trace(path)
+    engine = ReplayEngine(trace, ReplayConfig(mode="compute", device="meta", iters=1,
+                                              warmup_iters=0, measure_memory=False,
+                                              allocation=AllocationConfig(mode="faithful")))
+    report = engine.run().to_dict()
+    assert report["status"] == "ok" and report["coverage"] == 1.0
+    # at relu: the gathered 1600 B, the ones and its relu (2 x 2000 B) and the input (800 B,
+    # made before the trace: held throughout); read first by clone, the gathered buffer would
+    # be missing there
+    assert report["accounted_peak_bytes"] == 800 + 1600 + 2 * 2000
+    assert report["standin_ops"] == {"_c10d_functional::all_gather_into_tensor": 1,
+                                     "_c10d_functional::wait_tensor": 1}
+    assert plan.compile_step(trace.ops[0], CPU, "compute").kind == "skip"  # cpu: out of scope

@@ -11,12 +11,13 @@ stream's. The cuBLAS workspace is the first request, kept for the whole run, as 
 it per handle and stream. The optimizer's state, held from before the replay, is requested when
 the warm-up iteration's optimizer step first allocates: torch.optim makes it lazily in the first
 ``step()`` (``zeros_like`` per parameter), after the first backward, so it is carved out of the
-blocks the activations left cached rather than reserved ahead of them.
+blocks the activations left cached rather than reserved ahead of them. Storages of the
+target's ``host_categories`` (host offload) are not the device's: counted apart, as host bytes.
 """
 from __future__ import annotations
 
 from actors.replay.memory.cuda_allocator import CachingAllocatorModel
-from actors.trace.categories import OPTIMIZER_STATE, TEMPORARIES
+from actors.trace.categories import CATEGORIES, OPTIMIZER_STATE, TEMPORARIES
 from actors.trace.fsdp2_streams import side_stream_storages
 from actors.replay.extension import ReplayContext, ReplayExtension
 from actors.replay.memory.target import TargetConfig
@@ -44,6 +45,10 @@ class ReservedMemoryModel(ReplayExtension):
         # requested as held, the trace having no optimizer step to make it lazily in)
         self._lazy_state: dict[int, int] | None = None
         self.num_unmatched_discharges = 0
+        # categories kept in host memory (target.host_categories): not the device's
+        self._host = {CATEGORIES.index(c) for c in target.host_categories}
+        self._host_held: dict[int, int] = {}  # host suid -> bytes
+        self.host_bytes = self.host_peak_bytes = 0
 
     def attach(self, ctx: ReplayContext) -> None:
         """Observe the replay's memory; serve the cuBLAS workspace first."""
@@ -57,6 +62,11 @@ class ReservedMemoryModel(ReplayExtension):
 
     # --- the MemoryTracker observer ------------------------------------------------------
     def held(self, suid: int, nbytes: int) -> None:
+        if self._host and self._memory.categories[suid] in self._host:
+            self._host_held[suid] = nbytes
+            self.host_bytes += nbytes
+            self.host_peak_bytes = max(self.host_peak_bytes, self.host_bytes)
+            return
         lazy = self._lazy_state
         if lazy is not None:
             step = self._memory.step  # None: before the first op, the state already held
@@ -83,6 +93,9 @@ class ReservedMemoryModel(ReplayExtension):
             self._request_lazy_state()
 
     def released(self, suid: int) -> None:
+        if suid in self._host_held:
+            self.host_bytes -= self._host_held.pop(suid)
+            return
         if self._lazy_state:
             self._lazy_state.pop(suid, None)
         block = self._blocks.pop(suid, None)
@@ -110,6 +123,8 @@ class ReservedMemoryModel(ReplayExtension):
                              "garbage_collection_threshold":
                                  self.settings.garbage_collection_threshold},
                 "num_unmatched_discharges": self.num_unmatched_discharges,
+                "host_categories": sorted(CATEGORIES[c] for c in self._host),
+                "host_peak_bytes": self.host_peak_bytes,
                 "streams": len({stream for stream, _ in self.model.pools})}
 
     def headline(self) -> dict:

@@ -103,6 +103,11 @@ class TargetConfig:
     # target (":4096:8" on Hopper, ":4096:2:16:8" otherwise).
     cublas_workspace_config: str | None = None
     allocator: CudaAllocatorConfig = field(default_factory=CudaAllocatorConfig)
+    # Storage categories (actors/trace/categories.py) the job keeps in host memory, not the
+    # device's: FSDP2's CPUOffloadPolicy keeps parameters, gradients and optimizer state there
+    # (tracefleet-predict sets them from workload.cpu_offload). The allocator model serves
+    # the rest; their bytes are reported as host_peak_bytes.
+    host_categories: list[str] = field(default_factory=list)
 
     def __post_init__(self):
         self.name = TargetName.coerce(self.name, "target.name")
@@ -115,6 +120,12 @@ class TargetConfig:
         """ConfigError on a value out of its domain (before any cluster work)."""
         if not self.enabled:
             return
+        from actors.trace.categories import CATEGORIES
+
+        unknown = sorted(set(self.host_categories) - set(CATEGORIES))
+        if unknown:
+            raise ConfigError(f"target.host_categories: {unknown} are not storage categories "
+                              f"({', '.join(CATEGORIES)})")
         self.figures()
         self.allocator.settings()
 

@@ -10,6 +10,13 @@ see what the original saw. The step is marked ``standin`` and counted apart.
 Ops known to need values are stood in when the plan is compiled (`lookup`); any other op that
 fails on meta for lack of values gets a stand-in when it raises (`fallback`). Other errors
 keep failing with their reason.
+
+Functional collectives (``_c10d_functional::*``: tensor and context parallel) make their
+output inside the op, unlike c10d's, which write into a buffer an earlier op made. A meta dry
+run (``replay.mode=compute``) replays no collective, so without a stand-in their outputs would
+be held only from the first op that reads them: each call returns meta tensors of the recorded
+shapes (a ``wait_tensor`` or an in-place call returns its input), held from the call as in the
+original.
 """
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ import torch
 
 from actors.replay.ops import resolve
 from actors.replay.ops.recorded import Outputs, binding, schema_of
+from actors.trace.collectives import FUNCTIONAL as FUNCTIONAL_COLLECTIVES, FUNCTIONAL_WAITS
 from actors.trace.model import Arg, Op
 
 # ops whose result needs the input's values: a scalar, or an output shape set by the data
@@ -37,10 +45,33 @@ _NEEDS_VALUES = (
 
 
 def lookup(op: Op, device: torch.device) -> resolve.ResolvedOp | None:
-    """A stand-in binding for a VALUE_DEPENDENT op on meta; None otherwise."""
-    if device.type != "meta" or op.name not in VALUE_DEPENDENT:
+    """A stand-in binding for a VALUE_DEPENDENT op or a functional collective on meta; None
+    otherwise."""
+    if device.type != "meta":
+        return None
+    if op.name in FUNCTIONAL_COLLECTIVES:
+        return _collective_binding(op)
+    if op.name not in VALUE_DEPENDENT:
         return None
     return _binding(op, f"{op.name} needs values: outputs from the trace")
+
+
+def stands_in_for_collective(op: Op, device: torch.device, mode: str) -> bool:
+    """Whether a meta dry run (compute mode) runs collective ``op`` as a stand-in."""
+    return mode == "compute" and device.type == "meta" and op.name in FUNCTIONAL_COLLECTIVES
+
+
+def _collective_binding(op: Op) -> resolve.ResolvedOp | None:
+    schema = schema_of(op)
+    if isinstance(schema, str):
+        return None
+    reason = "a collective on meta: outputs from the trace"
+    if op.name.endswith("_") or op.name in FUNCTIONAL_WAITS:  # returns its input
+
+        def aliasing(first, *args, **kwargs):
+            return first
+        return binding(schema, aliasing, standin=reason)
+    return binding(schema, _returning_recorded(op), standin=reason)
 
 
 def fallback(step, error: BaseException):

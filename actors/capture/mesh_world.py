@@ -1,0 +1,143 @@
+"""Capture an N-D mesh job on the fake device: one recorded rank per role, every other
+rank's trace derived from its role's.
+
+A 1-D job records rank 0 and writes its trace for every rank (actors/capture/meta_world.py).
+On a mesh the ranks differ: pipeline stages hold other layers, context-parallel ranks attend
+other chunks (actors/capture/mesh.py's ``rank_roles``), and every rank runs its collectives
+on its own process groups. So each role's first rank is recorded in a fake world of its own
+(fake process group, the job's mesh built before the fake mode, the c10d ops' groups named:
+actors/capture/group_names.py); each other rank's file is its role's trace with the group
+names of that rank (whose process-group table comes from building the same mesh as that
+rank, nothing else). Ranks of one role thus differ in group names only, and a dry run
+(tracefleet-predict) replays one file per role.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import time
+
+import orjson
+import torch
+import torch.distributed as dist
+
+from actors.capture.fake_mode import ranges_outside_fake_mode, refuse_ddp, strip_dispatch_mode_nodes
+from actors.capture.group_names import GroupNamingFakeMode, as_rank, group_table, name_c10d_groups
+from actors.capture.memory import MemoryMeter
+from actors.capture.mesh import build_mesh, rank_roles
+from actors.capture.meta_storage import unique_meta_storages
+from actors.capture.parallelize.eager_dtensor import eager_dtensor
+from actors.capture.recorder import record_iteration
+from actors.capture.subclass_frames import mark_subclass_frames
+from actors.capture.worker import rank_facts, warm_up, workload_config
+from actors.capture.workloads import build_workload
+from actors.errors import ConfigError, TracefleetError
+from actors.gc_pause import gc_paused
+from actors.trace.conventions import trace_file_name
+
+WARMUP_ITERS = 1  # as on meta: only the optimizer state is made
+
+
+def _fake_group(rank: int, world_size: int) -> None:
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers "fake"
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+
+
+def mesh_group_table(par, world_size: int, rank: int) -> list[dict]:
+    """The process-group table rank ``rank`` of the job's mesh records (fake world, no
+    model)."""
+    from torch.distributed.distributed_c10d import _world
+
+    _fake_group(rank, world_size)
+    try:
+        build_mesh("cpu", par, world_size)
+        return [dict(g) for g in _world.pg_config_info]
+    finally:
+        dist.destroy_process_group()
+
+
+def record_mesh_rank(cfg: dict, out_dir: str, rank: int, world_size: int):
+    """Record rank ``rank`` of the fake mesh job into out_dir; ``(workload, trace path)``."""
+    wl_cfg = workload_config(cfg)
+    if wl_cfg.device != "fake":
+        raise ConfigError(f"workload.parallelism ({wl_cfg.parallelism.describe(world_size)}) "
+                          f"on workload.device={wl_cfg.device}: a mesh job is captured on "
+                          "fake (or for real on cpu/cuda), not on meta")
+    path = os.path.join(out_dir, trace_file_name(rank))
+    with unique_meta_storages():
+        _fake_group(rank, world_size)
+        try:
+            mesh = build_mesh("cpu", wl_cfg.parallelism, world_size)  # before the mode
+            mode = GroupNamingFakeMode()
+            with ranges_outside_fake_mode(), refuse_ddp(), eager_dtensor(), mode:
+                workload = build_workload(wl_cfg, rank, world_size, torch.device("cpu"), mesh)
+                warm_up(workload, WARMUP_ITERS)
+
+                def step(batch):
+                    mode.group_log.clear()  # only the recorded iteration's calls
+                    workload.step(batch)
+
+                def rewrite(doc):
+                    mark_subclass_frames(doc)
+                    strip_dispatch_mode_nodes(doc)
+                    name_c10d_groups(doc, mode.group_log, f"rank {rank}'s capture")
+
+                record_iteration(step, workload.next_batch(), workload.model,
+                                 step_index=WARMUP_ITERS, out_path=path,
+                                 module_backward=bool(cfg.get("module_backward_ranges", True)),
+                                 tensor_ranges=False, rewrite=rewrite)
+        finally:
+            dist.destroy_process_group()
+    return workload, path
+
+
+def _read(path: str) -> dict:
+    with gzip.open(path, "rb") as f:
+        return orjson.loads(f.read())
+
+
+def _write(doc: dict, path: str) -> None:
+    with gzip.open(path, "wb", compresslevel=6) as f:
+        f.write(orjson.dumps(doc))
+
+
+def run_mesh_capture(cfg: dict, out_dir: str, world_size: int,
+                     num_files: int | None = None) -> list[dict]:
+    """Capture the fake mesh job of ``cfg`` into out_dir: one recorded rank per role, the
+    other ranks' files derived (see the module docstring); their facts in rank order.
+    ``num_files`` set: write only the recorded ranks' files (one per role: what a dry run
+    needs)."""
+    os.makedirs(out_dir, exist_ok=True)
+    par = workload_config(cfg).parallelism
+    roles = rank_roles(par, world_size)
+    no_memory = MemoryMeter(torch.device("meta")).result()
+    from actors.capture.meta_world import FAKE_MEMORY_METHOD
+
+    no_memory["method"] = FAKE_MEMORY_METHOD
+    mesh_info = {"degrees": par.degrees(world_size), "description": par.describe(world_size),
+                 "roles": roles}
+    facts = []
+    for role, ranks in roles.items():
+        start = time.perf_counter()
+        with gc_paused():
+            workload, first = record_mesh_rank(cfg, out_dir, ranks[0], world_size)
+        record_s = time.perf_counter() - start
+        written = [ranks[0]] if num_files else ranks
+        doc = _read(first) if len(written) > 1 else None
+        if doc is not None:
+            recorded = mesh_group_table(par, world_size, ranks[0])
+            if group_table(doc) != recorded:
+                raise TracefleetError(f"rank {ranks[0]}'s trace lists other process groups "
+                                      "than its mesh makes (the step made groups of its own?): "
+                                      "its role's other ranks cannot be derived from it")
+        for rank in written:
+            path = first if rank == ranks[0] else os.path.join(out_dir, trace_file_name(rank))
+            if rank != ranks[0]:
+                _write(as_rank(doc, mesh_group_table(par, world_size, rank),
+                               f"rank {rank} from rank {ranks[0]}"), path)
+            facts.append({**rank_facts(rank, world_size, workload, path, None, [], no_memory),
+                          "recorded_as_rank": ranks[0], "record_s": record_s, "role": role,
+                          "mesh": mesh_info})
+        del doc, workload
+    return sorted(facts, key=lambda f: f["rank"])

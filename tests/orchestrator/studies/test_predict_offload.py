@@ -1,0 +1,41 @@
+"""tracefleet-predict with FSDP2's CPU offload (workload.cpu_offload): parameter shards, their
+gradients and the optimizer state are host memory, not the GPU's; the device figures drop by
+them and the host bytes are reported beside."""
+from __future__ import annotations
+
+import pytest
+
+from actors.capture.workload_config import WorkloadConfig, validate
+from actors.errors import ConfigError
+from orchestrator.cli.predict import predict_config
+from orchestrator.reports.predict_table import prediction_table
+from orchestrator.studies.predict import predict
+
+import orchestrator.cli.capture  # noqa: F401  (registers the capture schemas)
+
+TINY = dict(vocab=2048, d_model=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=512,
+            seq_len=64, batch_size=1, activation_checkpointing="none")
+
+
+def _predict(cache, *overrides):
+    return predict(predict_config("workload=llama3_8b", f"predict.cache_dir={cache}",
+                                  "world_size=2", "target=h100_80gb",
+                                  *[f"workload.{k}={v}" for k, v in TINY.items()], *overrides))
+
+
+def test_offloaded_states_leave_the_device_figures(tmp_path):
+    on_gpu = _predict(tmp_path)
+    offloaded = _predict(tmp_path, "workload.cpu_offload=true")
+    states = sum(offloaded["breakdown"][c] for c in ("parameters", "optimizer_state"))
+    assert offloaded["host_peak_bytes"] >= states > 0 and on_gpu["host_peak_bytes"] == 0
+    # the device keeps what it computes with; the fp32 shards, moments and gradients left it
+    assert offloaded["predicted_allocated_peak_bytes"] <= \
+        on_gpu["predicted_allocated_peak_bytes"] - states
+    assert offloaded["target"]["usable_capacity_bytes"] == on_gpu["target"]["usable_capacity_bytes"]
+    assert "| host memory (offloaded) |" in prediction_table(offloaded)
+    assert "host memory" not in prediction_table(on_gpu)
+
+
+def test_offload_is_fsdp2s():
+    with pytest.raises(ConfigError, match="cpu_offload=true is FSDP2's CPUOffloadPolicy"):
+        validate(WorkloadConfig(model="llama", parallel="ddp", cpu_offload=True))
