@@ -167,6 +167,7 @@ def _optimizer_of(step):
     import torch
 
     found = getattr(step, "optimizer", None)
+    step = getattr(step, "__wrapped__", step)  # the capture names a user's step's errors
     cells = [c.cell_contents for c in (getattr(step, "__closure__", None) or ())]
     return found or next((c for c in cells if isinstance(c, torch.optim.Optimizer)), None)
 

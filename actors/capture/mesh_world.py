@@ -21,21 +21,19 @@ import orjson
 import torch
 import torch.distributed as dist
 
-from actors.capture.fake_mode import ranges_outside_fake_mode, refuse_ddp, strip_dispatch_mode_nodes
+from actors.capture.fake_mode import strip_dispatch_mode_nodes
 from actors.capture.group_names import GroupNamingFakeMode, as_rank, group_table, name_c10d_groups
 from actors.capture.memory import MemoryMeter
+from actors.capture.meta_world import fake_errors, fake_tensors, record_workload
 from actors.capture.mesh import build_mesh, rank_roles
 from actors.capture.meta_storage import unique_meta_storages
 from actors.capture.parallelize.eager_dtensor import eager_dtensor
-from actors.capture.recorder import record_iteration
 from actors.capture.subclass_frames import mark_subclass_frames
-from actors.capture.worker import rank_facts, warm_up, workload_config
+from actors.capture.worker import rank_facts, workload_config
 from actors.capture.workloads import build_workload
 from actors.errors import ConfigError, TracefleetError
 from actors.gc_pause import gc_paused
 from actors.trace.conventions import trace_file_name
-
-WARMUP_ITERS = 1  # as on meta: only the optimizer state is made
 
 
 def _fake_group(rank: int, world_size: int) -> None:
@@ -70,9 +68,8 @@ def record_mesh_rank(cfg: dict, out_dir: str, rank: int, world_size: int):
         try:
             mesh = build_mesh("cpu", wl_cfg.parallelism, world_size)  # before the mode
             mode = GroupNamingFakeMode()
-            with ranges_outside_fake_mode(), refuse_ddp(), eager_dtensor(), mode:
+            with fake_errors("fake"), eager_dtensor(), fake_tensors(mode):
                 workload = build_workload(wl_cfg, rank, world_size, torch.device("cpu"), mesh)
-                warm_up(workload, WARMUP_ITERS)
 
                 def step(batch):
                     mode.group_log.clear()  # only the recorded iteration's calls
@@ -83,10 +80,7 @@ def record_mesh_rank(cfg: dict, out_dir: str, rank: int, world_size: int):
                     strip_dispatch_mode_nodes(doc)
                     name_c10d_groups(doc, mode.group_log, f"rank {rank}'s capture")
 
-                record_iteration(step, workload.next_batch(), workload.model,
-                                 step_index=WARMUP_ITERS, out_path=path,
-                                 module_backward=bool(cfg.get("module_backward_ranges", True)),
-                                 tensor_ranges=False, rewrite=rewrite)
+                record_workload(workload, cfg, path, mode, step=step, rewrite=rewrite)
         finally:
             dist.destroy_process_group()
     return workload, path

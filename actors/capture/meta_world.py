@@ -62,9 +62,46 @@ def _shapes_only(device: str, world_size: int):
         yield META, None, None
         return
     mesh = world_mesh("cpu", world_size)  # before the mode: see world_mesh
-    with ranges_outside_fake_mode(), ddp_on_fake(), torch_idioms_on_fake(), \
-            CaptureFakeMode() as mode:
+    with fake_tensors(CaptureFakeMode()) as mode:
         yield torch.device("cpu"), mesh, mode
+
+
+@contextmanager
+def fake_tensors(mode: CaptureFakeMode):
+    """Within the block, ``mode`` is entered with what the fake device needs around it:
+    ranges below its dispatch, DDP's stand-in reducer, torch's idioms on fake tensors."""
+    with ranges_outside_fake_mode(), ddp_on_fake(), torch_idioms_on_fake(), mode:
+        yield mode
+
+
+@contextmanager
+def fake_errors(device: str):
+    """Within the block, what fake cannot do raises a ConfigError saying what and where."""
+    try:
+        yield
+    except Exception as e:
+        error = fake_step_error(e) if device == "fake" else None
+        if error is None:
+            raise
+        raise error from e
+
+
+def record_workload(workload: Workload, cfg: dict, path: str, mode: CaptureFakeMode | None,
+                    step=None, rewrite=None) -> None:
+    """Warm ``workload`` up to its steady state and record one iteration into ``path``: on fake
+    (``mode``) with the libraries' fakeness predicates answered where values are known, the
+    run's frees written and the trace rewritten (``rewrite``, default
+    strip_dispatch_mode_nodes); ``step`` replaces the workload's step for the recorded
+    iteration only. Call after build(): the user's code has imported its libraries."""
+    fake = mode is not None
+    with known_values_look_real() if fake else nullcontext():
+        num_warmup = settle(workload)
+        record_iteration(step or workload.step, workload.next_batch(), workload.model,
+                         step_index=num_warmup, out_path=path,
+                         module_backward=bool(cfg.get("module_backward_ranges", True)),
+                         tensor_ranges=False,
+                         rewrite=(rewrite or strip_dispatch_mode_nodes) if fake else None,
+                         around_step=partial(free_markers.recording, mode) if fake else None)
 
 
 def settle(workload: Workload) -> int:
@@ -89,24 +126,10 @@ def record_meta_rank(cfg: dict, out_dir: str, rank: int, world_size: int) -> tup
     with unique_meta_storages():
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
         try:
-            with _shapes_only(str(wl_cfg.device), world_size) as (device, mesh, mode):
+            with fake_errors(str(wl_cfg.device)), \
+                    _shapes_only(str(wl_cfg.device), world_size) as (device, mesh, mode):
                 workload = build_workload(wl_cfg, rank, world_size, device, mesh)
-                fake = mode is not None
-                # after build(): the user's code has imported the libraries it uses
-                with known_values_look_real() if fake else nullcontext():
-                    num_warmup = settle(workload)
-                    record_iteration(workload.step, workload.next_batch(), workload.model,
-                                     step_index=num_warmup, out_path=path,
-                                     module_backward=bool(cfg.get("module_backward_ranges", True)),
-                                     tensor_ranges=False,
-                                     rewrite=strip_dispatch_mode_nodes if fake else None,
-                                     around_step=partial(free_markers.recording, mode)
-                                     if fake else None)
-        except Exception as e:  # what fake cannot do: say what and where
-            error = fake_step_error(e) if wl_cfg.device == "fake" else None
-            if error is None:
-                raise
-            raise error from e
+                record_workload(workload, cfg, path, mode)
         finally:
             dist.destroy_process_group()
     return workload, path

@@ -13,7 +13,9 @@ _EFFECT = {"skipped": "outputs missing from the peak", "failed": "outputs missin
 
 def not_run_lines(not_run: list[dict], rank=None) -> list[str]:
     """One line per group of ops that did not run as recorded (the largest first, at most
-    ``MAX_LINES`` and a line counting the rest); empty when every op ran."""
+    ``MAX_LINES`` and a line counting the rest); empty when every op ran. Stand-ins that make
+    no bytes (``aten::item``'s Python number on meta) change no figure: not printed."""
+    not_run = [r for r in not_run or () if r["bytes"] or r["kind"] != "stand-in"]
     if not not_run:
         return []
     where = f" (rank {rank})" if rank is not None else ""

@@ -4,7 +4,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import time
 from collections import Counter
 from functools import lru_cache
 
@@ -324,20 +323,18 @@ def test_tensor_range_parsed(tmp_path):
 
 
 def test_two_hundred_thousand_nodes(tmp_path):
+    """A 200,000-op chain loads whole and right (its speed is scripts/bench_load.py's)."""
     num_ops = 200_000
     nodes = [node(3 + i, "aten::add", inputs=[tensor(2 * i, 2 * i + 1, 64), tensor(7, 8, 64), scalar(1)],
                   outputs=[tensor(2 * i + 2, 2 * i + 3, 64)], schema=ADD) for i in range(num_ops)]
     path = write_trace(tmp_path, nodes)
     del nodes
-    start = time.perf_counter()
     trace = load_trace(path)
-    elapsed_s = time.perf_counter() - start
     assert trace.num_nodes == num_ops + 2 and len(trace.ops) == num_ops
     assert trace.ops[-1].node_id == num_ops + 2 and trace.ops[-1].index == num_ops - 1
     # a chain: each output is the next input; the weight (storage 8) is shared: 3 live at a time
     assert trace.num_storages == num_ops + 2
     assert compute_liveness(trace.ops, trace.num_storages).lower_bound_bytes == 3 * 64 * 4
-    assert elapsed_s < 10, f"loading {num_ops} ops took {elapsed_s:.1f} s"
 
 
 def test_tensor_arg_extent():
