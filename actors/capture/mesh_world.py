@@ -21,7 +21,8 @@ import orjson
 import torch
 import torch.distributed as dist
 
-from actors.capture.fake_mode import ranges_outside_fake_mode, refuse_ddp, strip_dispatch_mode_nodes
+from actors.capture.fake_ddp import ddp_on_fake
+from actors.capture.fake_mode import ranges_outside_fake_mode, strip_dispatch_mode_nodes
 from actors.capture.group_names import GroupNamingFakeMode, as_rank, group_table, name_c10d_groups
 from actors.capture.memory import MemoryMeter
 from actors.capture.mesh import build_mesh, rank_roles
@@ -70,7 +71,7 @@ def record_mesh_rank(cfg: dict, out_dir: str, rank: int, world_size: int):
         try:
             mesh = build_mesh("cpu", wl_cfg.parallelism, world_size)  # before the mode
             mode = GroupNamingFakeMode()
-            with ranges_outside_fake_mode(), refuse_ddp(), eager_dtensor(), mode:
+            with ranges_outside_fake_mode(), ddp_on_fake(), eager_dtensor(), mode:
                 workload = build_workload(wl_cfg, rank, world_size, torch.device("cpu"), mesh)
                 warm_up(workload, WARMUP_ITERS)
 
