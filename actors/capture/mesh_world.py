@@ -9,18 +9,23 @@ on its own process groups. So each role's first rank is recorded in a fake world
 actors/capture/group_names.py); each other rank's file is its role's trace with the group
 names of that rank (whose process-group table comes from building the same mesh as that
 rank, nothing else). Ranks of one role thus differ in group names only, and a dry run
-(tracefleet-predict) replays one file per role.
+(tracefleet-predict) replays one file per role. As on a 1-D fake capture, the recorded step
+writes the run's own frees (actors/capture/free_markers.py): storages torch's parallel code
+keeps referenced past their last use (ring attention's gathered keys and values, held by its
+rotater until the ring returns) are held as long by the faithful replay.
 """
 from __future__ import annotations
 
 import gzip
 import os
 import time
+from functools import partial
 
 import orjson
 import torch
 import torch.distributed as dist
 
+from actors.capture import free_markers
 from actors.capture.fake_ddp import ddp_on_fake
 from actors.capture.fake_mode import ranges_outside_fake_mode, strip_dispatch_mode_nodes
 from actors.capture.group_names import GroupNamingFakeMode, as_rank, group_table, name_c10d_groups
@@ -87,7 +92,8 @@ def record_mesh_rank(cfg: dict, out_dir: str, rank: int, world_size: int):
                 record_iteration(step, workload.next_batch(), workload.model,
                                  step_index=WARMUP_ITERS, out_path=path,
                                  module_backward=bool(cfg.get("module_backward_ranges", True)),
-                                 tensor_ranges=False, rewrite=rewrite)
+                                 tensor_ranges=False, rewrite=rewrite,
+                                 around_step=partial(free_markers.recording, mode))
         finally:
             dist.destroy_process_group()
     return workload, path
