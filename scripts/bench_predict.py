@@ -105,11 +105,16 @@ CONFIGS = {
     "pp_1f1b_fsdp2_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.pp": 2},
     "pp_gpipe_fsdp2_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.pp": 2,
                                   "parallelism.pp_schedule": "gpipe"},
+    # MoE blocks (4 experts, top 2) with expert parallel 2 over dp_shard 4 (efsdp 2); the
+    # fixed router imposes the fake capture's routing assumption (balanced) on the real run
+    "moe_ep_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.ep": 2,
+                          "moe_experts": 4, "moe_top_k": 2, "moe_ffn_dim": 512,
+                          "moe_router": "fixed"},
     **ECOSYSTEM,
 }
 # rows run at another world size than WORLD
 WORLDS = {"fsdp2_tp_sp_bf16_mixed": 4, "hsdp_bf16_mixed": 4, "fsdp2_cp_bf16_mixed": 4,
-          "pp_1f1b_fsdp2_bf16_mixed": 4, "pp_gpipe_fsdp2_bf16_mixed": 4}
+          "pp_1f1b_fsdp2_bf16_mixed": 4, "pp_gpipe_fsdp2_bf16_mixed": 4, "moe_ep_bf16_mixed": 4}
 # DeepSpeed's rows: the plain capture the emulation partitions (DeepSpeed's bf16 mode runs the
 # model in bf16: a pure-bf16 plain trace; its fp32 masters and moments are the layout's).
 _PLAIN = {"deepspeed_zero3_fp32": _recipe("local", "fp32"),

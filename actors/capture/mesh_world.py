@@ -116,8 +116,10 @@ def run_mesh_capture(cfg: dict, out_dir: str, world_size: int,
     ``num_files`` set: write only the recorded ranks' files (one per role: what a dry run
     needs)."""
     os.makedirs(out_dir, exist_ok=True)
-    par = workload_config(cfg).parallelism
-    roles = rank_roles(par, world_size)
+    wl = workload_config(cfg)
+    par = wl.parallelism
+    roles = rank_roles(par, world_size, skewed_experts=wl.moe_experts > 0 and
+                       wl.moe_routing_skew > 0)
     no_memory = MemoryMeter(torch.device("meta")).result()
     from actors.capture.meta_world import FAKE_MEMORY_METHOD
 
