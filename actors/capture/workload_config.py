@@ -14,7 +14,7 @@ from actors.capture.mesh import ParallelismConfig
 from actors.capture.moe import MoeRouter, MoeSpec, max_skew
 from actors.choices import Choice
 from actors.errors import ConfigError
-from actors.zero3.config import Zero3Config
+from actors.zero3.config import OffloadDevice, Zero3Config
 
 
 class ModelName(Choice):
@@ -187,6 +187,11 @@ class WorkloadConfig:
     zero3_max_reuse_distance: int = 0
     # zero3: gradient elements per reduce-scatter bucket (reduce_bucket_size).
     zero3_reduce_bucket_size: int = 200_000
+    # zero3: DeepSpeed's offload_optimizer.device (cpu: the fp32 master partition, moments and
+    # gradient partitions in host memory, the update there; DeepSpeed's torch AdamW kept).
+    zero3_offload_optimizer: OffloadDevice = OffloadDevice.none
+    # zero3: DeepSpeed's offload_param.device (cpu: the parameter partitions in host memory).
+    zero3_offload_param: OffloadDevice = OffloadDevice.none
     # zero3: let DeepSpeed JIT-build its CPU shm comm op (30-90 s with g++ the first time;
     # skipped if the build fails). Off by default: only DeepSpeed's inference all-reduce uses
     # it, so a training trace is the same without it.
@@ -211,6 +216,8 @@ class WorkloadConfig:
         self.device = WorkloadDevice.coerce(self.device, "workload.device")
         self.attention = Attention.coerce(self.attention, "workload.attention")
         self.moe_router = MoeRouter.coerce(self.moe_router, "workload.moe_router")
+        for name in ("zero3_offload_optimizer", "zero3_offload_param"):
+            setattr(self, name, OffloadDevice.coerce(getattr(self, name), f"workload.{name}"))
         # The deprecated aliases, resolved here and only here. An alias replaces fields left at
         # their defaults (a preset's model too, when it agrees); a field set to something else
         # is a contradiction, refused rather than silently overridden.
@@ -338,7 +345,14 @@ def _validate_recipe(cfg: WorkloadConfig) -> None:
                           "no cpu kernel for it here)")
     if cfg.cpu_offload and cfg.parallel != Parallel.fsdp2:
         raise ConfigError(f"workload.cpu_offload=true is FSDP2's CPUOffloadPolicy; {where} "
-                          "(DeepSpeed's offload is a ZeRO-3 emulation setting, not built)")
+                          "(DeepSpeed's: workload.zero3_offload_optimizer / zero3_offload_param "
+                          "on zero3, zero3_emulation.offload_* for its emulation)")
+    offloaded = [f"workload.{n}={getattr(cfg, n)}" for n in ("zero3_offload_optimizer",
+                                                               "zero3_offload_param")
+                 if getattr(cfg, n) != OffloadDevice.none]
+    if offloaded and cfg.parallel != Parallel.zero3:
+        raise ConfigError(f"{', '.join(offloaded)} is DeepSpeed's offload; {where} (FSDP2's: "
+                          "workload.cpu_offload)")
     if cfg.parallel == Parallel.zero3 and cfg.precision in (Precision.bf16, Precision.fp16):
         raise ConfigError(f"{where} with workload.precision={cfg.precision}: DeepSpeed keeps "
                           "fp32 master weights in its optimizer; use precision=bf16_mixed "
