@@ -93,6 +93,10 @@ CONFIGS = {
     "fsdp2_bf16_mixed_full_ac": _recipe("fsdp2", "bf16_mixed", "full"),
     "deepspeed_zero3_fp32": _recipe("zero3", "fp32"),
     "deepspeed_zero3_bf16_mixed": _recipe("zero3", "bf16_mixed"),
+    # DeepSpeed's offload_optimizer (device cpu): on a CPU host and device are one memory,
+    # so the row checks the accounted total; the device / host split is the emulation's
+    "deepspeed_zero3_offload_optimizer": {**_recipe("zero3", "fp32"),
+                                          "zero3_offload_optimizer": "cpu"},
     "custom_fsdp2_bf16_mixed": {},
     # 2 x 2 meshes (workload.parallelism): FSDP2 on dp_shard beside tp, HSDP, cp
     "fsdp2_tp_sp_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.tp": 2},
@@ -105,15 +109,21 @@ CONFIGS = {
     "pp_1f1b_fsdp2_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.pp": 2},
     "pp_gpipe_fsdp2_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.pp": 2,
                                   "parallelism.pp_schedule": "gpipe"},
+    # MoE blocks (4 experts, top 2) with expert parallel 2 over dp_shard 4 (efsdp 2); the
+    # fixed router imposes the fake capture's routing assumption (balanced) on the real run
+    "moe_ep_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.ep": 2,
+                          "moe_experts": 4, "moe_top_k": 2, "moe_ffn_dim": 512,
+                          "moe_router": "fixed"},
     **ECOSYSTEM,
 }
 # rows run at another world size than WORLD
 WORLDS = {"fsdp2_tp_sp_bf16_mixed": 4, "hsdp_bf16_mixed": 4, "fsdp2_cp_bf16_mixed": 4,
-          "pp_1f1b_fsdp2_bf16_mixed": 4, "pp_gpipe_fsdp2_bf16_mixed": 4}
+          "pp_1f1b_fsdp2_bf16_mixed": 4, "pp_gpipe_fsdp2_bf16_mixed": 4, "moe_ep_bf16_mixed": 4}
 # DeepSpeed's rows: the plain capture the emulation partitions (DeepSpeed's bf16 mode runs the
 # model in bf16: a pure-bf16 plain trace; its fp32 masters and moments are the layout's).
 _PLAIN = {"deepspeed_zero3_fp32": _recipe("local", "fp32"),
-          "deepspeed_zero3_bf16_mixed": _recipe("local", "bf16")}
+          "deepspeed_zero3_bf16_mixed": _recipe("local", "bf16"),
+          "deepspeed_zero3_offload_optimizer": _recipe("local", "fp32")}
 
 
 def _overrides(workload: dict) -> list[str]:
@@ -245,7 +255,9 @@ def run_config(name: str, model: dict, tmp: Path) -> dict:
         ds = meta["ds_config"]["zero_optimization"]
         zero3 = Zero3Config(strategy="per_module", world_size=WORLD, layout="deepspeed",
                             param_persistence_threshold=ds["stage3_param_persistence_threshold"],
-                            reduce_bucket_size=ds["reduce_bucket_size"])
+                            reduce_bucket_size=ds["reduce_bucket_size"],
+                            offload_optimizer=ds.get("offload_optimizer", {}),
+                            offload_param=ds.get("offload_param", {}))
     _capture(workload, "fake", tmp / f"{name}-fake", env, world)
     predicted, breakdown = _predict(tmp / f"{name}-fake", zero3, world)
     row = {"predicted": predicted, "measured": measured,

@@ -55,6 +55,7 @@ from actors.capture.fake_values import UNANSWERED, KnownValues
 from actors.trace.conventions import FREED_OP
 from actors.trace.tensor_ids import UNIQUE_STORAGES_KEY
 
+_WAIT_TENSOR = torch.ops._c10d_functional.wait_tensor.default
 DISPATCH_MODE_NODE = "PythonDispatchMode"  # torch's pythonFallback frame under a mode
 SUBCLASS_NODE = "PythonSubclass"  # its frame for a tensor subclass without a mode
 _UNRECORDED = threading.local()  # depth of CaptureFakeMode.dispatch calls on this thread
@@ -107,6 +108,10 @@ class CaptureFakeMode(FakeTensorMode):
         if func is torch.ops.aten._local_scalar_dense.default and answers:
             return answers.pop(0)
         kwargs = kwargs or {}
+        if func is _WAIT_TENSOR:
+            # eagerly a wait returns its input's storage; the fake kernel would make another
+            # one (twice the result's bytes at the wait, and both kept where both are held)
+            func, args, kwargs = torch.ops.aten.alias.default, args[:1], {}
         if depth == 0:
             torch._C._autograd._enable_record_function(False)
         _UNRECORDED.depth = depth + 1

@@ -43,6 +43,8 @@ DEFAULT_MAX_NUMEL = 1 << 22
 _EMPTY = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
           torch.ops.aten.empty_like.default, torch.ops.aten.new_empty.default,
           torch.ops.aten.new_empty_strided.default}
+# torch.tensor(data) under the mode: the data, a real tensor, is lifted into a fake one
+_LIFTS = {torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default}
 _READS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default,
           torch.ops.aten.is_nonzero.default, torch.ops.aten.equal.default}
 # outputs whose shape depends on the data: FakeTensorMode cannot make them without values
@@ -119,6 +121,9 @@ class KnownValues:
         """Give ``out`` its values when every input's is known and it is small; forget the
         values of arguments an op wrote from unknown data."""
         tensors = _tensors(args, kwargs)
+        if func in _LIFTS:
+            self._lift(tensors, out)
+            return
         valued = [t for t in tensors if value_of(t) is not None]
         if len(valued) != len(tensors) or getattr(func, "namespace", None) not in _VALUE_NAMESPACES:
             if valued:
@@ -146,6 +151,14 @@ class KnownValues:
         for fake, value in zip(outputs, real):
             if value_of(fake) is not value and tuple(value.shape) == tuple(fake.shape):
                 setattr(fake, VALUE_ATTR, value)
+
+    def _lift(self, tensors: list, out) -> None:
+        """``torch.tensor(data)``: a small integral or boolean constant's value is itself."""
+        source = tensors[0] if len(tensors) == 1 else None
+        if isinstance(out, FakeTensor) and isinstance(source, torch.Tensor) \
+                and not isinstance(source, FakeTensor) and source.numel() <= self.max_numel \
+                and not (source.is_floating_point() or source.is_complex()):
+            setattr(out, VALUE_ATTR, source.detach().to("cpu", copy=True))
 
     def _compute(self, func, args, kwargs):
         """``func`` run for real on the values (``UNANSWERED`` when it cannot run on them)."""

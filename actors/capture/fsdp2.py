@@ -29,8 +29,10 @@ def offload_kwargs(cfg, device: torch.device) -> dict:
 
 
 def fsdp2_step(model: nn.Module, cfg, blocks: nn.ModuleList, device: torch.device,
-               world_size: int, mesh=None):
-    """Shard ``model`` in place; ``step(batch)``: micro-batches' forward and backward, AdamW."""
+               world_size: int, mesh=None, experts_mesh=None):
+    """Shard ``model`` in place; ``step(batch)``: micro-batches' forward and backward, AdamW.
+    ``experts_mesh``: expert parallel's (actors/capture/parallelize/expert_parallel.py): each
+    MoE block's experts are an FSDP unit of their own over it, inside the block's."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -41,6 +43,9 @@ def fsdp2_step(model: nn.Module, cfg, blocks: nn.ModuleList, device: torch.devic
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                                    reduce_dtype=torch.float32)
     for i, block in enumerate(blocks):
+        if experts_mesh is not None:
+            fully_shard(block.feed_forward.experts, reshard_after_forward=i < len(blocks) - 1,
+                        **{**kwargs, "mesh": experts_mesh})
         fully_shard(block, reshard_after_forward=i < len(blocks) - 1, **kwargs)
     fully_shard(model, **kwargs)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)

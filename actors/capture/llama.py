@@ -12,6 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from actors.capture.attention import Attention, causal_attention
+from actors.capture.moe import MoE, MoeSpec
 
 
 class RMSNorm(nn.Module):
@@ -91,15 +92,16 @@ class SwiGLU(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """One pre-norm Llama block: the unit ZeRO-3 leaf mode fetches at once."""
+    """One pre-norm Llama block: the unit ZeRO-3 leaf mode fetches at once. With ``moe`` its
+    feed-forward is a Mixture of Experts (actors/capture/moe.py)."""
 
     def __init__(self, dim: int, n_heads: int, n_kv_heads: int, ffn_dim: int, eps: float,
-                 attention: Attention):
+                 attention: Attention, moe: MoeSpec | None = None):
         super().__init__()
         self.attention_norm = RMSNorm(dim, eps)
         self.attention = GQAttention(dim, n_heads, n_kv_heads, attention)
         self.ffn_norm = RMSNorm(dim, eps)
-        self.feed_forward = SwiGLU(dim, ffn_dim)
+        self.feed_forward = SwiGLU(dim, ffn_dim) if moe is None else MoE(dim, moe)
 
     def forward(self, x, cos, sin):
         h = x + self.attention(self.attention_norm(x), cos, sin)
@@ -115,11 +117,11 @@ class Llama(nn.Module):
 
     def __init__(self, vocab: int, dim: int, n_layers: int, n_heads: int, n_kv_heads: int,
                  ffn_dim: int, seq_len: int, rope_theta: float, norm_eps: float,
-                 attention: Attention):
+                 attention: Attention, moe: MoeSpec | None = None):
         super().__init__()
         self.tok_embeddings = nn.Embedding(vocab, dim)
         self.layers = nn.ModuleList(
-            TransformerBlock(dim, n_heads, n_kv_heads, ffn_dim, norm_eps, attention)
+            TransformerBlock(dim, n_heads, n_kv_heads, ffn_dim, norm_eps, attention, moe)
             for _ in range(n_layers))
         self.norm = RMSNorm(dim, norm_eps)
         self.output = nn.Linear(dim, vocab, bias=False)

@@ -11,7 +11,10 @@ them: ``tp`` neighbours are adjacent ranks), and flattened dimensions built from
 * ``dp_cp``: ``(dp_replicate, dp_shard, cp)``, where the loss and gradients are averaged.
 
 A flattened name exists when it joins two or more present dimensions. Expert parallelism
-(``ep``) would borrow ``dp_shard x cp`` ranks; it needs an MoE block, not built: refused.
+(``ep``) borrows ``dp_shard x cp`` ranks, as torchtitan's does: with ``ep > 1`` the mesh also
+carries ``mesh.expert_mesh``, ``(pp, dp_replicate, efsdp, ep)`` over the same ranks (``efsdp =
+dp_shard x cp / ep``; ``ep`` neighbours are the innermost ranks of ``dp_shard x cp``), where
+the MoE blocks' experts are split and sharded (actors/capture/parallelize/expert_parallel.py).
 
 With only ``dp_shard`` (the default) the mesh stays the 1-D mesh over all ranks that FSDP2 and
 custom steps always had (:func:`actors.capture.context.world_mesh`).
@@ -53,7 +56,8 @@ class ParallelismConfig:
     pp: int = 1
     # Context parallel: the sequence split over ranks, ring attention between them.
     cp: int = 1
-    # Expert parallel: MoE experts split over this many of the dp_shard x cp ranks.
+    # Expert parallel: the MoE blocks' experts (workload.moe_experts) split over this many of
+    # the dp_shard x cp ranks, tokens exchanged by all-to-all.
     ep: int = 1
     # pp > 1: the pipeline schedule, gpipe, 1f1b or interleaved_1f1b. A string checked when
     # the config is built (a ConfigError before any work): Hydra matches an Enum field by
@@ -159,7 +163,29 @@ def build_mesh(device_type: str, par: ParallelismConfig, world_size: int):
         present = tuple(p for p in parts if p in names)
         if len(present) >= 2:
             mesh[present]._flatten(flat)
+    if par.ep > 1:
+        dims = expert_mesh_dims(par, world_size)
+        mesh.expert_mesh = init_device_mesh(device_type, tuple(d for _, d in dims),
+                                            mesh_dim_names=tuple(n for n, _ in dims))
     return mesh
+
+
+def expert_mesh_dims(par: ParallelismConfig, world_size: int) -> list[tuple[str, int]]:
+    """The expert mesh's dimensions (see the module docstring): pp and dp_replicate where
+    present, then efsdp and ep (efsdp kept at degree 1: the experts' FSDP unit)."""
+    degrees = par.degrees(world_size)
+    region = degrees["dp_shard"] * degrees["cp"]
+    if region % par.ep:
+        raise ConfigError(f"workload.parallelism.ep={par.ep} must divide dp_shard x cp = "
+                          f"{region} (expert parallel borrows those ranks)")
+    outer = [(n, degrees[n]) for n in ("pp", "dp_replicate") if degrees[n] > 1]
+    return outer + [("efsdp", region // par.ep), ("ep", par.ep)]
+
+
+def ep_index(par: ParallelismConfig, world_size: int, rank: int) -> int:
+    """The rank's index along ``ep`` (which experts it holds)."""
+    degrees, coords = par.degrees(world_size), coordinates(par, world_size, rank)
+    return (coords["dp_shard"] * degrees["cp"] + coords["cp"]) % par.ep
 
 
 def sub_mesh(mesh, par: ParallelismConfig, world_size: int, *dims: str):
@@ -225,13 +251,32 @@ def validate_parallelism(cfg, world_size: int) -> None:
         raise ConfigError(f"{where}: workload.seq_len={cfg.seq_len} must be divisible by "
                           f"tp x 2 cp = {divisor} (sequence parallel, then ring attention's "
                           "two chunks per context-parallel rank)")
-    if par.ep > 1:
-        raise ConfigError(f"{where}: expert parallel needs an MoE model (not built yet)")
+    _validate_experts(cfg, par, world_size, where)
     if cfg.float8 and tp > 1:
         raise ConfigError(f"{where}: workload.float8 with tp={tp} needs torchao's float8 "
                           "parallel styles (Float8ColwiseParallel, ...): not built; float8 "
                           "runs with FSDP2, HSDP, cp and pp")
     _validate_pipeline(cfg, par, pp, where)
+
+
+def _validate_experts(cfg, par: ParallelismConfig, world_size: int, where: str) -> None:
+    """The MoE block on the mesh: ep splits its experts; tp (and pp with ep) not built."""
+    degrees, experts = par.degrees(world_size), cfg.moe_experts
+    if experts and degrees["tp"] > 1:
+        raise ConfigError(f"{where}: workload.moe_experts={experts} with tp={degrees['tp']}: "
+                          "tensor parallel's plan for the MoE block (torchtitan's expert "
+                          "tensor parallel) is not built; use ep and dp_shard")
+    if par.ep == 1:
+        return
+    if not experts:
+        raise ConfigError(f"{where}: expert parallel splits an MoE block's experts; set "
+                          "workload.moe_experts (0: a dense model)")
+    if experts % par.ep:
+        raise ConfigError(f"{where}: workload.moe_experts={experts} is not divisible by "
+                          f"ep={par.ep} (each rank holds moe_experts / ep experts)")
+    if degrees["pp"] > 1:
+        raise ConfigError(f"{where}: expert parallel under pipeline parallel is not built")
+    expert_mesh_dims(par, world_size)  # ep divides dp_shard x cp
 
 
 def _validate_pipeline(cfg, par: ParallelismConfig, pp: int, where: str) -> None:
@@ -261,19 +306,24 @@ def _validate_pipeline(cfg, par: ParallelismConfig, pp: int, where: str) -> None
                           "schedule's micro-batches accumulate; use pp_microbatches")
 
 
-def rank_roles(par: ParallelismConfig, world_size: int) -> dict[str, list[int]]:
+def rank_roles(par: ParallelismConfig, world_size: int,
+               skewed_experts: bool = False) -> dict[str, list[int]]:
     """``{role: its ranks}``, in rank order; ranks of one role run the same program on the
     same shapes, only on other process groups (the first is the one a fake capture records).
 
     A role is the pipeline stage and, under context parallel, the cp rank: ring attention's
-    load balancing gives each cp rank other query / key chunks in each ring step. Ranks that
-    differ only along dp_replicate, dp_shard or tp are alike.
+    load balancing gives each cp rank other query / key chunks in each ring step. With
+    ``skewed_experts`` (an MoE routing assumption with a hot expert), the ep rank too: each
+    holds other experts, hence receives other token counts. Ranks that differ only along
+    dp_replicate, dp_shard or tp are alike.
     """
     roles: dict[str, list[int]] = {}
     degrees = par.degrees(world_size)
     for rank in range(world_size):
         c = coordinates(par, world_size, rank)
         parts = ([f"pp stage {c['pp']}"] if degrees["pp"] > 1 else []) \
-            + ([f"cp rank {c['cp']}"] if degrees["cp"] > 1 else [])
+            + ([f"cp rank {c['cp']}"] if degrees["cp"] > 1 else []) \
+            + ([f"ep rank {ep_index(par, world_size, rank)}"]
+               if skewed_experts and par.ep > 1 else [])
         roles.setdefault(", ".join(parts) or "every rank", []).append(rank)
     return roles

@@ -9,7 +9,10 @@ on its own process groups. So each role's first rank is recorded in a fake world
 actors/capture/group_names.py); each other rank's file is its role's trace with the group
 names of that rank (whose process-group table comes from building the same mesh as that
 rank, nothing else). Ranks of one role thus differ in group names only, and a dry run
-(tracefleet-predict) replays one file per role.
+(tracefleet-predict) replays one file per role. As on a 1-D fake capture, the recorded step
+writes the run's own frees (actors/capture/free_markers.py): storages torch's parallel code
+keeps referenced past their last use (ring attention's gathered keys and values, held by its
+rotater until the ring returns) are held as long by the faithful replay.
 """
 from __future__ import annotations
 
@@ -103,8 +106,10 @@ def run_mesh_capture(cfg: dict, out_dir: str, world_size: int,
     ``num_files`` set: write only the recorded ranks' files (one per role: what a dry run
     needs)."""
     os.makedirs(out_dir, exist_ok=True)
-    par = workload_config(cfg).parallelism
-    roles = rank_roles(par, world_size)
+    wl = workload_config(cfg)
+    par = wl.parallelism
+    roles = rank_roles(par, world_size, skewed_experts=wl.moe_experts > 0 and
+                       wl.moe_routing_skew > 0)
     no_memory = MemoryMeter(torch.device("meta")).result()
     from actors.capture.meta_world import FAKE_MEMORY_METHOD
 

@@ -11,9 +11,10 @@ import torch
 from actors.capture.attention import Attention
 from actors.capture.checkpointing import ActivationCheckpointing
 from actors.capture.mesh import ParallelismConfig
+from actors.capture.moe import MoeRouter, MoeSpec, max_skew
 from actors.choices import Choice
 from actors.errors import ConfigError
-from actors.zero3.config import Zero3Config
+from actors.zero3.config import OffloadDevice, Zero3Config
 
 
 class ModelName(Choice):
@@ -146,6 +147,24 @@ class WorkloadConfig:
     batch_size: int = 4
     # fused (one flash kernel, nothing seq x seq kept) or math (explicit softmax).
     attention: Attention = Attention.fused
+    # llama: routed experts of every block's feed-forward, a Mixture of Experts (a router and
+    # top-k SwiGLU experts, Mixtral / DeepSeek-like: actors/capture/moe.py); 0 = the dense
+    # SwiGLU. parallelism.ep splits them over ranks (expert parallel).
+    moe_experts: int = 0
+    # moe_experts > 0: experts each token is routed to.
+    moe_top_k: int = 2
+    # moe_experts > 0: each expert's hidden size; 0 = ffn_dim's rule.
+    moe_ffn_dim: int = 0
+    # moe_experts > 0: shared experts every token also runs (DeepSeek's), 0 = none.
+    moe_shared_experts: int = 0
+    # moe_experts > 0: topk (the gate's best top_k scores per token; on fake and meta, where
+    # the choice has no value, the routing assumption's loads stand for it) or fixed (the
+    # assumption's loads imposed on every run, real ones included: a real run that routes as
+    # its fake capture assumes).
+    moe_router: MoeRouter = MoeRouter.topk
+    # The routing assumption: expert 0 receives (1 + skew) x the mean load, the others share
+    # the rest equally; 0 = balanced, at most moe_experts / moe_top_k - 1 (every token).
+    moe_routing_skew: float = 0.0
     # llama: rotary embedding base.
     rope_theta: float = 500000.0
     # llama: RMSNorm epsilon.
@@ -168,6 +187,11 @@ class WorkloadConfig:
     zero3_max_reuse_distance: int = 0
     # zero3: gradient elements per reduce-scatter bucket (reduce_bucket_size).
     zero3_reduce_bucket_size: int = 200_000
+    # zero3: DeepSpeed's offload_optimizer.device (cpu: the fp32 master partition, moments and
+    # gradient partitions in host memory, the update there; DeepSpeed's torch AdamW kept).
+    zero3_offload_optimizer: OffloadDevice = OffloadDevice.none
+    # zero3: DeepSpeed's offload_param.device (cpu: the parameter partitions in host memory).
+    zero3_offload_param: OffloadDevice = OffloadDevice.none
     # zero3: let DeepSpeed JIT-build its CPU shm comm op (30-90 s with g++ the first time;
     # skipped if the build fails). Off by default: only DeepSpeed's inference all-reduce uses
     # it, so a training trace is the same without it.
@@ -191,6 +215,9 @@ class WorkloadConfig:
             self.activation_checkpointing, "workload.activation_checkpointing")
         self.device = WorkloadDevice.coerce(self.device, "workload.device")
         self.attention = Attention.coerce(self.attention, "workload.attention")
+        self.moe_router = MoeRouter.coerce(self.moe_router, "workload.moe_router")
+        for name in ("zero3_offload_optimizer", "zero3_offload_param"):
+            setattr(self, name, OffloadDevice.coerce(getattr(self, name), f"workload.{name}"))
         # The deprecated aliases, resolved here and only here. An alias replaces fields left at
         # their defaults (a preset's model too, when it agrees); a field set to something else
         # is a contradiction, refused rather than silently overridden.
@@ -258,7 +285,37 @@ def validate(cfg: WorkloadConfig) -> None:
         if (cfg.d_model // cfg.n_heads) % 2:
             raise ConfigError(f"workload.d_model / workload.n_heads = {cfg.d_model // cfg.n_heads}"
                               ": rotary embeddings need an even head size")
+    _validate_moe(cfg)
     _validate_recipe(cfg)
+
+
+def _validate_moe(cfg: WorkloadConfig) -> None:
+    """The MoE knobs (moe_*): ranges, and the llama only."""
+    if cfg.moe_experts < 0 or cfg.moe_ffn_dim < 0 or cfg.moe_shared_experts < 0:
+        raise ConfigError(f"workload.moe_experts={cfg.moe_experts}, moe_ffn_dim="
+                          f"{cfg.moe_ffn_dim}, moe_shared_experts={cfg.moe_shared_experts}: "
+                          "must be >= 0")
+    if not cfg.moe_experts:
+        return
+    if cfg.model != ModelName.llama:
+        raise ConfigError(f"workload.moe_experts={cfg.moe_experts}: the MoE block is the "
+                          f"built-in llama's (got workload.model={cfg.model})")
+    if not 1 <= cfg.moe_top_k <= cfg.moe_experts:
+        raise ConfigError(f"workload.moe_top_k={cfg.moe_top_k}: must be 1 to moe_experts="
+                          f"{cfg.moe_experts}")
+    most = max_skew(cfg.moe_top_k, cfg.moe_experts)
+    if not 0 <= cfg.moe_routing_skew <= most:
+        raise ConfigError(f"workload.moe_routing_skew={cfg.moe_routing_skew}: must be 0 to "
+                          f"moe_experts / moe_top_k - 1 = {most:g} (the hot expert then gets "
+                          "every token)")
+
+
+def moe_spec(cfg: WorkloadConfig) -> MoeSpec | None:
+    """The MoE block ``cfg`` asks for (None: the dense feed-forward)."""
+    if not cfg.moe_experts:
+        return None
+    return MoeSpec(cfg.moe_experts, cfg.moe_top_k, cfg.moe_ffn_dim or ffn_dim_of(cfg),
+                   cfg.moe_shared_experts, cfg.moe_router, float(cfg.moe_routing_skew))
 
 
 def _validate_recipe(cfg: WorkloadConfig) -> None:
@@ -288,7 +345,14 @@ def _validate_recipe(cfg: WorkloadConfig) -> None:
                           "no cpu kernel for it here)")
     if cfg.cpu_offload and cfg.parallel != Parallel.fsdp2:
         raise ConfigError(f"workload.cpu_offload=true is FSDP2's CPUOffloadPolicy; {where} "
-                          "(DeepSpeed's offload is a ZeRO-3 emulation setting, not built)")
+                          "(DeepSpeed's: workload.zero3_offload_optimizer / zero3_offload_param "
+                          "on zero3, zero3_emulation.offload_* for its emulation)")
+    offloaded = [f"workload.{n}={getattr(cfg, n)}" for n in ("zero3_offload_optimizer",
+                                                               "zero3_offload_param")
+                 if getattr(cfg, n) != OffloadDevice.none]
+    if offloaded and cfg.parallel != Parallel.zero3:
+        raise ConfigError(f"{', '.join(offloaded)} is DeepSpeed's offload; {where} (FSDP2's: "
+                          "workload.cpu_offload)")
     if cfg.parallel == Parallel.zero3 and cfg.precision in (Precision.bf16, Precision.fp16):
         raise ConfigError(f"{where} with workload.precision={cfg.precision}: DeepSpeed keeps "
                           "fp32 master weights in its optimizer; use precision=bf16_mixed "

@@ -20,7 +20,7 @@ from actors.capture.llama import Llama, TransformerBlock
 from actors.capture.mesh import batch_rows, dp_index, validate_parallelism
 from actors.capture.workload_config import (PARAM_DTYPES, ModelName, Parallel, WorkloadConfig,
                                             WorkloadDevice,
-                                            ffn_dim_of, validate)
+                                            ffn_dim_of, moe_spec, validate)
 
 
 def build_model(cfg: WorkloadConfig) -> tuple[nn.Module, type]:
@@ -31,7 +31,8 @@ def build_model(cfg: WorkloadConfig) -> tuple[nn.Module, type]:
                     ffn_dim_of(cfg), cfg.attention)
         return model, Block
     model = Llama(cfg.vocab, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads or cfg.n_heads,
-                  ffn_dim_of(cfg), cfg.seq_len, cfg.rope_theta, cfg.norm_eps, cfg.attention)
+                  ffn_dim_of(cfg), cfg.seq_len, cfg.rope_theta, cfg.norm_eps, cfg.attention,
+                  moe_spec(cfg))
     return model, TransformerBlock
 
 

@@ -31,6 +31,7 @@ def zero3_step(model: nn.Module, cfg, leaf_class: type | None):
     shm_status = prepare_shm_comm_op(cfg.build_shm_op)
     if cfg.leaf_modules and leaf_class is not None:
         deepspeed.utils.set_z3_leaf_modules(model, [leaf_class])
+    offload = _offload_sections(cfg)
     ds_config = {
         "train_micro_batch_size_per_gpu": cfg.batch_size,
         "gradient_accumulation_steps": cfg.grad_accum_steps,
@@ -41,7 +42,10 @@ def zero3_step(model: nn.Module, cfg, leaf_class: type | None):
             "stage3_prefetch_bucket_size": cfg.zero3_prefetch_bucket_size,
             "stage3_max_reuse_distance": cfg.zero3_max_reuse_distance,
             "reduce_bucket_size": cfg.zero3_reduce_bucket_size,
+            **offload,
         },
+        # offloaded, DeepSpeed would insist on DeepSpeedCPUAdam (a C++ op built on first use)
+        **({"zero_force_ds_cpu_optimizer": False} if offload else {}),
         "fp16": {"enabled": False},
         "bf16": {"enabled": cfg.precision == "bf16_mixed"},
         "steps_per_print": 2**31 - 1,  # keep DeepSpeed's per-step log quiet
@@ -58,6 +62,13 @@ def zero3_step(model: nn.Module, cfg, leaf_class: type | None):
     step.engine = engine  # DeepSpeed's own buffers, for tests that count them
     return step, {"deepspeed_version": deepspeed.__version__, "ds_config": ds_config,
                   "shm_comm_op": shm_status}
+
+
+def _offload_sections(cfg) -> dict:
+    """DeepSpeed's ``offload_optimizer`` / ``offload_param`` for workload.zero3_offload_*."""
+    return {f"offload_{part}": {"device": str(device)} for part, device in (
+        ("optimizer", cfg.zero3_offload_optimizer), ("param", cfg.zero3_offload_param))
+        if str(device) != "none"}
 
 
 def prepare_shm_comm_op(build: bool) -> str:

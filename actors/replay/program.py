@@ -28,6 +28,7 @@ from actors.replay.ops.meta_outputs import RecordedOutputs
 from actors.replay.ops.op_call import OpCaller
 from actors.replay.steps import Step
 from actors.trace.autograd_lifetimes import hold_checkpoint_inputs, hold_node_inputs
+from actors.trace.collective_lifetimes import hold_collective_inputs
 from actors.trace.optimizer_lifetimes import hold_gradients_through_step
 from actors.trace.categories import storage_categories
 from actors.trace.fsdp2_lifetimes import (hold_forward_all_gather_outputs,
@@ -80,6 +81,7 @@ def compile_program(trace: Trace, cfg: ReplayConfig, device: torch.device, rank:
         hold_checkpoint_inputs(trace.ops, live)  # the checkpoint frame keeps them
         hold_node_inputs(trace.ops, live)  # a backward node releases them when it returns
         hold_gradients_through_step(trace.ops, live)  # .grad lives until zero_grad
+        hold_collective_inputs(trace.ops, live)  # async work keeps them until its wait
         hold_recorded_frees(trace.recorded_frees, live)  # the run's own frees, where recorded
     steps = [planning.compile_step(op, device, cfg.mode) for op in trace.ops]
     if all(s.reason == "out of scope" for s in steps):

@@ -32,6 +32,27 @@ class StatesLayout(Choice):
     trace = "trace"  # only the trace's own optimizer state and gradients, partitioned
 
 
+class OffloadDevice(Choice):
+    """Where DeepSpeed keeps an offloaded part (its ``offload_*.device``; nvme is not built)."""
+
+    none = "none"  # on the accelerator
+    cpu = "cpu"  # in host memory
+
+
+@dataclass
+class OffloadConfig:
+    """DeepSpeed's ``offload_optimizer`` / ``offload_param`` section (its device)."""
+
+    device: OffloadDevice = OffloadDevice.none
+
+    def __post_init__(self):
+        self.device = OffloadDevice.coerce(self.device, "zero3.offload_*.device")
+
+    @property
+    def enabled(self) -> bool:
+        return self.device != OffloadDevice.none
+
+
 class GradAccumDtype(Choice):
     """DeepSpeed's ``data_types.grad_accum_dtype``."""
 
@@ -101,8 +122,20 @@ class Zero3Config:
     # layout=deepspeed: dtype of the gradient partitions (DeepSpeed's data_types.grad_accum_dtype;
     # param = the parameters' dtype, its default).
     grad_accum_dtype: GradAccumDtype = GradAccumDtype.param
+    # DeepSpeed's offload_optimizer (ZeRO-Offload): device cpu keeps the optimizer's part in
+    # host memory (the fp32 master partition, the moments, the gradient partitions and their
+    # fp32 copy; the update runs there), so the device holds the parameter partition, the
+    # reduce bucket and the gradients until they are reduced. Host bytes are reported apart.
+    offload_optimizer: OffloadConfig = field(default_factory=OffloadConfig)
+    # DeepSpeed's offload_param (ZeRO-Infinity): device cpu keeps the parameter partitions in
+    # host memory; each fetch copies this rank's partition to the device for the all-gather.
+    offload_param: OffloadConfig = field(default_factory=OffloadConfig)
 
     def __post_init__(self):
+        for name in ("offload_optimizer", "offload_param"):
+            section = getattr(self, name)
+            if isinstance(section, dict):  # rebuilt from asdict (meta.json, ranks)
+                setattr(self, name, OffloadConfig(**section))
         self.strategy = Zero3Strategy.coerce(self.strategy, "zero3.strategy")
         self.modules_by = ParamRef.coerce(self.modules_by, "zero3.modules_by")
         self.layout = StatesLayout.coerce(self.layout, "zero3.layout")

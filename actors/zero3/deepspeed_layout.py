@@ -19,6 +19,12 @@ rank, for the partitioned parameters (partition = the rank's shard, padded):
 * in the update, ``_prepare_fp32_grad_for_sub_group`` flattens the gradient partitions (a
   new tensor) and converts it to fp32 (another one when gradients are narrower), held
   through the optimizer step.
+
+With ``offload_optimizer`` (device cpu; DeepSpeed sets its ``self.device`` to the host) the
+master partition, the moments and the gradient-partition buffer are made in host memory, and
+so is a persistent fp32 gradient partition per sub-group (``fp32_partitioned_groups_flat[i]
+.grad``), into which the reduced gradients are copied at the accumulation boundary; the update
+runs there on it, without the flattened copies. The reduce bucket stays on the device.
 """
 from __future__ import annotations
 
@@ -42,24 +48,36 @@ class DeepSpeedBuffers:
     reduce_bucket_bytes: int  # contiguous-gradients reduce bucket(s) (communication)
     update_flat_grad_bytes: int  # the update's flattened gradient partition (gradients)
     update_fp32_grad_bytes: int  # its fp32 copy when gradients are narrower (gradients)
+    # offload_optimizer: the master, moments, gradient partitions and this are host memory
+    offload_optimizer: bool = False
+    fp32_grad_bytes: int = 0  # offloaded: the persistent fp32 gradient partition (gradients)
 
     @property
     def persistent_bytes(self) -> int:
         return (self.master_bytes + self.state_upcast_bytes + self.grad_partition_bytes
-                + self.reduce_bucket_bytes)
+                + self.reduce_bucket_bytes + self.fp32_grad_bytes)
+
+    @property
+    def host_bytes(self) -> int:
+        """What of the persistent buffers is host memory (offload_optimizer)."""
+        return self.persistent_bytes - self.reduce_bucket_bytes if self.offload_optimizer else 0
 
     def as_dict(self) -> dict:
         return {"master_bytes": self.master_bytes, "state_upcast_bytes": self.state_upcast_bytes,
                 "grad_partition_bytes": self.grad_partition_bytes,
                 "reduce_bucket_bytes": self.reduce_bucket_bytes,
                 "update_flat_grad_bytes": self.update_flat_grad_bytes,
-                "update_fp32_grad_bytes": self.update_fp32_grad_bytes}
+                "update_fp32_grad_bytes": self.update_fp32_grad_bytes,
+                "offload_optimizer": self.offload_optimizer,
+                "fp32_grad_bytes": self.fp32_grad_bytes}
 
 
 def deepspeed_buffers(partitioned: list[Param], states: list[ModelState], world: int,
-                      reduce_bucket_size: int, grad_accum_dtype: str | None) -> DeepSpeedBuffers:
+                      reduce_bucket_size: int, grad_accum_dtype: str | None,
+                      offload_optimizer: bool = False) -> DeepSpeedBuffers:
     """DeepSpeed's buffers for ``partitioned`` parameters and the trace's model ``states``;
-    ``grad_accum_dtype`` None means each parameter's own dtype (DeepSpeed's default)."""
+    ``grad_accum_dtype`` None means each parameter's own dtype (DeepSpeed's default);
+    ``offload_optimizer``: its offload_optimizer device is cpu (see the module docstring)."""
     shard = {p.suid: shard_numel(p.numel, world) for p in partitioned}
     total = sum(shard.values())
     grad_itemsize = {p.suid: _ITEMSIZE.get(grad_accum_dtype, p.itemsize) if grad_accum_dtype
@@ -72,7 +90,10 @@ def deepspeed_buffers(partitioned: list[Param], states: list[ModelState], world:
     return DeepSpeedBuffers(
         master_bytes=total * FP32_BYTES, state_upcast_bytes=upcast, grad_partition_bytes=grad_bytes,
         reduce_bucket_bytes=sum(reduce_bucket_size * size for size in dtypes.values()),
-        update_flat_grad_bytes=grad_bytes, update_fp32_grad_bytes=narrow * FP32_BYTES)
+        update_flat_grad_bytes=0 if offload_optimizer else grad_bytes,
+        update_fp32_grad_bytes=0 if offload_optimizer else narrow * FP32_BYTES,
+        offload_optimizer=offload_optimizer,
+        fp32_grad_bytes=total * FP32_BYTES if offload_optimizer else 0)
 
 
 def update_windows(phase: list[str], update: str) -> list[tuple[int, int]]:

@@ -57,9 +57,12 @@ class Zero3Extension(ReplayExtension):
         self.z = build_plan(ctx.trace, ctx.liveness, self.cfg, world, self.marks)
         hpz_group = _node_group(ctx.rank, world, hpz, ctx.cfg.collective_timeout_s) \
             if group is not None and hpz > 1 else None
+        offload_optimizer = self.cfg.offload_optimizer.enabled
         self.runtime = Zero3Runtime(self.z.plan.homes, world, ctx.rank % world, ctx.device,
                                     ctx.store, ctx.memory, group, hpz=hpz,
-                                    hpz_group=hpz_group)
+                                    hpz_group=hpz_group,
+                                    host_shards=self.cfg.offload_param.enabled,
+                                    host_update=offload_optimizer)
         self.engine = ctx
         partitioned = [p for p in self.z.params if not self.z.home_of[p.suid].persistent]
         deepspeed = self.cfg.layout == StatesLayout.deepspeed
@@ -72,14 +75,16 @@ class Zero3Extension(ReplayExtension):
             accum = self.cfg.grad_accum_dtype
             self.buffers = deepspeed_buffers(partitioned, found, world,
                                              self.cfg.reduce_bucket_size,
-                                             None if accum == GradAccumDtype.param else str(accum))
-            for first, end in update_windows(phase, UPDATE):
+                                             None if accum == GradAccumDtype.param else str(accum),
+                                             offload_optimizer)
+            # offloaded, the update steps the host's fp32 gradient partition: no flat copies
+            for first, end in [] if offload_optimizer else update_windows(phase, UPDATE):
                 self.states.late.setdefault(first, []).append(("update_begin", None))
                 self.states.early.setdefault(end, []).insert(0, ("update_end", None))
         self.states_runtime = ModelStatesRuntime(
             self.states, world, ctx.rank % world, ctx.device, ctx.store, ctx.memory,
             self.runtime.metrics, views_of(ctx.trace, {m.suid for m in found}), group,
-            self.buffers)
+            self.buffers, host=offload_optimizer)
 
     def allocate(self) -> None:
         """Parameter shards (persistent parameters whole) and optimizer-state shards: held
@@ -148,6 +153,8 @@ class Zero3Extension(ReplayExtension):
                "num_optimizer_states": len(self.states.of_kind(STATE)),
                "num_update_temporaries": len(self.states.of_kind(TEMP)),
                "layout": cfg.layout.value,
+               "offload_optimizer": cfg.offload_optimizer.device.value,
+               "offload_param": cfg.offload_param.device.value,
                "deepspeed_buffers": self.buffers.as_dict() if self.buffers else None}
         out.update(self.runtime.metrics.summary())
         if self.buffers is not None:  # the gradient shards live in DeepSpeed's partition buffer

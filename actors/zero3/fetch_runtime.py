@@ -49,8 +49,14 @@ class Zero3Runtime:
     """Shards and gathered buffers of one rank; ``run(events)`` is the body of every hook."""
 
     def __init__(self, homes: list[Home], world: int, rank: int, device: torch.device,
-                 store, memory, group=None, init_full=None, hpz: int = 1, hpz_group=None):
+                 store, memory, group=None, init_full=None, hpz: int = 1, hpz_group=None,
+                 host_shards: bool = False, host_update: bool = False):
         self.homes, self.world, self.rank, self.device = homes, world, rank, device
+        # DeepSpeed's offload_param: the partitioned shards are host memory, each gather
+        # copies this rank's to the device first; offload_optimizer: the update (its
+        # shard-sized scratch) runs in host memory
+        self.host_shards, self.host_update = host_shards, host_update
+        self.staged: dict[int, int] = {}  # gather id -> bytes of its shards' device copy
         self.store, self.memory, self.group = store, memory, group
         self.hpz, self.hpz_group = hpz, hpz_group  # ranks per secondary group, its group
         # init_full(param) -> its full values (tests); default: the store's constant fill
@@ -95,7 +101,7 @@ class Zero3Runtime:
             elif self.device.type != "meta":
                 shard.fill_(FLOAT_FILL)
             self.shards[h] = shard
-            self.memory.charge(_nbytes(shard), PARAMETERS)
+            self.memory.charge(_nbytes(shard), PARAMETERS, self.host_shards)
             m.shard_bytes += _nbytes(shard)
         self.bind_persistent()
 
@@ -132,6 +138,9 @@ class Zero3Runtime:
         self.memory.charge(_nbytes(out), COMMUNICATION)
         chunk = g.numel // ranks
         slot = out[rank * chunk:(rank + 1) * chunk]
+        if self.host_shards and not local:  # the host shards' device copy, until the wait
+            self.staged[g.id] = _nbytes(slot)
+            self.memory.charge(_nbytes(slot), COMMUNICATION)
         if len(g.homes) > 1:
             torch.cat([sources[h] for h in g.homes], out=slot)
         else:
@@ -156,6 +165,9 @@ class Zero3Runtime:
             out.fill_(FLOAT_FILL)  # the other ranks' slots, standing in for the transfer
         t1 = time.perf_counter()
         m.wait_s += t1 - t0
+        staged = self.staged.pop(g.id, 0)
+        if staged:
+            self.memory.discharge(staged, COMMUNICATION)
         if g.kind == "coalesced":
             numels = [h.params[0].numel for h in g.homes]
             for h, padded in zip(g.homes, reassemble(out, numels, ranks, self.world)):
@@ -210,7 +222,7 @@ class Zero3Runtime:
             if self.device.type != "meta":
                 shard.fill_(FLOAT_FILL)
             nbytes = _nbytes(shard)
-            self.memory.charge(nbytes, TEMPORARIES)
+            self.memory.charge(nbytes, TEMPORARIES, self.host_update)
             self.metrics.add_scratch(nbytes)
         else:
             shard, nbytes = self.shards[home], 0
@@ -228,7 +240,7 @@ class Zero3Runtime:
         nbytes, _ = self.held.pop(h)
         if h in self.scratched:
             self.scratched.discard(h)
-            self.memory.discharge(nbytes, TEMPORARIES)
+            self.memory.discharge(nbytes, TEMPORARIES, self.host_update)
             self.metrics.add_scratch(-nbytes)
         else:
             self.memory.discharge(nbytes, COMMUNICATION)
@@ -251,6 +263,9 @@ class Zero3Runtime:
             self.memory.discharge(_nbytes(out), COMMUNICATION)
             self.metrics.add_gathered(-_nbytes(out))
         self.inflight.clear()
+        for staged in self.staged.values():
+            self.memory.discharge(staged, COMMUNICATION)
+        self.staged.clear()
         for h in [h for h in self.held if not h.persistent]:
             self._drop(h)
         self.forward_gathered.clear()

@@ -38,8 +38,11 @@ class ModelStatesRuntime:
 
     def __init__(self, plan: StatesPlan, world: int, rank: int, device: torch.device, store,
                  memory, metrics: Zero3Metrics, views: dict[int, list], group=None,
-                 buffers: DeepSpeedBuffers | None = None):
+                 buffers: DeepSpeedBuffers | None = None, host: bool = False):
         self.plan, self.world, self.rank, self.device = plan, world, rank, device
+        # DeepSpeed's offload_optimizer: optimizer state, gradient shards and the update's
+        # temporaries are host memory (charged as such); full gradients stay the device's
+        self.host = host
         self.store, self.memory, self.metrics, self.group = store, memory, metrics, group
         self.views = views  # suid -> its TensorArgs (one per tensor uid)
         self.state_shards: dict[int, torch.Tensor] = {}  # suid -> optimizer-state shard
@@ -48,24 +51,27 @@ class ModelStatesRuntime:
         # zero3.layout=deepspeed: DeepSpeed's own buffers (gradient shards live in its
         # gradient-partition buffer, so they cost nothing more)
         self.buffers = buffers
-        self.ds_persistent: list[tuple[torch.Tensor, int]] = []  # (buffer, category)
-        self.update_held: list[tuple[torch.Tensor, int]] = []  # the update's flat gradients
+        self.ds_persistent: list[tuple] = []  # (buffer, category, host)
+        self.update_held: list[tuple] = []  # the update's flat gradients, as ds_persistent
 
     # --- set-up ---------------------------------------------------------------------------
     def allocate(self) -> None:
         """Optimizer-state shards, charged once and bound."""
         for m in self.plan.of_kind(STATE):
             shard = self._empty(m.shard_numel(self.world), m.dtype)
-            self.memory.charge(_nbytes(shard), OPTIMIZER_STATE)
+            self.memory.charge(_nbytes(shard), OPTIMIZER_STATE, self.host)
             self.metrics.optimizer_state_bytes += _nbytes(shard)
             self.state_shards[m.suid] = shard
         self.bind_states()
         if self.buffers is not None:
-            b = self.buffers
-            for nbytes, category in ((b.master_bytes + b.state_upcast_bytes, OPTIMIZER_STATE),
-                                     (b.grad_partition_bytes, GRADIENTS),
-                                     (b.reduce_bucket_bytes, COMMUNICATION)):
-                self.ds_persistent.append(self._charged_bytes(nbytes, category))
+            b, host = self.buffers, self.buffers.offload_optimizer
+            for nbytes, category, on_host in (
+                    (b.master_bytes + b.state_upcast_bytes, OPTIMIZER_STATE, host),
+                    (b.grad_partition_bytes, GRADIENTS, host),
+                    (b.fp32_grad_bytes, GRADIENTS, host),
+                    (b.reduce_bucket_bytes, COMMUNICATION, False)):
+                if nbytes:
+                    self.ds_persistent.append(self._charged_bytes(nbytes, category, on_host))
             self.metrics.optimizer_state_bytes += b.master_bytes + b.state_upcast_bytes
 
     def bind_states(self) -> None:
@@ -110,14 +116,14 @@ class ModelStatesRuntime:
 
     def update_end(self, _=None) -> None:
         """After the optimizer step: the flat gradients go."""
-        for x, category in self.update_held:
-            self.memory.discharge(_nbytes(x), category)
+        for x, category, host in self.update_held:
+            self.memory.discharge(_nbytes(x), category, host)
         self.update_held.clear()
 
     def temp(self, t: ModelState) -> None:
         """Before the op that makes update temporary ``t``: its shard size."""
         nbytes = t.shard_bytes(self.world)
-        self.memory.charge(nbytes, TEMPORARIES)
+        self.memory.charge(nbytes, TEMPORARIES, self.host)
         self.metrics.add_scratch(nbytes)
         self.held[t] = (nbytes, True)
 
@@ -143,7 +149,8 @@ class ModelStatesRuntime:
             return
         nbytes, is_shard = held
         self.store.unbind(m.suid)
-        self.memory.discharge(nbytes, GRADIENTS if m.kind == GRAD else TEMPORARIES)
+        self.memory.discharge(nbytes, GRADIENTS if m.kind == GRAD else TEMPORARIES,
+                              self.host and (is_shard or m.kind != GRAD))
         if m.kind != GRAD:
             self.metrics.add_scratch(-nbytes)
         elif is_shard:
@@ -161,7 +168,7 @@ class ModelStatesRuntime:
     # --- helpers --------------------------------------------------------------------------
     def _to_shard(self, g: ModelState, shard: torch.Tensor) -> None:
         nbytes = 0 if self.buffers is not None else _nbytes(shard)  # in the partition buffer
-        self.memory.charge(nbytes, GRADIENTS)
+        self.memory.charge(nbytes, GRADIENTS, self.host)
         self.metrics.add_grad_shard(nbytes)
         full_bytes, _ = self.held[g]
         self.store.unbind(g.suid)
@@ -221,10 +228,11 @@ class ModelStatesRuntime:
         self.memory.discharge(_nbytes(rows) + _nbytes(out), COMMUNICATION)
         return shards
 
-    def _charged_bytes(self, nbytes: int, category: int) -> tuple[torch.Tensor, int]:
+    def _charged_bytes(self, nbytes: int, category: int,
+                       host: bool = False) -> tuple[torch.Tensor, int, bool]:
         """A buffer of ``nbytes`` really allocated (measured on cpu) and charged."""
-        self.memory.charge(nbytes, category)
-        return torch.empty(nbytes, dtype=torch.uint8, device=self.device), category
+        self.memory.charge(nbytes, category, host)
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.device), category, host
 
     def _empty(self, numel: int, dtype: str, fill: bool = True) -> torch.Tensor:
         x = torch.empty(numel, dtype=torch_dtype(dtype), device=self.device)

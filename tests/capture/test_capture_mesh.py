@@ -18,6 +18,7 @@ from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
 from actors.trace import load_trace
 from actors.trace.conventions import trace_file_name
+from actors.trace.liveness import compute_liveness
 from orchestrator.preflight.validate import preflight
 from orchestrator.run.capture import CaptureConfig, run_capture_job
 
@@ -114,6 +115,23 @@ def test_cp_ranks_are_roles_and_a_dry_run_needs_one_file_each(cp_job, tmp_path):
     assert [r["rank"] for r in few["ranks"]] == [0, 1]
     assert sorted(p.name for p in (tmp_path / "reps").glob("rank-*")) == \
         [trace_file_name(0), trace_file_name(1)]
+
+
+def test_cp_traces_record_the_frees_of_ring_attention(cp_job):
+    """torch's ring attention keeps the all-gathered keys and values (its rotater's buffer)
+    until the ring function returns, long after the last kernel reads them: the mesh capture
+    writes the run's frees, so the faithful replay holds the buffer that long."""
+    out, _ = cp_job
+    trace = load_trace(out / trace_file_name(1))
+    live = compute_liveness(trace.ops, trace.num_storages)
+    freed_at = {suid: end for suid, end, _ in trace.recorded_frees}
+    waited = []  # the wait's output of each ring all-gather: the rotater's buffer
+    for op in trace.ops:
+        if op.name == "_c10d_functional::wait_tensor" and \
+                trace.ops[op.index - 1].name == "_c10d_functional::all_gather_into_tensor":
+            waited += [t.suid for t in op.output_tensors()]
+    assert len(waited) == 2 * TINY["n_layers"]  # one per layer, forward and backward
+    assert all(freed_at[s] > live.storage_last[s] for s in waited)
 
 
 def test_hsdp_all_reduces_across_replicas(tmp_path):

@@ -142,6 +142,24 @@ def test_known_values_are_integral_and_hidden_from_fakeness_predicates():
             bool((mask == 0).all())
 
 
+def test_integer_constants_have_their_values():
+    """``torch.tensor(data)`` of integers is known (split sizes made from counts read back
+    with ``tolist()``); of floats it is not."""
+    with unique_meta_storages(), CaptureFakeMode():
+        counts = torch.tensor([3, 4, 5, 6])
+        assert counts.view(2, 2).sum(1).tolist() == [7, 11]
+        assert value_of(torch.tensor([1.5, 2.5])) is None
+
+
+def test_a_functional_wait_returns_its_input_storage():
+    """Eagerly ``wait_tensor`` returns the collective's own result; on fake too, so a trace
+    does not hold the result twice."""
+    with unique_meta_storages(), CaptureFakeMode():
+        result = torch.empty(4, 4)
+        waited = torch.ops._c10d_functional.wait_tensor(result)
+        assert waited.untyped_storage()._cdata == result.untyped_storage()._cdata
+
+
 class Kept(nn.Module):
     """Returns its hidden activation beside the output; the step keeps both until backward."""
 

@@ -27,10 +27,10 @@ class _Recorder:
     def released(self, suid):
         self.events.append(("released", suid))
 
-    def charged(self, nbytes, category):
+    def charged(self, nbytes, category, host=False):
         self.events.append(("charged", nbytes))
 
-    def discharged(self, nbytes, category):
+    def discharged(self, nbytes, category, host=False):
         self.events.append(("discharged", nbytes))
 
 

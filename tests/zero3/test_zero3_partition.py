@@ -46,10 +46,10 @@ class FakeMemory:
     def __init__(self):
         self.held_bytes = 0
 
-    def charge(self, n, category=None):
+    def charge(self, n, category=None, host=False):
         self.held_bytes += n
 
-    def discharge(self, n, category=None):
+    def discharge(self, n, category=None, host=False):
         self.held_bytes -= n
 
 

@@ -1,8 +1,10 @@
 """The mesh recipe of the built-in Llama, in torchtitan's order (``parallelize_llama``):
-tensor parallel on ``tp``, ring attention on ``cp``, activation checkpointing (applied by
-the caller, actors/capture/workloads.py), then FSDP2 on ``dp_shard_cp`` — HSDP, a 2-D
+tensor parallel on ``tp``, ring attention on ``cp``, expert parallel on ``ep`` (the MoE
+blocks' experts split, :mod:`.expert_parallel`), activation checkpointing (applied by the
+caller, actors/capture/workloads.py), then FSDP2 on ``dp_shard_cp`` — HSDP, a 2-D
 ``(dp_replicate, dp_shard_cp)`` mesh, when there are replicas: parameters sharded within a
-replica, gradients reduce-scattered there and all-reduced across replicas.
+replica, gradients reduce-scattered there and all-reduced across replicas; the experts in
+units of their own over ``efsdp``.
 
 The step is FSDP2's (actors/capture/fsdp2.py): every block then the root ``fully_shard``-ed,
 AdamW, micro-batches; with pp, the pipeline schedule's over this rank's stages
@@ -24,6 +26,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from actors.capture.mesh import sub_mesh
 from actors.capture.parallelize.context_parallel import apply_context_parallel, shard_batch
+from actors.capture.parallelize.expert_parallel import apply_expert_parallel, expert_fsdp_mesh
 from actors.capture.parallelize.tensor_parallel import (apply_tensor_parallel,
                                                         loss_parallel_context)
 
@@ -54,8 +57,11 @@ def mesh_step(model: nn.Module, cfg, blocks: nn.ModuleList, device: torch.device
                 apply_tensor_parallel(part, tp_mesh, loss_parallel)
             if cp_mesh is not None:
                 apply_context_parallel(part, cp_mesh)
+            if par.ep > 1:
+                apply_expert_parallel(part, mesh.expert_mesh["ep"])
         if pp_mesh is None:
-            inner = fsdp2_step(model, cfg, blocks, device, world_size, fsdp_mesh)
+            experts_mesh = expert_fsdp_mesh(mesh.expert_mesh) if par.ep > 1 else None
+            inner = fsdp2_step(model, cfg, blocks, device, world_size, fsdp_mesh, experts_mesh)
         else:
             seq = cfg.seq_len // degrees["cp"]
             inner = pipeline_step(parts, cfg, device, pp_mesh, fsdp_mesh, _activation_dtype(cfg),

@@ -86,7 +86,8 @@ class MemoryTracker:
     def observe(self, observer) -> None:
         """Tell ``observer`` (an allocator model: actors/replay/memory/reserved_model.py) of every
         storage held and released, ``held(suid, nbytes)`` / ``released(suid)``, and of every
-        extension charge, ``charged(nbytes, category)`` / ``discharged(nbytes, category)``.
+        extension charge, ``charged(nbytes, category, host)`` / ``discharged(nbytes, category,
+        host)``.
         The op loop writes ``held`` directly, so the list itself reports its transitions."""
         self.held = _ObservedHeld(self.held, observer)
         self.observer = observer
@@ -109,12 +110,15 @@ class MemoryTracker:
         if self.held_bytes > self.peak_bytes:
             self.new_peak(self.step)
 
-    def charge(self, nbytes: int, category: int = TEMPORARIES) -> None:
+    def charge(self, nbytes: int, category: int = TEMPORARIES, host: bool = False) -> None:
         """Account bytes an extension allocated itself (checked against the capacity), as a
-        category of actors/trace/categories.py."""
-        self.check(nbytes)
+        category of actors/trace/categories.py. ``host``: the job keeps them in host memory
+        (DeepSpeed's offload): in the accounted total, not checked against the device's
+        capacity, and apart in an allocator model (its host peak)."""
+        if not host:
+            self.check(nbytes)
         if self.observer is not None:
-            self.observer.charged(nbytes, category)
+            self.observer.charged(nbytes, category, host)
         self.held_bytes += nbytes
         self.category_bytes[category] += nbytes
         if self.held_bytes > self.high_bytes:
@@ -122,10 +126,10 @@ class MemoryTracker:
         if self.held_bytes > self.peak_bytes:
             self.new_peak(self.step)
 
-    def discharge(self, nbytes: int, category: int = TEMPORARIES) -> None:
-        """Stop accounting bytes an extension released (charged as ``category``)."""
+    def discharge(self, nbytes: int, category: int = TEMPORARIES, host: bool = False) -> None:
+        """Stop accounting bytes an extension released (charged as ``category``, ``host``)."""
         if self.observer is not None:
-            self.observer.discharged(nbytes, category)
+            self.observer.discharged(nbytes, category, host)
         self.held_bytes -= nbytes
         self.category_bytes[category] -= nbytes
 

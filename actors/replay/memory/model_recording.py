@@ -79,12 +79,18 @@ class RecordingReservedModel(ReservedMemoryModel):
         super().released(suid)
         self._after(index)
 
-    def charged(self, nbytes: int, category: int = TEMPORARIES) -> None:
+    def charged(self, nbytes: int, category: int = TEMPORARIES, host: bool = False) -> None:
+        if host:  # not the device's: no allocation to record
+            super().charged(nbytes, category, host)
+            return
         index = self._tag(category)
         super().charged(nbytes, category)
         self._after(index)
 
-    def discharged(self, nbytes: int, category: int = TEMPORARIES) -> None:
+    def discharged(self, nbytes: int, category: int = TEMPORARIES, host: bool = False) -> None:
+        if host:
+            super().discharged(nbytes, category, host)
+            return
         index = self._tag(category)
         super().discharged(nbytes, category)
         self._after(index)

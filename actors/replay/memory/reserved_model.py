@@ -12,7 +12,8 @@ it per handle and stream. The optimizer's state, held from before the replay, is
 the warm-up iteration's optimizer step first allocates: torch.optim makes it lazily in the first
 ``step()`` (``zeros_like`` per parameter), after the first backward, so it is carved out of the
 blocks the activations left cached rather than reserved ahead of them. Storages of the
-target's ``host_categories`` (host offload) are not the device's: counted apart, as host bytes.
+target's ``host_categories`` (host offload) are not the device's: counted apart, as host bytes,
+as are an extension's charges marked ``host`` (the ZeRO-3 emulation's DeepSpeed offload).
 """
 from __future__ import annotations
 
@@ -102,11 +103,17 @@ class ReservedMemoryModel(ReplayExtension):
         if block is not None:
             self.model.free(block)
 
-    def charged(self, nbytes: int, category: int = TEMPORARIES) -> None:
-        if nbytes > 0:
+    def charged(self, nbytes: int, category: int = TEMPORARIES, host: bool = False) -> None:
+        if host:  # an extension's host memory (DeepSpeed's offload)
+            self.host_bytes += nbytes
+            self.host_peak_bytes = max(self.host_peak_bytes, self.host_bytes)
+        elif nbytes > 0:
             self._charges.setdefault(nbytes, []).append(self.model.malloc(nbytes))
 
-    def discharged(self, nbytes: int, category: int = TEMPORARIES) -> None:
+    def discharged(self, nbytes: int, category: int = TEMPORARIES, host: bool = False) -> None:
+        if host:
+            self.host_bytes -= nbytes
+            return
         blocks = self._charges.get(nbytes)
         if blocks:
             self.model.free(blocks.pop())

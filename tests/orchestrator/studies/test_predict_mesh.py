@@ -69,3 +69,16 @@ def test_reference_run_presets_compose_and_validate(preset, world, mesh):
     cfg = predict_config(f"workload={preset}", f"world_size={world}", "target=h100_96gb")
     cfg.validate()
     assert cfg.workload.parallelism.describe(world) == mesh
+
+
+def test_a_skewed_moe_job_names_its_hot_expert_rank_the_worst(tmp_path):
+    """Expert parallel with a hot expert (moe_routing_skew): the ep rank holding it receives
+    the most tokens and is the worst rank; the table names the mesh with ep."""
+    result = predict(_cfg(tmp_path, "workload.moe_experts=4", "workload.parallelism.ep=2",
+                          "workload.moe_routing_skew=1.0"))
+    mesh = result["mesh"]
+    assert mesh["description"] == "dp_shard 4 x ep 2"
+    assert mesh["ranks_per_role"] == {"ep rank 0": 2, "ep rank 1": 2}
+    assert mesh["worst_rank_role"] == "ep rank 0" and result["num_distinct_traces"] == 2
+    hot, cold = (result["per_role"][f"ep rank {e}"] for e in (0, 1))
+    assert hot["accounted_peak_bytes"] > cold["accounted_peak_bytes"]

@@ -39,3 +39,36 @@ def test_offloaded_states_leave_the_device_figures(tmp_path):
 def test_offload_is_fsdp2s():
     with pytest.raises(ConfigError, match="cpu_offload=true is FSDP2's CPUOffloadPolicy"):
         validate(WorkloadConfig(model="llama", parallel="ddp", cpu_offload=True))
+
+
+def test_deepspeed_offload_optimizer_leaves_the_device_figures(tmp_path):
+    """DeepSpeed's offload_optimizer in the ZeRO-3 emulation: the fp32 master partition,
+    moments and gradient partitions are host bytes; the device's allocated peak drops."""
+    def run(*overrides):
+        return predict(predict_config(
+            "workload=deepspeed_70b", f"predict.cache_dir={tmp_path}", "world_size=8",
+            "target=h100_80gb", *[f"workload.{k}={v}" for k, v in TINY.items()],
+            "workload.zero3_emulation.param_persistence_threshold=0",
+            "workload.zero3_emulation.reduce_bucket_size=100000", *overrides))
+
+    on_gpu = run()
+    offloaded = run("workload.zero3_emulation.offload_optimizer.device=cpu")
+    assert on_gpu["host_peak_bytes"] == 0
+    ds = offloaded["zero3_emulation"]
+    assert ds["offload_optimizer"]["device"] == "cpu"
+    moved = offloaded["host_peak_bytes"]
+    assert moved > 0
+    # most of what moved was the device's (the fp32 gradient copy and the update's
+    # temporaries are the host's own)
+    drop = on_gpu["predicted_allocated_peak_bytes"] - offloaded["predicted_allocated_peak_bytes"]
+    assert drop > moved / 2
+    assert "| host memory (offloaded) |" in prediction_table(offloaded)
+
+
+def test_deepspeeds_offload_knobs_are_its_own():
+    from actors.capture.zero3 import _offload_sections
+
+    with pytest.raises(ConfigError, match="zero3_offload_optimizer=cpu is DeepSpeed's offload"):
+        validate(WorkloadConfig(model="llama", parallel="fsdp2", zero3_offload_optimizer="cpu"))
+    cfg = WorkloadConfig(model="llama", parallel="zero3", zero3_offload_param="cpu")
+    assert _offload_sections(cfg) == {"offload_param": {"device": "cpu"}}
