@@ -66,7 +66,7 @@ KEYS = {**dict.fromkeys((
         "predict_405b_cold_rss_gib", "predict_405b_timings_s")),
     "targets": dict.fromkeys(TARGETS), "targets_met": dict.fromkeys(TARGETS)}
 FIT_SEARCH_KEY = "fit_search_s"  # bench_fit_search.py's figure, cached search's wall time
-# --quick: its --quick on one axis (every axis is tests/test_bench_smoke.py's own check of it)
+# --quick: its --quick on one axis (every axis is tests/bench/'s own check of it)
 QUICK_FIT_SEARCH_ARGS = ["--quick", "--axes", "batch_size"]
 
 

@@ -2,7 +2,7 @@
 
 Every ``scripts/bench_*.py`` declares ``KEYS``, the layout of the line its full run prints (its
 ``--quick`` run prints the same, on tiny inputs), and prints through `emit`, which refuses a
-line that strays from it. tests/test_bench_smoke.py checks each quick line against the same
+line that strays from it. tests/bench/ checks each quick line against the same
 ``KEYS``, so a key the script stops printing fails the test, and a key added to the line
 without adding it to ``KEYS`` fails both the test and the next full run.
 

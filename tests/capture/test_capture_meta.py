@@ -181,7 +181,7 @@ def test_comms_replay_of_a_meta_capture(tmp_path):
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=ray_dir, log_to_driver=False)
     try:
         summary = run_replay(RunConfig(
-            cluster=ClusterConfig(timeout_s=60), trace=TraceConfig(dir=str(traces)),
+            cluster=ClusterConfig(timeout_s=180), trace=TraceConfig(dir=str(traces)),
             replay=ReplayConfig(mode="comms", iters=1, warmup_iters=0, collective_timeout_s=60),
             experiment=ExperimentConfig(replay_timeout_s=120, failure_grace_s=3)), tmp_path / "run")
     finally:

@@ -43,12 +43,21 @@ KNOWN = {"ddp_convnet_checkpoint_step": "aten::clamp_min: real 2, fake 0",
                                 "real 21, fake 24"}
 
 
+# DDP broadcasts BatchNorm's buffers before every forward; gloo's broadcast_coalesced then
+# unflattens them (a narrow and a view per buffer) under aten::unflatten_dense_tensors, and in
+# some real runs (seen once in CI, not reproduced in isolation) part of them were written as
+# top-level ops instead. Views hold no memory of their own: they are left out for that step.
+NESTING_VARIES = {"ddp_resnet_step": frozenset({"aten::narrow", "aten::view",
+                                                "aten::as_strided"})}
+
+
 @pytest.mark.parametrize("name", sorted(set(STEPS) - set(KNOWN)))
 def test_ecosystem_step_on_fake_records_the_real_ops(name, tmp_path):
     if not _importable(STEPS[name]):
         pytest.skip(f"{STEPS[name]} does not import here")
     spec = f"{REPO_ROOT / 'examples' / name}.py:build"
-    real, fake = compare_fake_to_real(spec, tmp_path)
+    real, fake = compare_fake_to_real(spec, tmp_path,
+                                      ignore=NESTING_VARIES.get(name, frozenset()))
     for trace in (real, fake):
         assert trace.meta["num_dropped_ops"] == 0
     assert fake.recorded_frees and len(fake.ops) > 50

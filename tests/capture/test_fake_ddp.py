@@ -43,7 +43,7 @@ def variants(tmp_path_factory):
         run_capture_job(CaptureConfig(
             workload=WorkloadConfig(model="custom", entrypoint=VARIANTS), world_size=2,
             warmup_iters=2, timing_iters=1, num_threads=1, record_kineto=False,
-            out_dir=str(real), capture_timeout_s=240, cluster=ClusterConfig(timeout_s=60)))
+            out_dir=str(real), capture_timeout_s=240, cluster=ClusterConfig(timeout_s=180)))
     finally:
         ray.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)

@@ -87,7 +87,7 @@ def test_two_rank_nccl_replay(tmp_path):
     traces = capture_ranks(tmp_path / "tr", 2)
     ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, _temp_dir=str(tmp_path / "ray"))
     try:
-        summary = run_replay(RunConfig(cluster=ClusterConfig(timeout_s=60),
+        summary = run_replay(RunConfig(cluster=ClusterConfig(timeout_s=180),
                                        trace=TraceConfig(dir=str(traces)),
                                        replay=ReplayConfig(device="cuda", iters=2)), tmp_path / "out")
     finally:

@@ -46,7 +46,7 @@ def traces4(tmp_path_factory):
 def _cfg(trace_dir, **replay):
     replay.setdefault("iters", 2)
     alloc = replay.pop("alloc", "pre_allocate")
-    return RunConfig(cluster=ClusterConfig(timeout_s=60),
+    return RunConfig(cluster=ClusterConfig(timeout_s=180),
                      trace=TraceConfig(dir=str(trace_dir)),
                      replay=ReplayConfig(allocation=AllocationConfig(mode=alloc),
                                          collective_timeout_s=20, **replay),

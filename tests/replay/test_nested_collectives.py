@@ -121,7 +121,7 @@ def test_a_real_mismatch_is_still_refused_in_full_mode(ddp_traces, tmp_path):
 
 
 def _cfg(trace_dir, **replay) -> RunConfig:
-    return RunConfig(cluster=ClusterConfig(timeout_s=60, num_cpus=4),
+    return RunConfig(cluster=ClusterConfig(timeout_s=180, num_cpus=4),
                      trace=TraceConfig(dir=str(trace_dir)),
                      replay=ReplayConfig(iters=2, warmup_iters=1, collective_timeout_s=20, **replay),
                      experiment=ExperimentConfig(replay_timeout_s=120, failure_grace_s=3))

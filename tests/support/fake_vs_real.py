@@ -108,11 +108,15 @@ def histogram_diff(real: Counter, fake: Counter) -> str:
                      for name in sorted(set(real) | set(fake)) if real[name] != fake[name])
 
 
-def folded_histograms(real_path: Path, fake_path: Path) -> tuple[Counter, Counter]:
+def folded_histograms(real_path: Path, fake_path: Path,
+                      ignore: frozenset = frozenset()) -> tuple[Counter, Counter]:
     """The two traces' op histograms, the engine's in-place accumulations of the real one
-    counted as the out-of-place ones fake records (see the module docstring)."""
+    counted as the out-of-place ones fake records (see the module docstring); op names in
+    ``ignore`` left out of both."""
     real = op_histogram(load_trace(real_path))
     fake = op_histogram(load_trace(fake_path))
+    for name in ignore:
+        real.pop(name, None), fake.pop(name, None)
     in_place = engine_accumulations(real_path, "aten::add_")
     real["aten::add_"] -= in_place
     real["aten::add"] += in_place
@@ -120,12 +124,14 @@ def folded_histograms(real_path: Path, fake_path: Path) -> tuple[Counter, Counte
     return +real, +fake
 
 
-def compare_fake_to_real(spec: str, out_dir: Path, world_size: int = 1) -> tuple[Trace, Trace]:
+def compare_fake_to_real(spec: str, out_dir: Path, world_size: int = 1,
+                         ignore: frozenset = frozenset()) -> tuple[Trace, Trace]:
     """Capture ``spec`` both ways under ``out_dir`` and assert the same op histogram (the
-    engine's in-place accumulations folded, see the module docstring); ``(real, fake)``."""
+    engine's in-place accumulations folded, see the module docstring; op names in ``ignore``
+    not compared); ``(real, fake)``."""
     fake_path = capture_fake(spec, out_dir / "fake", world_size)
     real_path = capture_real(spec, out_dir / "real")
-    diff = histogram_diff(*folded_histograms(real_path, fake_path))
+    diff = histogram_diff(*folded_histograms(real_path, fake_path, ignore))
     assert not diff, f"{spec}: fake and real op histograms differ: {diff}"
     return load_trace(real_path), load_trace(fake_path)
 

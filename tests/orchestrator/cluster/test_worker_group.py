@@ -30,7 +30,7 @@ NUM_CPUS = 4
 @pytest.fixture(scope="module")
 def cluster_cfg():
     temp_dir = tempfile.mkdtemp(prefix="tf-wg-", dir="/tmp")
-    cfg = ClusterConfig(num_cpus=NUM_CPUS, temp_dir=temp_dir, timeout_s=60.0,
+    cfg = ClusterConfig(num_cpus=NUM_CPUS, temp_dir=temp_dir, timeout_s=180.0,
                         log_to_driver=False)
     handle = connect(cfg, world_size=NUM_CPUS)
     try:

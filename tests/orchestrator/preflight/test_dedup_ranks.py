@@ -115,7 +115,7 @@ def test_copies_are_hard_links(tmp_path, monkeypatch):
 
 
 def _cfg(trace_dir, mode):
-    return RunConfig(cluster=ClusterConfig(timeout_s=60), trace=TraceConfig(dir=str(trace_dir)),
+    return RunConfig(cluster=ClusterConfig(timeout_s=180), trace=TraceConfig(dir=str(trace_dir)),
                      replay=ReplayConfig(mode=mode, iters=2, collective_timeout_s=20,
                                          allocation=AllocationConfig(mode="lazy")),
                      experiment=ExperimentConfig(replay_timeout_s=120, failure_grace_s=3))

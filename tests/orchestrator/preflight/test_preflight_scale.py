@@ -78,7 +78,7 @@ def test_ray_tasks_reduce_the_traces(ray_session, world16, tmp_path):
 
 
 def _cfg(trace_dir, **trace) -> RunConfig:
-    return RunConfig(cluster=ClusterConfig(timeout_s=60, num_cpus=4),
+    return RunConfig(cluster=ClusterConfig(timeout_s=180, num_cpus=4),
                      trace=TraceConfig(dir=str(trace_dir), **trace),
                      replay=ReplayConfig(mode="compute", device="meta", iters=1, warmup_iters=0),
                      experiment=ExperimentConfig(replay_timeout_s=180, failure_grace_s=3))

@@ -28,7 +28,7 @@ REPO = REPO_ROOT
 # faithful (the default) holds the demo's 8 MiB of parameters before the first op: 1MiB is an OOM
 # before any collective, 1GiB fits.
 SWEEP = ["--multirun", "replay.device_memory_capacity=1MiB,1GiB", "replay.warmup_iters=0",
-         "cluster.timeout_s=60", "experiment.replay_timeout_s=120"]
+         "cluster.timeout_s=180", "experiment.replay_timeout_s=120"]
 
 
 @pytest.fixture

@@ -56,7 +56,7 @@ def test_worker_node_killed_mid_point(tmp_path, cpus_per_rank, after):
     with ray_two_node_cluster() as cluster:
         cmd = [*ENTRY, "--multirun", f"cluster.address={cluster.address}", f"trace.dir={DEMO}",
                "cluster.placement_strategy=SPREAD", f"cluster.cpus_per_rank={cpus_per_rank}",
-               "cluster.timeout_s=60", "cluster.log_to_driver=false",
+               "cluster.timeout_s=180", "cluster.log_to_driver=false",
                f"replay.iters={LONG_ITERS},1", "replay.warmup_iters=0",
                "experiment.replay_timeout_s=60", "experiment.failure_grace_s=5",
                "experiment.report=false", f"hydra.sweep.dir={root}"]
@@ -106,7 +106,7 @@ def test_driver_killed_mid_point_resumes_losing_only_that_point(tmp_path, ray_te
     # one rank, operators only: the cheapest replay that still lasts seconds at 200 iterations
     cmd = [*ENTRY, "--multirun", "trace.ranks=[0]", "replay.mode=compute",
            "replay.iters=1,200", "replay.warmup_iters=0",
-           f"cluster.temp_dir={ray_temp}", "cluster.timeout_s=60",
+           f"cluster.temp_dir={ray_temp}", "cluster.timeout_s=180",
            "experiment.replay_timeout_s=120", "experiment.report=false",
            "cluster.log_to_driver=false"]
     with open(tmp_path / "first.log", "wb") as log:

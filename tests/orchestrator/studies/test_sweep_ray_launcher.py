@@ -34,7 +34,7 @@ def _points(trace_dir, sweep_dir) -> list[str]:
     # lazy needs 3 tensors at once: 2 of them is an OOM, 4 fits
     return ["--multirun", f"trace.dir={trace_dir}", "replay=dry_run", "replay.iters=1",
             f"replay.device_memory_capacity={2 * TENSOR_BYTES},{4 * TENSOR_BYTES}",
-            f"hydra.sweep.dir={sweep_dir}", "experiment.report=false", "cluster.timeout_s=60"]
+            f"hydra.sweep.dir={sweep_dir}", "experiment.report=false", "cluster.timeout_s=180"]
 
 
 def _check(proc, sweep_dir: Path):
