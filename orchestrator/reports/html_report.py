@@ -9,7 +9,6 @@ timeline and the iteration times.
 """
 from __future__ import annotations
 
-import base64
 import html
 import logging
 import re
@@ -25,6 +24,7 @@ from orchestrator.errors import ResultsError
 from orchestrator.results import CAPACITY, KIND, MAX_FAILING_CAPACITY, MIN_CAPACITY, MODE, POINT, \
     REASON, RUN_DIR, STATUS, THRESHOLD, ResultsStore, RowKind, read_json
 from orchestrator.units import human_bytes
+from orchestrator.reports.html_parts import img, kv_table
 
 log = logging.getLogger("tracefleet")
 
@@ -121,14 +121,14 @@ def _run_report(run_dir: Path) -> str:
     out = _plots_dir(run_dir)
     figures = [(label, fmt(summary[key])) for key, label, fmt in _RUN_FIGURES
                if summary.get(key) is not None]
-    parts = ["<h2>Summary</h2>", _kv_table(figures)]
+    parts = ["<h2>Summary</h2>", kv_table(figures)]
     if summary.get("zero3"):
-        parts += ["<h3>ZeRO-3</h3>", _kv_table(sorted(
+        parts += ["<h3>ZeRO-3</h3>", kv_table(sorted(
             (k, str(v)) for k, v in summary["zero3"].items() if not isinstance(v, (list, dict))))]
     for name, plot in (("memory_timeline", plots.plot_memory_timeline),
                        ("iteration_times", plots.plot_iteration_times)):
         if plot(summary, ranks, out / f"{name}.png"):
-            parts.append(_img(out / f"{name}.png", name.replace("_", " ")))
+            parts.append(img(out / f"{name}.png", name.replace("_", " ")))
     frame = pd.DataFrame([{k: r.get(k) for k in _RANK_COLUMNS} for r in ranks])
     parts += ["<h2>Ranks</h2>", _frame_html(frame)]
     return "\n".join(parts)
@@ -151,7 +151,7 @@ def _table_report(root: Path, rows: pd.DataFrame) -> str:
              ("zero3", lambda p: plots.plot_zero3(points, p), "ZeRO-3 all-gathers and host time")]
     for name, draw, alt in drawn:
         if draw(out / f"{name}.png"):
-            parts.append(_img(out / f"{name}.png", alt))
+            parts.append(img(out / f"{name}.png", alt))
     if KIND in rows and rows[KIND].isin([RowKind.study, RowKind.estimate]).any():
         parts += _oom_study(root, rows, out)
     answers = rows[rows[KIND] == RowKind.min_memory] if KIND in rows else rows.iloc[0:0]
@@ -174,7 +174,7 @@ def _oom_study(root: Path, rows: pd.DataFrame, out: Path) -> list[str]:
     table = pd.DataFrame(study_table(rows.to_dict("records")))
     parts = ["<h2>OOM study</h2>", _frame_html(table)]
     if plot_oom_study(rows, out / "oom_study.png"):
-        parts.append(_img(out / "oom_study.png", "minimum capacity per mode and estimate"))
+        parts.append(img(out / "oom_study.png", "minimum capacity per mode and estimate"))
     studied = rows[rows[KIND] == RowKind.study]
     keys = [MODE, THRESHOLD, CAPACITY]
     return parts + _point_timelines(root, studied, [k for k in keys if k in studied], out)
@@ -213,7 +213,7 @@ def _point_timelines(root: Path, points: pd.DataFrame, swept: list[str], out: Pa
         path = out / f"timeline_{str(row['run_dir']).replace('/', '_')}.png"
         if plots.plot_memory_timeline(summary, ranks, path):
             label = ", ".join(f"{k}={row[k]}" for k in swept) or str(row[RUN_DIR])
-            parts += [f"<h3>{html.escape(label)}</h3>", _img(path, f"memory timeline {label}")]
+            parts += [f"<h3>{html.escape(label)}</h3>", img(path, f"memory timeline {label}")]
     return (["<h2>Memory timelines</h2>"] + parts) if parts else []
 
 
@@ -238,14 +238,6 @@ def _frame_html(frame: pd.DataFrame) -> str:
     return frame.to_html(index=False, escape=True, na_rep="-", border=0)
 
 
-def _kv_table(pairs) -> str:
-    return "<table>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
-                               for k, v in pairs) + "</table>"
-
-
-def _img(path: Path, alt: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode()
-    return f"<img alt='{html.escape(alt)}' src='data:image/png;base64,{data}'>"
 
 
 def _plots_dir(root: Path) -> Path:

@@ -10,7 +10,6 @@ snapshot files, and the plots of a fit_search when one ran.
 """
 from __future__ import annotations
 
-import base64
 import html
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from matplotlib.figure import Figure
 
 from orchestrator.reports.predict_table import prediction_table
 from orchestrator.units import byte_unit, human_bytes
+from orchestrator.reports.html_parts import img, kv_table
 
 PAGE_NAME = "prediction.html"
 PLOTS_DIR = "prediction"
@@ -42,32 +42,32 @@ def write_prediction_page(out_dir, prediction: dict, extra_plots=()) -> Path:
     plots.mkdir(parents=True, exist_ok=True)
     title = prediction_table(prediction).splitlines()[0]
     p = prediction
-    parts = [_verdict(p), "<h2>Figures</h2>", _kv_table(_figures(p))]
+    parts = [_verdict(p), "<h2>Figures</h2>", kv_table(_figures(p))]
     timeline = p.get("memory_timeline")
     if timeline and timeline.get("points"):
         plot_memory(p, plots / "memory.png")
         parts += ["<h2>Memory over the iteration</h2>", _caption(timeline),
-                  _img(plots / "memory.png", "memory over the iteration")]
+                  img(plots / "memory.png", "memory over the iteration")]
         peak = timeline.get("reserved_peak") or {}
         if peak.get("by_stream"):
             plot_streams(peak, plots / "streams.png")
-            parts += ["<h2>Reserved at the peak, by stream</h2>", _kv_table(
+            parts += ["<h2>Reserved at the peak, by stream</h2>", kv_table(
                 (name, human_bytes(b)) for name, b in peak["by_stream"].items()),
-                _img(plots / "streams.png", "reserved bytes per stream at the peak")]
+                img(plots / "streams.png", "reserved bytes per stream at the peak")]
     else:
         parts.append("<p>No memory timeline in this prediction (made without an output "
                      "folder, or by an older tracefleet).</p>")
     total = sum(p["breakdown"].values()) or 1
-    parts += ["<h2>The accounted peak by category</h2>", _kv_table(
+    parts += ["<h2>The accounted peak by category</h2>", kv_table(
         (name, f"{human_bytes(b)} ({100 * b / total:.0f}%)")
         for name, b in sorted(p["breakdown"].items(), key=lambda kv: -kv[1]) if b)]
     if p.get("snapshots"):
         parts += ["<h2>Snapshots</h2>", "<p>In the layout of <code>torch.cuda.memory._snapshot()"
                   "</code>: open them in PyTorch's memory_viz page, or compare one with a "
-                  "snapshot recorded on a GPU (<code>tracefleet-compare</code>).</p>", _kv_table(
+                  "snapshot recorded on a GPU (<code>tracefleet-compare</code>).</p>", kv_table(
                       (f"rank {rank}", name) for rank, name in p["snapshots"].items())]
     for label, path in extra_plots:
-        parts += [f"<h2>{html.escape(label)}</h2>", _img(Path(path), label)]
+        parts += [f"<h2>{html.escape(label)}</h2>", img(Path(path), label)]
     page = out / PAGE_NAME
     page.write_text(f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>"
                     f"{html.escape(title)}</title><style>{_CSS}</style></head><body><h1>"
@@ -170,13 +170,3 @@ def plot_streams(peak: dict, path: Path) -> None:
     ax.invert_yaxis()
     fig.tight_layout()
     fig.savefig(path)
-
-
-def _kv_table(pairs) -> str:
-    return "<table>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
-                               for k, v in pairs) + "</table>"
-
-
-def _img(path: Path, alt: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode()
-    return f"<img alt='{html.escape(alt)}' src='data:image/png;base64,{data}'>"

@@ -3,10 +3,7 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import orjson
@@ -15,12 +12,9 @@ import pytest
 from orchestrator.reports.html_report import PLOTS_DIR, REPORT_NAME, map_axes, write_report
 from orchestrator.cli.report import main as report_main
 from orchestrator.results import ResultsStore, make_row, point_key
+from tests.support.browser import chromium, require_browser
 
 MiB = 1 << 20
-CHROMIUM = shutil.which("chromium-headless-shell") or shutil.which("chromium")
-_CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                   "--disable-background-networking", "--disable-component-update",
-                   "--disable-sync"]
 
 
 def _rank(r, status="ok"):
@@ -175,25 +169,10 @@ _PROBE = """<script>window.addEventListener('load', () => {
   document.body.appendChild(out);});</script>"""
 
 
-# scripts/test.sh looks for this reason to say the browser check was skipped.
-NO_BROWSER = "chromium-headless-shell is not installed"
-
-
 @pytest.fixture
 def browser():
-    """The browser check runs wherever a browser is; under CI=true (.ci/run installs
-    chromium-headless-shell) a missing one fails the test instead of skipping it."""
-    if CHROMIUM is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true and {NO_BROWSER}: the HTML report's browser check cannot run "
-                        "(.ci/run installs it with apt-get; did that fail?)")
-        pytest.skip(NO_BROWSER)
-    return CHROMIUM
-
-
-def _chromium(tmp_path: Path, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([CHROMIUM, *_CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium'}",
-                           *args], capture_output=True, text=True, timeout=120)
+    """The browser's path (tests/support/browser.py: skips without one, fails under CI=true)."""
+    return require_browser()
 
 
 def _image_sizes(page: Path, tmp_path: Path) -> list[list]:
@@ -201,13 +180,13 @@ def _image_sizes(page: Path, tmp_path: Path) -> list[list]:
     of the page with a probe script added (the report itself has no script)."""
     probe = tmp_path / "probe.html"
     probe.write_text(page.read_text().replace("</body>", _PROBE + "</body>"))
-    proc = _chromium(tmp_path, "--virtual-time-budget=5000", "--dump-dom", probe.as_uri())
+    proc = chromium(tmp_path, "--virtual-time-budget=5000", "--dump-dom", probe.as_uri())
     m = re.search(r'<pre id="img-probe">(.*?)</pre>', proc.stdout, re.S)
     assert m, f"no probe output; chromium said: {proc.stderr[-1500:]}"
     return json.loads(m.group(1))
 
 
-def test_report_renders_in_headless_chromium(browser, sweep_root, tmp_path):
+def test_report_renders_in_headlesschromium(browser, sweep_root, tmp_path):
     from PIL import Image
 
     page = write_report(sweep_root)
@@ -215,7 +194,7 @@ def test_report_renders_in_headless_chromium(browser, sweep_root, tmp_path):
     assert len(sizes) == len(_images(page))
     assert all(complete and width > 100 and height > 100 for complete, width, height in sizes), sizes
     shot = tmp_path / "shot.png"
-    proc = _chromium(tmp_path, "--window-size=1280,2400", f"--screenshot={shot}", page.as_uri())
+    proc = chromium(tmp_path, "--window-size=1280,2400", f"--screenshot={shot}", page.as_uri())
     assert shot.is_file(), proc.stderr[-1500:]
     image = Image.open(shot).convert("RGB")
     # the first plot sits under the title and the counts line: its region is not blank, and
