@@ -16,6 +16,7 @@ from actors.trace.categories import breakdown
 from actors.replay.timed_iterations import interval_fields
 from actors.trace.liveness import peak_without
 from actors.errors import describe
+from actors.replay.failure import status_of
 
 MAX_ERROR_CHARS = 300
 
@@ -64,8 +65,7 @@ class RankReport:
         """A failure inside the replay (a collective's peer gone or timed out, a strict
         mismatch): the iterations that finished before it are kept."""
         text = describe(error, "iteration", op)
-        timed_out = "timed out" in text.lower() or "timeout" in type(error).__name__.lower()
-        self.status = "timeout" if timed_out else "failed"
+        self.status = str(status_of(error))  # a timeout by type (actors/replay/failure.py)
         self.error = f"rank {self.rank}: {text[:MAX_ERROR_CHARS]}"
 
     def finish(self, engine) -> "RankReport":

@@ -9,13 +9,14 @@ from pathlib import Path
 import orjson
 
 from actors.machine import replay_machine_warnings
+from actors.replay.failure import FailureReport
 from actors.replay.memory.model_recording import pop_snapshot
 from actors.replay.memory.snapshot import write_snapshots
-from actors.rank_actor import RankActor
+from actors.rank_actor import RankActor, ReplayRequest
 from actors.zero3 import metrics as zero3_metrics
 from orchestrator.preflight import dedup
 from orchestrator.reports import run_report as report
-from orchestrator.run import metrics
+from orchestrator.run.aggregate import aggregate
 from orchestrator.config import RunConfig
 from orchestrator.cluster.node_state import lost_nodes
 from orchestrator.cluster.rank_result import Outcome
@@ -31,8 +32,8 @@ def _failed_report(result) -> dict:
     running when a signal stopped the driver."""
     status = RunStatus.timeout if result.kind in (Outcome.timeout, Outcome.aborted) \
         else RunStatus.interrupted if result.kind == Outcome.interrupted else RunStatus.failed
-    return {"rank": result.rank, "status": status, "error": result.error, "last_op": None,
-            "node_ip": result.node_ip, "node_id": result.node_id}
+    return FailureReport(rank=result.rank, status=status, error=result.error,
+                         node_ip=result.node_ip, node_id=result.node_id).to_dict()
 
 
 def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, console=None,
@@ -73,7 +74,7 @@ def _write_interrupted(stop: KeyboardInterrupt, cfg: RunConfig, out_dir: Path,
     if reports and len(replayed) < world_size:
         reports = dedup.expand_reports(reports, replayed, pre.same_as)
     done = sum(1 for r in reports if r.get("status") != RunStatus.interrupted)
-    summary = metrics.aggregate(
+    summary = aggregate(
         reports, world_size=world_size, run_status_override=RunStatus.interrupted,
         error=f"interrupted by {interrupts.name_of(stop)}", extra={
             "experiment": cfg.experiment.name, "trace_dir": str(cfg.trace.dir),
@@ -118,7 +119,7 @@ def _run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None, console,
         results = None
         try:
             if num_actors < world_size:
-                dedup.name_actors(group, replayed, world_size, cfg.cluster.timeout_s)
+                group.name_ranks(replayed, world_size)
                 log.info("replay.mode=compute: %d rank(s) with %d distinct trace(s), one "
                          "replay each", world_size, num_actors)
             timings["actor_start_s"] = time.perf_counter() - t2
@@ -129,10 +130,10 @@ def _run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None, console,
                 if cfg.trace.transfer == "object_store" else {r: None for r in paths}
             ship_s = time.perf_counter() - t3
             profile_dir = str(out_dir / "profile") if cfg.replay.profile else None
-            refs = group.execute_async(
-                "replay", args_fn=lambda r: (paths[r], blobs[r], cfg.replay, pre.process_groups,
-                                             cfg.trace.group_map, profile_dir, cfg.zero3,
-                                             cfg.target))
+            requests = [ReplayRequest(paths[r], blobs[r], cfg.replay, pre.process_groups,
+                                      cfg.trace.group_map, profile_dir, cfg.zero3, cfg.target)
+                        for r in range(num_actors)]
+            refs = group.execute_async("replay", args_fn=lambda r: (requests[r],))
             results = group.wait(refs, timeout_s=cfg.experiment.replay_timeout_s,
                                  on_progress=_progress_printer(num_actors, cfg.experiment.progress_interval_s),
                                  failure_grace_s=cfg.experiment.failure_grace_s,
@@ -155,7 +156,7 @@ def _run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None, console,
     # replay.allocator_snapshot: files, not summary figures (a copy's report shares its rank's)
     snapshots = {r["rank"]: pop_snapshot(r) for r in rank_reports
                  if r.get("replayed_as_rank", r["rank"]) == r["rank"]}
-    summary = metrics.aggregate(rank_reports, world_size=world_size, error=lost_nodes(results),
+    summary = aggregate(rank_reports, world_size=world_size, error=lost_nodes(results),
                                 extra={
         "experiment": cfg.experiment.name, "trace_dir": str(cfg.trace.dir),
         "mode": cfg.replay.mode, "allocation_mode": cfg.replay.allocation.mode,

@@ -18,6 +18,7 @@ import re
 
 from statistics import median
 
+from actors.replay.failure import FailureReport
 from actors.replay.timed_iterations import interval_fields
 from orchestrator.status import FAILURE_PRECEDENCE, REPLAY_STATUSES, RunStatus
 
@@ -189,8 +190,7 @@ def _rank_rows(rank_reports: list[dict], world_size: int, missing_status: RunSta
     rows = {r["rank"]: {k: v for k, v in r.items() if k not in _BULKY} for r in rank_reports}
     for rank in range(world_size):
         if rank not in rows:
-            rows[rank] = {"rank": rank, "status": missing_status,
-                          "error": "no report received from this rank", "last_op": None}
+            rows[rank] = FailureReport.missing(rank, missing_status).to_dict()
     return [rows[rank] for rank in sorted(rows)]
 
 
