@@ -34,7 +34,11 @@ _VOLATILE_KEYS = re.compile(
     r"(_s|_us|_ms|_gbps)$|^(skew|node_ip|node_id|machine|machine_warnings|hostname|pid|"
     r"straggler_rank|timing_stop_reason|ci_.*|iteration_times_s|seconds|reused|dir|"
     r"trace_dir|memory_measure|measured_peak_bytes|total_ns|snapshots|memory_timelines|"
-    r"started_at|finished_at|timestamp|rss_.*|top_ops)$")
+    r"started_at|finished_at|timestamp|rss_.*|top_ops|traceback)$")
+# where in the code a defect was raised (actors.errors.describe): moves with any edit
+_CODE_PLACE = re.compile(r" \[[^\]\s]+:\d+ in [^\]]+\]")
+# the custom step at one path whichever checkout runs (the path is part of its capture)
+_STEP = Path(tempfile.gettempdir()) / "house23a_check_steps" / "ddp_step.py"
 TINY = dict(vocab=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, seq_len=32,
             batch_size=1, activation_checkpointing="none")
 
@@ -51,6 +55,7 @@ def normalize(value, tmp: str, key: str = ""):
     if isinstance(value, str):
         text = value.replace(tmp, "<tmp>").replace(str(REPO), "<repo>")
         # a duration inside a message (a timeout's, a progress line's)
+        text = _CODE_PLACE.sub(" [<code>]", text)
         return re.sub(r"\d+\.\d+ s\b", "<t> s", text)
     return value
 
@@ -115,8 +120,7 @@ def run_configs() -> dict:
         "predict_mesh_cp": ("workload=llama3_8b", "world_size=4", "target=h100_80gb",
                             "workload.parallelism.cp=2"),
         "predict_custom_step": ("workload=custom", "world_size=2", "target=a100_40gb",
-                                "workload.entrypoint=" + str(REPO / "examples" / "ddp_step.py")
-                                + ":build"),
+                                f"workload.entrypoint={_STEP}:build"),
         "predict_trace_dir": (f"trace.dir={dp4}", "target=h100_80gb"),
         "predict_trace_zero3": (f"trace.dir={z2}", "target=h100_80gb"),
         "predict_one_trace_zero3": (f"trace.dir={dp4 / 'rank-0.et.json.gz'}", "world_size=8",
@@ -143,8 +147,9 @@ def _failing_actor(how: str):
                 if how == "raises":
                     raise RuntimeError("rank 1 broke (injected)")
                 missing = "/nonexistent-house23a/rank-1.et.json.gz"
-                args = (missing, *args[1:]) if isinstance(args[0], str) else \
-                    (dataclasses.replace(args[0], trace_path=missing), *args[1:])
+                # a ReplayRequest, or (before it) the trace's source as the first argument
+                args = (dataclasses.replace(args[0], trace_path=missing), *args[1:]) \
+                    if hasattr(args[0], "pg_table") else (missing, *args[1:])
             return super().replay(*args, **kwargs)
     Failing.__name__ = Failing.__qualname__ = f"Failing_{how}"
     return Failing
@@ -171,6 +176,8 @@ def run_all(work: Path, only: list[str] | None) -> dict[str, dict]:
     from orchestrator.run.session import ReplaySession
     import orchestrator.cli.capture  # noqa: F401  (registers the capture schemas)
 
+    _STEP.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(REPO / "examples" / "ddp_step.py", _STEP)
     predict = _predict_fn()
     tmp = str(work)
     cache = Path(tempfile.gettempdir()) / "house23a_check_cache"  # captures kept across runs
