@@ -23,7 +23,11 @@ from actors.replay.session import RankSession
 from actors.replay.memory.target import TargetConfig
 from actors.trace import load_trace
 from actors.zero3.config import Zero3Config
-from actors.zero3.extension import zero3_extensions
+from actors.zero3.extension import Zero3Extension, zero3_extensions
+
+#: the extensions a rank adds to the engine's own (actors/replay/extensions.py), whose report
+#: parts the driver summarizes over the ranks, each by its own ``summarize_ranks``
+RANK_EXTENSIONS = (Zero3Extension,)
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,10 @@ from typing import Callable
 
 import torch
 
+import actors.trace  # load_trace looked up at each call (tests wrap it)
 from actors.replay.config import ReplayConfig
 from actors.replay.engine import ReplayEngine
 from actors.replay.memory.target import TargetConfig
-from actors.trace import load_trace
 from actors.trace.model import Trace
 
 ExtensionFactory = Callable[[Trace], list]
@@ -52,7 +52,7 @@ class RankSession:
         with self.stage("load", "trace_load_s"):
             if loader is not None:
                 return loader(source, rank=self.rank, data=data)
-            return load_trace(source, rank=self.rank, data=data)
+            return actors.trace.load_trace(source, rank=self.rank, data=data)
 
     def run(self, trace: Trace, comm=None, profile_path: Path | None = None) -> dict:
         """Compile (the engine's plan and its extensions'), run every iteration (under the
@@ -71,12 +71,15 @@ class RankSession:
         return report.to_dict()
 
 
-def replay_rank(source, cfg: ReplayConfig, *, rank: int = 0, target: TargetConfig | None = None,
+def replay_rank(source, cfg: ReplayConfig, *, rank: int | None = None,
+                target: TargetConfig | None = None,
                 extensions: ExtensionFactory | None = None) -> dict:
     """Load, compile, run and close one rank's replay of ``source`` in this process (no
-    process groups: compute mode); the report's dict. Raises what the replay raised."""
-    session = RankSession(cfg, rank=rank, target=target, extensions=extensions)
-    return session.run(session.load(source))
+    process groups: compute mode); the report's dict. ``rank`` None: the file name's (the
+    engine's rank 0). Raises what the replay raised."""
+    session = RankSession(cfg, rank=rank or 0, target=target, extensions=extensions)
+    trace = actors.trace.load_trace(source) if rank is None else session.load(source)
+    return session.run(trace)
 
 
 def _profiled(engine: ReplayEngine, path: Path):

@@ -18,6 +18,7 @@ import re
 
 from statistics import median
 
+from actors.rank_actor import RANK_EXTENSIONS
 from actors.replay.failure import FailureReport
 from actors.replay.timed_iterations import interval_fields
 from orchestrator.status import FAILURE_PRECEDENCE, REPLAY_STATUSES, RunStatus
@@ -183,6 +184,14 @@ def _first_oom(reports: list[dict]) -> dict | None:
         if report.get("status") == RunStatus.oom or report.get("oom"):
             return {"rank": report["rank"], **(report.get("oom") or {})}
     return None
+
+
+def extension_summaries(rank_reports: list[dict], extensions=RANK_EXTENSIONS) -> dict:
+    """Per rank-side extension (ZeRO-3's), its part of the run summary under its ``name``:
+    its own ``summarize_ranks`` over the ranks' parts (None where no rank has one)."""
+    return {ext.name: ext.summarize_ranks([r[ext.name] for r in rank_reports
+                                           if isinstance(r.get(ext.name), dict)])
+            for ext in extensions}
 
 
 def _rank_rows(rank_reports: list[dict], world_size: int, missing_status: RunStatus) -> list[dict]:

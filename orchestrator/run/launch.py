@@ -13,10 +13,9 @@ from actors.replay.failure import FailureReport
 from actors.replay.memory.model_recording import pop_snapshot
 from actors.replay.memory.snapshot import write_snapshots
 from actors.rank_actor import RankActor, ReplayRequest
-from actors.zero3 import metrics as zero3_metrics
 from orchestrator.preflight import dedup
 from orchestrator.reports import run_report as report
-from orchestrator.run.aggregate import aggregate
+from orchestrator.run.aggregate import aggregate, extension_summaries
 from orchestrator.config import RunConfig
 from orchestrator.cluster.node_state import lost_nodes
 from orchestrator.cluster.rank_result import Outcome
@@ -200,7 +199,7 @@ def _summarize(cfg: RunConfig, pre, results: list, rank_reports: list[dict], num
         "device_memory_capacity_bytes": _capacity(rank_reports), "timings_s": timings,
         "trace_ranks": pre.ranks, "preflight_warnings": pre.warnings, "num_replays": num_actors,
         "machine_warnings": replay_machine_warnings(cfg.trace.dir, rank_reports, pre.ranks),
-        "zero3": zero3_metrics.summarize_ranks(rank_reports),
+        **extension_summaries(rank_reports),
         "target": cfg.target.figures() if cfg.target.enabled else None})
 
 
