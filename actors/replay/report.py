@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 import statistics
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from actors.trace.categories import breakdown
 from actors.replay.timed_iterations import interval_fields
@@ -165,6 +165,14 @@ class RankFigures:
     peak_memory_source: str = "accounted"
     memory_measure_method: str | None = None
     memory_measure: dict | None = None
+
+    @classmethod
+    def of(cls, report: dict) -> "RankFigures":
+        """The figures of a rank report's dict (``to_dict()``'s, read back on the driver:
+        a report of a rank that finished, not a failure report)."""
+        names = {f.name for f in fields(cls)} - {"intervals"}
+        return cls(**{name: report[name] for name in names if name in report},
+                   intervals={k: report[k] for k in interval_fields([]) if k in report})
 
     def to_dict(self) -> dict:
         """The figures as the rank report's keys, in the report's order."""

@@ -28,6 +28,7 @@ from actors.replay.config import AllocationConfig, AllocationMode, ReplayConfig,
 from actors.replay.memory.model_recording import TIMELINE_KEY, pop_snapshot
 from actors.replay.memory.snapshot import write_snapshots
 from actors.replay.memory.target import TargetConfig, TargetName
+from actors.replay.report import RankFigures
 from orchestrator.run.dry_run import dry_run
 from orchestrator.reports.predict_timelines import per_role, write_timelines
 from orchestrator.studies.predict_mesh import mesh_facts, ranks_per_trace, roles_of
@@ -243,6 +244,7 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
     headroom = usable - reserved
     band = cfg.predict.error_band
     mesh = mesh_facts(capture["dir"], worst["rank"]) if capture else None
+    core = RankFigures.of(worst)  # what every replay reports; the allocator model's below
     result = {
         "predicted_allocated_peak_bytes": worst["predicted_allocated_peak_bytes"],
         "predicted_reserved_peak_bytes": reserved,
@@ -250,24 +252,24 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
         "headroom_bytes": headroom,
         "verdict": str(verdict(headroom, reserved, band, worst["num_predicted_ooms"])),
         "error_band": band,
-        "breakdown": worst["peak_breakdown"],
-        "peak_op": worst["peak_op"],
+        "breakdown": core.peak_breakdown,
+        "peak_op": core.peak_op,
         "world_size": world,
         "workload": {"name": name, **_plain(cfg.workload)} if cfg.trace.dir is None
         else {"name": name, "trace_dir": str(cfg.trace.dir)},
         # what else the figures rest on
         "error_band_source": cfg.predict.error_band_source,
-        "accounted_peak_bytes": worst["accounted_peak_bytes"],
+        "accounted_peak_bytes": core.accounted_peak_bytes,
         "breakdown_of": "the accounted peak (bytes of the storages held, by category)",
         "num_predicted_ooms": worst["num_predicted_ooms"],
         "num_alloc_retries": worst["num_alloc_retries"],
         # host offload: the peak of what the job keeps in host memory (not in the figures)
         "host_peak_bytes": worst["cuda_allocator"].get("host_peak_bytes", 0),
-        "coverage": worst["coverage"],
+        "coverage": core.coverage,
         # what did not run as recorded (actors/replay/report.py: not_run_ops), with its bytes
-        "num_dropped_ops": worst["num_dropped_ops"],
-        "num_orphan_ops": worst["num_orphan_ops"],
-        "not_run_ops": worst["not_run_ops"],
+        "num_dropped_ops": core.num_dropped_ops,
+        "num_orphan_ops": core.num_orphan_ops,
+        "not_run_ops": core.not_run_ops,
         "target": figures,
         "zero3_emulation": _plain(zero3) if zero3 is not None else None,
         "rank": worst["rank"],
