@@ -30,6 +30,12 @@ class ReplayError(TracefleetError):
     """A replay could not proceed (strict shape mismatch, unusable trace for the mode, ...)."""
 
 
+class CollectiveTimeout(ReplayError, TimeoutError, RuntimeError):
+    """A collective did not complete within its process group's timeout (a peer hung or is
+    gone): torch raises a plain RuntimeError then, which this names by its kind (and still is,
+    for callers that catch torch's)."""
+
+
 class ConfigError(TracefleetError):
     """A configuration value is invalid or inconsistent with the traces."""
 

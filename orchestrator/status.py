@@ -1,7 +1,7 @@
 """The status of a rank, a run, a table row: one closed set, written and compared everywhere.
 
 Ranks write their status in their report (actors/replay/report.py, actors/rank_actor.py, the
-same values); the driver aggregates them into the run's (orchestrator/run/metrics.py), and
+same values); the driver aggregates them into the run's (orchestrator/run/aggregate.py), and
 every row of a results table carries one. A ``str`` Enum, so ``status == RunStatus.ok`` also
 holds for the plain strings read back from JSON, CSV or parquet.
 """
@@ -25,7 +25,7 @@ class RunStatus(Choice):
 # ``interrupted`` a run's that did not end (a sweep runs such a point again).
 REPLAY_STATUSES = (RunStatus.ok, RunStatus.oom, RunStatus.failed, RunStatus.timeout)
 # Worst first: the root cause of a run. An OOM is the most specific diagnosis and usually the
-# cause of the others; a timeout is most often collateral (orchestrator/run/metrics.py).
+# cause of the others; a timeout is most often collateral (orchestrator/run/aggregate.py).
 FAILURE_PRECEDENCE = (RunStatus.oom, RunStatus.failed, RunStatus.timeout)
 # A replay that ended in one of these measured what it was asked to (an OOM is an answer).
 ANSWERED = (RunStatus.ok, RunStatus.oom)

@@ -44,7 +44,7 @@ from actors.replay.config import AllocationConfig, ReplayConfig  # noqa: E402
 from actors.replay.timed_iterations import median_interval  # noqa: E402
 from orchestrator.config import RunConfig, TraceConfig  # noqa: E402
 from orchestrator.run.launch import run_replay  # noqa: E402
-from orchestrator.run.metrics import slowest_series_s  # noqa: E402
+from orchestrator.run.aggregate import slowest_series_s  # noqa: E402
 from orchestrator.run.original import OriginalWorkload  # noqa: E402
 from orchestrator.run.session import ReplaySession  # noqa: E402
 from scripts.json_layout import EACH, emit  # noqa: E402

@@ -39,8 +39,7 @@ sys.path.insert(0, str(ROOT))
 from actors.trace.conventions import trace_file_name  # noqa: E402
 from scripts.json_layout import EACH, emit  # noqa: E402
 from actors.replay.config import AllocationConfig, ReplayConfig  # noqa: E402
-from actors.replay.engine import ReplayEngine  # noqa: E402
-from actors.trace import load_trace  # noqa: E402
+from actors.replay.session import replay_rank  # noqa: E402
 from actors.zero3.config import Zero3Config  # noqa: E402
 from actors.zero3.extension import zero3_extensions  # noqa: E402
 
@@ -157,13 +156,10 @@ def _predict(folder: Path, zero3: Zero3Config | None, world: int = WORLD) -> tup
         if data in seen:  # fake and meta record rank 0 once for every rank
             continue
         seen.add(data)
-        trace = load_trace(path)
-        engine = ReplayEngine(trace, ReplayConfig(
+        report = replay_rank(path, ReplayConfig(
             mode="compute", device="meta", iters=1, warmup_iters=1, measure_memory=False,
             allocation=AllocationConfig(mode="faithful")),
-            extensions=zero3_extensions(zero3, trace) if zero3 else [])
-        report = engine.run().to_dict()
-        engine.close()
+            extensions=lambda trace: zero3_extensions(zero3, trace))
         if report["status"] != "ok":
             raise SystemExit(f"dry run of {path} ended {report['status']}: {report['error']}")
         if report["accounted_peak_bytes"] > best[0]:

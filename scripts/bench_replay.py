@@ -35,6 +35,7 @@ from actors.capture.workloads import WorkloadConfig, build_workload  # noqa: E40
 from actors.rank_base import free_port  # noqa: E402
 from actors.replay.config import AllocationConfig, ReplayConfig  # noqa: E402
 from actors.replay.engine import ReplayEngine  # noqa: E402
+from actors.replay.session import replay_rank  # noqa: E402
 from actors.trace import load_trace  # noqa: E402
 from scripts.json_layout import emit  # noqa: E402
 
@@ -55,7 +56,7 @@ def _cfg(alloc="lazy", device="cpu", iters=3, warmup=1, measure=False):
 
 def _replay(path, alloc="lazy", device="cpu", iters=3, warmup=1, measure=False):
     t0 = time.perf_counter()
-    report = ReplayEngine(load_trace(path), _cfg(alloc, device, iters, warmup, measure)).run().to_dict()
+    report = replay_rank(path, _cfg(alloc, device, iters, warmup, measure))
     report["wall_s"] = time.perf_counter() - t0
     assert report["status"] == "ok", report["error"]
     return report

@@ -125,6 +125,13 @@ class ReplayExtension:
         """Figures for the top level of the rank report (the driver aggregates them)."""
         return {}
 
+    # --- the run (on the driver, over every rank's report) --------------------------------
+    @classmethod
+    def summarize_ranks(cls, parts: list[dict]) -> dict | None:
+        """The run summary's figures under ``name`` from the ranks' ``report()`` parts (the
+        ranks that have one); None: the extension adds nothing to the summary."""
+        return None
+
     def close(self) -> None:
         """The replay is over, or its build failed (the CPU meter gives torch its allocator
         back); safe to call more than once, and without ``attach``."""

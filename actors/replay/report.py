@@ -10,12 +10,13 @@ from __future__ import annotations
 import socket
 import statistics
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from actors.trace.categories import breakdown
 from actors.replay.timed_iterations import interval_fields
 from actors.trace.liveness import peak_without
 from actors.errors import describe
+from actors.replay.failure import status_of
 
 MAX_ERROR_CHARS = 300
 
@@ -35,7 +36,9 @@ class RankReport:
     iteration_times_s: list = field(default_factory=list)
     compute_times_s: list = field(default_factory=list)
     comm_times_s: list = field(default_factory=list)
-    data: dict = field(default_factory=dict)
+    figures: RankFigures | None = None  # set by finish()
+    #: (extension name, its report() part, its headline() figures), in extension order
+    parts: list = field(default_factory=list)
 
     @classmethod
     def start(cls, engine) -> "RankReport":
@@ -64,8 +67,7 @@ class RankReport:
         """A failure inside the replay (a collective's peer gone or timed out, a strict
         mismatch): the iterations that finished before it are kept."""
         text = describe(error, "iteration", op)
-        timed_out = "timed out" in text.lower() or "timeout" in type(error).__name__.lower()
-        self.status = "timeout" if timed_out else "failed"
+        self.status = str(status_of(error))  # a timeout by type (actors/replay/failure.py)
         self.error = f"rank {self.rank}: {text[:MAX_ERROR_CHARS]}"
 
     def finish(self, engine) -> "RankReport":
@@ -76,53 +78,130 @@ class RankReport:
         memory = engine.memory
         meta = engine.trace.meta
         dropped = meta.get("num_dropped_ops", 0)
-        self.data = {
-            "num_ops": len(engine.steps), "num_in_scope": in_scope, "num_replayed": replayed,
-            "num_skipped": in_scope - replayed, "skipped_reasons": dict(reasons),
-            # ops the loader left out count too: what was recorded and did not run
-            "num_dropped_ops": dropped, "num_orphan_ops": meta.get("num_orphan_ops", 0),
-            "coverage": replayed / (in_scope + dropped),
-            "not_run_ops": not_run_ops(engine.steps, meta.get("dropped_ops") or {}),
-            "translated_ops": _op_name_counts(engine.steps, "translated_from"),
-            "standin_ops": _op_name_counts(engine.steps, "standin"),
-            "num_shape_mismatches": engine.calls.num_shape_mismatches,
-            "num_iterations_completed": engine.num_iterations_run,
-            "iteration_time_s": med(self.iteration_times_s) if self.iteration_times_s else None,
-            **interval_fields(self.iteration_times_s),
-            "timing_stop_reason": engine.stop_rule.reason if engine.stop_rule else None,
-            "compute_time_s": med(self.compute_times_s) if self.compute_times_s else None,
-            "comm_time_s": med(self.comm_times_s) if self.comm_times_s else None,
-            "measured_peak_bytes": None,  # these five: the memory meter's, if it measured
-            "accounted_peak_bytes": memory.peak_bytes,
-            "peak_breakdown": breakdown(memory.peak_category_bytes),
-            "peak_op": peak_op(engine, memory.peak_step),
-            "peak_memory_bytes": memory.peak_bytes,
-            "peak_memory_source": "accounted",
-            "memory_measure_method": None,
-            "memory_measure": None,
-            "persistent_bytes": engine.policy.persistent_bytes(engine.liveness.storage_bytes),
-            "liveness_lower_bound_bytes": lower_bound_bytes(engine),
-            "device_memory_capacity_bytes": memory.capacity_bytes,
-            "device_memory_threshold": engine.cfg.allocation.device_memory_threshold,
-            "num_flushes": engine.room.num_flushes,
-            "flushed_bytes": engine.room.flushed_bytes,
-            "flush_ticks": list(memory.flush_ticks),
-            "num_materialized": engine.store.num_materialized,
-            "memory_timeline": [list(p) for p in memory.timeline],
-            "top_ops": top_ops(engine.steps, len(self.iteration_times_s)),
-            "collectives": {},  # the collectives extension's, if any
-        }
-        for ext in engine.extensions:  # a key above keeps its place when an extension sets it
-            self.data[ext.name] = ext.report()
-            self.data.update(ext.headline())
+        self.figures = RankFigures(
+            num_ops=len(engine.steps), num_in_scope=in_scope, num_replayed=replayed,
+            num_skipped=in_scope - replayed, skipped_reasons=dict(reasons),
+            num_dropped_ops=dropped, num_orphan_ops=meta.get("num_orphan_ops", 0),
+            coverage=replayed / (in_scope + dropped),
+            not_run_ops=not_run_ops(engine.steps, meta.get("dropped_ops") or {}),
+            translated_ops=_op_name_counts(engine.steps, "translated_from"),
+            standin_ops=_op_name_counts(engine.steps, "standin"),
+            num_shape_mismatches=engine.calls.num_shape_mismatches,
+            num_iterations_completed=engine.num_iterations_run,
+            iteration_time_s=med(self.iteration_times_s) if self.iteration_times_s else None,
+            intervals=interval_fields(self.iteration_times_s),
+            timing_stop_reason=engine.stop_rule.reason if engine.stop_rule else None,
+            compute_time_s=med(self.compute_times_s) if self.compute_times_s else None,
+            comm_time_s=med(self.comm_times_s) if self.comm_times_s else None,
+            accounted_peak_bytes=memory.peak_bytes,
+            peak_breakdown=breakdown(memory.peak_category_bytes),
+            peak_op=peak_op(engine, memory.peak_step),
+            peak_memory_bytes=memory.peak_bytes,
+            persistent_bytes=engine.policy.persistent_bytes(engine.liveness.storage_bytes),
+            liveness_lower_bound_bytes=lower_bound_bytes(engine),
+            device_memory_capacity_bytes=memory.capacity_bytes,
+            device_memory_threshold=engine.cfg.allocation.device_memory_threshold,
+            num_flushes=engine.room.num_flushes, flushed_bytes=engine.room.flushed_bytes,
+            flush_ticks=list(memory.flush_ticks), num_materialized=engine.store.num_materialized,
+            memory_timeline=[list(p) for p in memory.timeline],
+            top_ops=top_ops(engine.steps, len(self.iteration_times_s)))
+        # each extension's part under its name, and its headline figures at the top level
+        self.parts = [(ext.name, ext.report(), ext.headline()) for ext in engine.extensions]
         return self
 
     def to_dict(self) -> dict:
         d = {"rank": self.rank, "node_ip": _node_ip(), "device": self.device, "mode": self.mode,
              "allocation_mode": self.allocation_mode, "status": self.status, "error": self.error,
              "last_op": self.last_op, "oom": self.oom, "iteration_times_s": self.iteration_times_s}
-        d.update(self.data)
+        if self.figures is not None:
+            d.update(self.figures.to_dict())
+        for name, part, headline in self.parts:  # a key above keeps its place when set again
+            d[name] = part
+            d.update(headline)
         return d
+
+
+@dataclass
+class RankFigures:
+    """What every replay measures and accounts, whichever extensions ran (the rank report's
+    top level, in this order; extensions add their parts after it, and their headline
+    figures, e.g. the memory meter's ``measured_peak_bytes``, replace these in place)."""
+
+    num_ops: int
+    num_in_scope: int
+    num_replayed: int
+    num_skipped: int
+    skipped_reasons: dict
+    # ops the loader left out count too: what was recorded and did not run
+    num_dropped_ops: int
+    num_orphan_ops: int
+    coverage: float
+    not_run_ops: list
+    translated_ops: dict
+    standin_ops: dict
+    num_shape_mismatches: int
+    num_iterations_completed: int
+    iteration_time_s: float | None
+    intervals: dict  # interval_fields of the iteration times (actors/replay/timed_iterations.py)
+    timing_stop_reason: str | None
+    compute_time_s: float | None
+    comm_time_s: float | None
+    accounted_peak_bytes: int
+    peak_breakdown: dict
+    peak_op: dict | None
+    peak_memory_bytes: int
+    persistent_bytes: int
+    liveness_lower_bound_bytes: int
+    device_memory_capacity_bytes: int | None
+    device_memory_threshold: float
+    num_flushes: int
+    flushed_bytes: int
+    flush_ticks: list
+    num_materialized: int
+    memory_timeline: list
+    top_ops: list
+    # these four are the memory meter's when it measured (its headline replaces them)
+    measured_peak_bytes: int | None = None
+    peak_memory_source: str = "accounted"
+    memory_measure_method: str | None = None
+    memory_measure: dict | None = None
+
+    @classmethod
+    def of(cls, report: dict) -> "RankFigures":
+        """The figures of a rank report's dict (``to_dict()``'s, read back on the driver:
+        a report of a rank that finished, not a failure report)."""
+        names = {f.name for f in fields(cls)} - {"intervals"}
+        return cls(**{name: report[name] for name in names if name in report},
+                   intervals={k: report[k] for k in interval_fields([]) if k in report})
+
+    def to_dict(self) -> dict:
+        """The figures as the rank report's keys, in the report's order."""
+        return {
+            "num_ops": self.num_ops, "num_in_scope": self.num_in_scope,
+            "num_replayed": self.num_replayed, "num_skipped": self.num_skipped,
+            "skipped_reasons": self.skipped_reasons, "num_dropped_ops": self.num_dropped_ops,
+            "num_orphan_ops": self.num_orphan_ops, "coverage": self.coverage,
+            "not_run_ops": self.not_run_ops, "translated_ops": self.translated_ops,
+            "standin_ops": self.standin_ops, "num_shape_mismatches": self.num_shape_mismatches,
+            "num_iterations_completed": self.num_iterations_completed,
+            "iteration_time_s": self.iteration_time_s, **self.intervals,
+            "timing_stop_reason": self.timing_stop_reason,
+            "compute_time_s": self.compute_time_s, "comm_time_s": self.comm_time_s,
+            "measured_peak_bytes": self.measured_peak_bytes,
+            "accounted_peak_bytes": self.accounted_peak_bytes,
+            "peak_breakdown": self.peak_breakdown, "peak_op": self.peak_op,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "peak_memory_source": self.peak_memory_source,
+            "memory_measure_method": self.memory_measure_method,
+            "memory_measure": self.memory_measure, "persistent_bytes": self.persistent_bytes,
+            "liveness_lower_bound_bytes": self.liveness_lower_bound_bytes,
+            "device_memory_capacity_bytes": self.device_memory_capacity_bytes,
+            "device_memory_threshold": self.device_memory_threshold,
+            "num_flushes": self.num_flushes, "flushed_bytes": self.flushed_bytes,
+            "flush_ticks": self.flush_ticks, "num_materialized": self.num_materialized,
+            "memory_timeline": self.memory_timeline, "top_ops": self.top_ops,
+            "collectives": {},  # the collectives extension's, if any
+        }
 
 
 def peak_op(engine, step) -> dict | None:

@@ -18,6 +18,7 @@ from actors.errors import ConfigError
 from actors.replay.extension import ReplayContext, ReplayExtension
 from actors.zero3.config import GradAccumDtype, StatesLayout, Zero3Config
 from actors.zero3.deepspeed_layout import deepspeed_buffers, update_windows
+from actors.zero3 import metrics as zero3_metrics
 from actors.zero3.markers import read_backward_marks
 from actors.zero3.states_plan import GRAD, STATE, TEMP, StatesPlan, find_model_states, \
     plan_states, views_of
@@ -138,6 +139,10 @@ class Zero3Extension(ReplayExtension):
     def on_iteration_end(self, measured: bool) -> None:
         self.states_runtime.drop_all()  # what the policy holds to the end of the iteration
         self.runtime.metrics.end_iteration(measured)
+
+    @classmethod
+    def summarize_ranks(cls, parts: list[dict]) -> dict | None:
+        return zero3_metrics.summarize_ranks(parts)
 
     def report(self) -> dict:
         z, cfg = self.z, self.cfg

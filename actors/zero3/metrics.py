@@ -94,25 +94,21 @@ class Zero3Metrics:
         }
 
 
-def summarize_ranks(rank_reports: list[dict]) -> dict | None:
+def summarize_ranks(zs: list[dict]) -> dict | None:
     """The run's ``zero3`` summary from the ranks' ``zero3`` reports (None without any):
     counts and bytes per iteration as the largest rank's (ranks agree unless the traces
-    differ), host and wait times as the median rank's and the slowest rank's, memory as the
-    largest rank's."""
-    zs = [r["zero3"] for r in rank_reports if isinstance(r.get("zero3"), dict)]
+    differ), host and wait times (``summary()``'s ``*_s``) as the median rank's and the
+    slowest rank's, memory as the largest rank's."""
     if not zs:
         return None
     out = {k: zs[0].get(k) for k in ("strategy", "world_size", "emulated", "prefetch",
                                      "hpz_partition_size", "leaf_modules", "num_params",
                                      "num_partitioned")}
-    for key in ("num_allgathers_per_iteration", "num_allgathers_intra_group_per_iteration",
-                "allgather_bytes_per_iteration", "gathered_peak_bytes", "shard_bytes",
-                "persistent_bytes", "update_scratch_peak_bytes", "hpz_secondary_peak_bytes",
-                "optimizer_state_bytes", "grad_shard_bytes", "grad_full_peak_bytes",
-                "num_reduce_scatters_per_iteration", "reduce_scatter_bytes_per_iteration"):
+    keys = list(Zero3Metrics().summary())  # the per-rank figures, in their order
+    for key in (k for k in keys if not k.endswith("_s")):
         values = [z[key] for z in zs if z.get(key) is not None]
         out[key] = max(values) if values else None
-    for key in ("fetch_host_s", "release_host_s", "wait_s", "bubble_s", "reduce_scatter_s"):
+    for key in (k for k in keys if k.endswith("_s")):
         values = [z[key] for z in zs if z.get(key) is not None]
         out[key] = statistics.median(values) if values else None
         out[key[:-2] + "_max_s"] = max(values) if values else None

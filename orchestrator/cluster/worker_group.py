@@ -84,9 +84,7 @@ class WorkerGroup:
             if self.use_gpu:
                 for env, devices in zip(envs, shared_visible_devices(self.node_infos)):
                     env.update(devices)
-            self._gather([w.setup.remote(**env, master_addr=self.master_addr,
-                                         master_port=self.master_port)
-                          for w, env in zip(self.workers, envs)], "set up")
+            self._setup(envs, "set up")
         except BaseException:
             self.shutdown(graceful_timeout_s=0)
             raise
@@ -94,6 +92,44 @@ class WorkerGroup:
                  len({i["node_id"] for i in self.node_infos}), self.master_addr,
                  self.master_port)
         return self
+
+    def rewire(self) -> None:
+        """A fresh MASTER_PORT for the next rendezvous (the previous store's port may still be
+        in TIME_WAIT), exported to every rank; ClusterError past cfg.timeout_s."""
+        self.master_port = self._gather([self.workers[0].find_free_port.remote()],
+                                        "find a free port on rank 0")[0]
+        self._setup(rank_envs(self.node_infos), "set up")
+
+    def name_ranks(self, ranks: list[int], world_size: int) -> None:
+        """Give actor k the rank ``ranks[k]`` of a ``world_size`` world (RANK/WORLD_SIZE), so
+        its report, errors and profile file name the rank it stands for (one actor per
+        distinct trace: orchestrator/preflight/dedup.py; no rendezvous follows);
+        ClusterError past cfg.timeout_s."""
+        envs = rank_envs(self.node_infos)
+        for env, rank in zip(envs, ranks):
+            env.update(rank=rank, world_size=world_size)
+        self._setup(envs[:len(ranks)], "take their rank")
+
+    def release(self, timeout_s: float) -> bool:
+        """Ask every rank to ``shutdown()`` (destroy its process groups), keeping the actors
+        for another call; whether all of them did within ``timeout_s``."""
+        refs = [w.shutdown.remote() for w in self.workers]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if len(done) < len(refs):
+            return False
+        try:
+            ray.get(refs)
+            return True
+        except RayError as exc:
+            log.warning("rank actors failed to release their process groups: %s", exc)
+            return False
+
+    def _setup(self, envs: list[dict], what: str) -> None:
+        """Export ``envs`` (one per rank, in rank order) and the master's address to the
+        ranks."""
+        self._gather([w.setup.remote(**env, master_addr=self.master_addr,
+                                     master_port=self.master_port)
+                      for w, env in zip(self.workers, envs)], what)
 
     def execute_async(self, method: str, *args, args_fn: Callable[[int], tuple] | None = None,
                       **kwargs) -> list:

@@ -2,9 +2,10 @@
 
 Pre-flight groups the ranks by trace content (``PreflightResult.same_as``). In compute mode
 no collective is replayed, so the ranks are independent and a rank's report depends on its
-trace and the config only: one actor per distinct trace replays, and every rank's row is its
-group representative's report, marked ``replayed_as_rank``. A 1,024-rank dry run of a meta
-capture (one trace written for every rank) is one replay.
+trace and the config only: one actor per distinct trace replays (it takes the rank it stands
+for: ``WorkerGroup.name_ranks``), and every rank's row is its group representative's report,
+marked ``replayed_as_rank``. A 1,024-rank dry run of a meta capture (one trace written for
+every rank) is one replay.
 
 ZeRO-3 emulation (``zero3.world_size``) uses ``rank % world`` for shard *offsets*, but every
 rank's shard *sizes* are the same (DeepSpeed pads each parameter to a multiple of the world:
@@ -13,11 +14,7 @@ still dedupable. ``full``/``comms`` replay collectives, which need every rank: n
 """
 from __future__ import annotations
 
-import ray
-
-from orchestrator.errors import ClusterError
 from orchestrator.preflight.validate import PreflightResult
-from orchestrator.cluster.worker_group import WorkerGroup, rank_envs
 
 
 def replayed_actors(pre: PreflightResult, mode: str, enabled: bool) -> list[int]:
@@ -27,23 +24,6 @@ def replayed_actors(pre: PreflightResult, mode: str, enabled: bool) -> list[int]
     if enabled and str(mode) == "compute" and pre.same_as:
         return sorted(set(pre.same_as))
     return list(range(pre.world_size))
-
-
-def name_actors(group: WorkerGroup, replayed: list[int], world_size: int,
-                timeout_s: float) -> None:
-    """Give actor k the rank ``replayed[k]`` of a ``world_size`` world (RANK/WORLD_SIZE), so
-    its report, errors and profile file name the rank it stands for (no rendezvous follows:
-    compute mode). Bounded by ``timeout_s``."""
-    refs = []
-    for worker, env, rank in zip(group.workers, rank_envs(group.node_infos), replayed):
-        env.update(rank=rank, world_size=world_size)
-        refs.append(worker.setup.remote(**env, master_addr=group.master_addr,
-                                        master_port=group.master_port))
-    done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-    if len(done) < len(refs):
-        raise ClusterError(f"{len(refs) - len(done)} of {len(refs)} rank actors did not take "
-                           f"their rank within cluster.timeout_s={timeout_s:.1f} s")
-    ray.get(refs)
 
 
 def expand_reports(reports: list[dict], replayed: list[int], same_as: list[int]) -> list[dict]:

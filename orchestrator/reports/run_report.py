@@ -137,7 +137,7 @@ def write_run_outputs(summary: dict, rank_reports: list[dict], out_dir: Path,
     """Write every file of a run directory (see the module docstring); returns name -> path.
 
     ``rank_reports`` are the raw reports (with ``memory_timeline``); ``summary`` comes from
-    ``orchestrator.run.metrics.aggregate``. Plots without data are skipped, all of them with
+    ``orchestrator.run.aggregate.aggregate``. Plots without data are skipped, all of them with
     ``plots=False``; they draw the ranks that replayed (not the copies of a deduplicated run:
     orchestrator/preflight/dedup.py), and copies' memory timelines are hard links of their original's.
     """

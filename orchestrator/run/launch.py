@@ -9,17 +9,18 @@ from pathlib import Path
 import orjson
 
 from actors.machine import replay_machine_warnings
+from actors.replay.failure import FailureReport
 from actors.replay.memory.model_recording import pop_snapshot
 from actors.replay.memory.snapshot import write_snapshots
-from actors.rank_actor import RankActor
-from actors.zero3 import metrics as zero3_metrics
+from actors.rank_actor import RankActor, ReplayRequest
 from orchestrator.preflight import dedup
 from orchestrator.reports import run_report as report
-from orchestrator.run import metrics
+from orchestrator.run.aggregate import aggregate, extension_summaries
 from orchestrator.config import RunConfig
 from orchestrator.cluster.node_state import lost_nodes
 from orchestrator.cluster.rank_result import Outcome
 from orchestrator import interrupts
+from orchestrator.run.phases import PhaseClock
 from orchestrator.run.session import ReplaySession
 from orchestrator.status import RunStatus
 
@@ -31,8 +32,8 @@ def _failed_report(result) -> dict:
     running when a signal stopped the driver."""
     status = RunStatus.timeout if result.kind in (Outcome.timeout, Outcome.aborted) \
         else RunStatus.interrupted if result.kind == Outcome.interrupted else RunStatus.failed
-    return {"rank": result.rank, "status": status, "error": result.error, "last_op": None,
-            "node_ip": result.node_ip, "node_id": result.node_id}
+    return FailureReport(rank=result.rank, status=status, error=result.error,
+                         node_ip=result.node_ip, node_id=result.node_id).to_dict()
 
 
 def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, console=None,
@@ -73,7 +74,7 @@ def _write_interrupted(stop: KeyboardInterrupt, cfg: RunConfig, out_dir: Path,
     if reports and len(replayed) < world_size:
         reports = dedup.expand_reports(reports, replayed, pre.same_as)
     done = sum(1 for r in reports if r.get("status") != RunStatus.interrupted)
-    summary = metrics.aggregate(
+    summary = aggregate(
         reports, world_size=world_size, run_status_override=RunStatus.interrupted,
         error=f"interrupted by {interrupts.name_of(stop)}", extra={
             "experiment": cfg.experiment.name, "trace_dir": str(cfg.trace.dir),
@@ -87,92 +88,119 @@ def _write_interrupted(stop: KeyboardInterrupt, cfg: RunConfig, out_dir: Path,
 
 def _run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None, console, actor_cls,
                 session: ReplaySession | None, quiet: bool, progress: dict) -> dict:
-    """`run_replay`'s work; ``progress`` records how far it got."""
+    """`run_replay`'s work, phase by phase (orchestrator/run/phases.py names them);
+    ``progress`` records how far it got."""
     own_session = session is None
     session = session or ReplaySession()
-    timings = {}  # phase -> seconds; see replay_phases() for the split of the replay window
-    t0 = time.perf_counter()
+    clock = PhaseClock()
     try:
-        if cfg.cluster.address is not None:  # joined cluster: pre-flight reduces traces in Ray tasks
-            session.connect(cfg.cluster, cfg.experiment.world_size or 1)
-        connect_s = time.perf_counter() - t0
-        t_pre = time.perf_counter()
-        pre = session.preflight(cfg.trace.dir, cfg.experiment.world_size, cfg.trace.group_map,
-                                mode=str(cfg.replay.mode), ranks=cfg.trace.ranks,
-                                max_decompressed_bytes=cfg.trace.decompression_limit_bytes())
-        world_size = pre.world_size
+        with clock.timed("cluster_start_s"):
+            if cfg.cluster.address is not None:  # joined: pre-flight reduces in Ray tasks
+                session.connect(cfg.cluster, cfg.experiment.world_size or 1)
+        with clock.timed("preflight_s"):
+            pre = session.preflight(cfg.trace.dir, cfg.experiment.world_size,
+                                    cfg.trace.group_map, mode=str(cfg.replay.mode),
+                                    ranks=cfg.trace.ranks,
+                                    max_decompressed_bytes=cfg.trace.decompression_limit_bytes())
         progress["pre"] = pre
-        timings["preflight_s"] = time.perf_counter() - t_pre
         if cfg.experiment.preflight_only:
-            return _preflight_only(pre, cfg, out_dir, timings)
+            return _preflight_only(pre, cfg, out_dir, {"preflight_s": clock.seconds["preflight_s"]})
         # actor k replays rank replayed[k] (all ranks, or one per distinct trace: dedup.py)
         replayed = dedup.replayed_actors(pre, cfg.replay.mode, cfg.experiment.dedup_identical_ranks)
         progress["replayed"] = replayed
-        num_actors = len(replayed)
-        t1 = time.perf_counter()
+        results = _replay_ranks(cfg, out_dir, session, actor_cls, pre, replayed, clock)
+    finally:
+        with clock.timed("teardown_s"):
+            if own_session:
+                session.close()
+    with clock.timed("aggregation_s"):
+        rank_reports = _rank_reports(results, replayed, pre)
+        clock.seconds.update(replay_phases(clock.seconds.pop("replay_window_s"),
+                                           clock.seconds.pop("ship_s"), rank_reports))
+        timings = clock.ordered()  # the summary's, completed below
+        # replay.allocator_snapshot: files, not summary figures (a copy's report shares its
+        # rank's)
+        snapshots = {r["rank"]: pop_snapshot(r) for r in rank_reports
+                     if r.get("replayed_as_rank", r["rank"]) == r["rank"]}
+        summary = _summarize(cfg, pre, results, rank_reports, len(replayed), timings)
+        report.write_run_outputs(summary, rank_reports, out_dir, config_yaml, plots=not quiet)
+        summary["snapshots"] = write_snapshots(out_dir, snapshots)
+        if not quiet:
+            report.print_summary(summary, console)
+    timings["aggregation_s"] = clock.seconds["aggregation_s"]
+    timings["total_s"] = clock.elapsed_s()
+    report.write_summary(summary, out_dir)  # again, now with every phase's time
+    log.info("timings: %s", ", ".join(f"{k} {v:.2f}" for k, v in timings.items()))
+    return summary
+
+
+def _replay_ranks(cfg: RunConfig, out_dir: Path, session: ReplaySession, actor_cls, pre,
+                  replayed: list[int], clock: PhaseClock) -> list:
+    """Start (or reuse) one actor per replayed rank, ship each its ReplayRequest, wait for
+    every Result (bounded by experiment.replay_timeout_s), release the actors."""
+    num_actors = len(replayed)
+    with clock.timed("cluster_start_s"):
         session.connect(cfg.cluster, num_actors)
-        timings["cluster_start_s"] = connect_s + time.perf_counter() - t1
-        t2 = time.perf_counter()
+    with clock.timed("actor_start_s"):
         group = session.worker_group(actor_cls, num_actors, cfg.cluster,
                                      session.use_gpu(cfg.replay.device))
-        results = None
-        try:
-            if num_actors < world_size:
-                dedup.name_actors(group, replayed, world_size, cfg.cluster.timeout_s)
+    results = None
+    try:
+        with clock.timed("actor_start_s"):
+            if num_actors < pre.world_size:
+                group.name_ranks(replayed, pre.world_size)
                 log.info("replay.mode=compute: %d rank(s) with %d distinct trace(s), one "
-                         "replay each", world_size, num_actors)
-            timings["actor_start_s"] = time.perf_counter() - t2
-            t3 = time.perf_counter()
-            # actor k replays rank replayed[k]'s file, whose trace rank is pre.ranks[replayed[k]]
-            paths = {k: pre.sources[rank] for k, rank in enumerate(replayed)}
-            blobs = {r: session.trace_blob(p) for r, p in paths.items()} \
-                if cfg.trace.transfer == "object_store" else {r: None for r in paths}
-            ship_s = time.perf_counter() - t3
-            profile_dir = str(out_dir / "profile") if cfg.replay.profile else None
-            refs = group.execute_async(
-                "replay", args_fn=lambda r: (paths[r], blobs[r], cfg.replay, pre.process_groups,
-                                             cfg.trace.group_map, profile_dir, cfg.zero3,
-                                             cfg.target))
+                         "replay each", pre.world_size, num_actors)
+        # the replay window: shipping the traces to the last report (replay_phases splits it)
+        with clock.timed("replay_window_s"):
+            with clock.timed("ship_s"):
+                requests = _requests(cfg, out_dir, session, pre, replayed)
+            refs = group.execute_async("replay", args_fn=lambda r: (requests[r],))
             results = group.wait(refs, timeout_s=cfg.experiment.replay_timeout_s,
-                                 on_progress=_progress_printer(num_actors, cfg.experiment.progress_interval_s),
+                                 on_progress=_progress_printer(
+                                     num_actors, cfg.experiment.progress_interval_s),
                                  failure_grace_s=cfg.experiment.failure_grace_s,
                                  is_failure=lambda report: report.get("status") != RunStatus.ok)
-            replay_window_s = time.perf_counter() - t3
-        finally:
-            t_down = time.perf_counter()
-            session.release(group, results, cfg.cluster.timeout_s)
     finally:
-        if own_session:
-            session.close()
-    teardown_s = time.perf_counter() - t_down
-    t4 = time.perf_counter()
+        with clock.timed("teardown_s"):
+            session.release(group, results, cfg.cluster.timeout_s)
+    return results
+
+
+def _requests(cfg: RunConfig, out_dir: Path, session: ReplaySession, pre,
+              replayed: list[int]) -> list[ReplayRequest]:
+    """Actor k's request: rank replayed[k]'s file (whose trace rank is
+    pre.ranks[replayed[k]]), its bytes through the object store with trace.transfer so."""
+    paths = [pre.sources[rank] for rank in replayed]
+    blobs = [session.trace_blob(p) if cfg.trace.transfer == "object_store" else None
+             for p in paths]
+    profile_dir = str(out_dir / "profile") if cfg.replay.profile else None
+    return [ReplayRequest(path, blob, cfg.replay, pre.process_groups, cfg.trace.group_map,
+                          profile_dir, cfg.zero3, cfg.target) for path, blob in zip(paths, blobs)]
+
+
+def _rank_reports(results: list, replayed: list[int], pre) -> list[dict]:
+    """One report per rank: a Result's value, or a failure report for it; a deduplicated
+    run's copies expanded (dedup.py)."""
     for r in results:  # a Result's rank is its actor's position: name the rank it replayed
         r.rank = replayed[r.rank]
     rank_reports = [r.value if r.ok else _failed_report(r) for r in results]
-    if num_actors < world_size:
+    if len(replayed) < pre.world_size:
         rank_reports = dedup.expand_reports(rank_reports, replayed, pre.same_as)
-    timings.update(replay_phases(replay_window_s, ship_s, rank_reports), teardown_s=teardown_s)
-    # replay.allocator_snapshot: files, not summary figures (a copy's report shares its rank's)
-    snapshots = {r["rank"]: pop_snapshot(r) for r in rank_reports
-                 if r.get("replayed_as_rank", r["rank"]) == r["rank"]}
-    summary = metrics.aggregate(rank_reports, world_size=world_size, error=lost_nodes(results),
-                                extra={
+    return rank_reports
+
+
+def _summarize(cfg: RunConfig, pre, results: list, rank_reports: list[dict], num_actors: int,
+               timings: dict) -> dict:
+    """The run summary: the ranks aggregated, with the run's own facts."""
+    return aggregate(rank_reports, world_size=pre.world_size, error=lost_nodes(results), extra={
         "experiment": cfg.experiment.name, "trace_dir": str(cfg.trace.dir),
         "mode": cfg.replay.mode, "allocation_mode": cfg.replay.allocation.mode,
         "device_memory_capacity_bytes": _capacity(rank_reports), "timings_s": timings,
         "trace_ranks": pre.ranks, "preflight_warnings": pre.warnings, "num_replays": num_actors,
         "machine_warnings": replay_machine_warnings(cfg.trace.dir, rank_reports, pre.ranks),
-        "zero3": zero3_metrics.summarize_ranks(rank_reports),
+        **extension_summaries(rank_reports),
         "target": cfg.target.figures() if cfg.target.enabled else None})
-    report.write_run_outputs(summary, rank_reports, out_dir, config_yaml, plots=not quiet)
-    summary["snapshots"] = write_snapshots(out_dir, snapshots)
-    if not quiet:
-        report.print_summary(summary, console)
-    timings["aggregation_s"] = time.perf_counter() - t4
-    timings["total_s"] = time.perf_counter() - t0
-    report.write_summary(summary, out_dir)  # again, now with every phase's time
-    log.info("timings: %s", ", ".join(f"{k} {v:.2f}" for k, v in timings.items()))
-    return summary
 
 
 @contextmanager

@@ -13,7 +13,7 @@ from actors.capture.eager import EagerActor
 from actors.errors import ConfigError
 from orchestrator.config import ClusterConfig
 from orchestrator.errors import ClusterError
-from orchestrator.run.metrics import slowest_series_s
+from orchestrator.run.aggregate import slowest_series_s
 from orchestrator.cluster.worker_group import WorkerGroup
 
 BUILD_TIMEOUT_S = 600.0  # a cold DeepSpeed start included

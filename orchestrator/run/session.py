@@ -30,7 +30,7 @@ from orchestrator.cluster import stale_cluster
 from orchestrator.config import ClusterConfig
 from orchestrator.cluster.connect import ClusterHandle, connect, cuda_available_in_cluster
 from orchestrator.preflight.validate import PreflightResult, preflight
-from orchestrator.cluster.worker_group import WorkerGroup, rank_envs
+from orchestrator.cluster.worker_group import WorkerGroup
 from orchestrator.status import ANSWERED  # a rank that ended so is kept for the next replay
 
 log = logging.getLogger("tracefleet")
@@ -121,7 +121,7 @@ class ReplaySession:
         key = (actor_cls, world_size, use_gpu, cfg.cpus_per_rank, str(cfg.placement_strategy))
         if self._group is not None and key == self._group_key:
             try:
-                self._rewire(self._group)
+                self._group.rewire()
                 return self._group
             except Exception as exc:  # noqa: BLE001 (any failure: start over, say why)
                 log.warning("kept rank actors unusable (%s); starting new ones", exc)
@@ -146,15 +146,8 @@ class ReplaySession:
         if group is not self._group:
             group.shutdown(graceful_timeout_s=graceful_s)
             return
-        if reusable:
-            refs = [w.shutdown.remote() for w in group.workers]
-            done, _ = ray.wait(refs, num_returns=len(refs), timeout=min(timeout_s, _RELEASE_S))
-            if len(done) == len(refs):
-                try:
-                    ray.get(refs)
-                    return
-                except ray.exceptions.RayError as exc:
-                    log.warning("rank actors failed to release their process groups: %s", exc)
+        if reusable and group.release(min(timeout_s, _RELEASE_S)):
+            return
         self._drop_group(graceful_s)
 
     def close(self) -> None:
@@ -178,21 +171,3 @@ class ReplaySession:
         if self._group is not None:
             self._group.shutdown(graceful_timeout_s=graceful_s)
         self._group, self._group_key = None, None
-
-    @staticmethod
-    def _rewire(group: WorkerGroup) -> None:
-        """A fresh MASTER_PORT for the next rendezvous (the previous store's port may still
-        be in TIME_WAIT), exported to every rank; bounded by cluster.timeout_s."""
-        timeout_s = group.cfg.timeout_s
-        port_ref = group.workers[0].find_free_port.remote()
-        done, _ = ray.wait([port_ref], timeout=timeout_s)
-        if not done:
-            raise TimeoutError(f"rank 0 did not answer within {timeout_s:.0f} s")
-        group.master_port = ray.get(port_ref)
-        refs = [w.setup.remote(**env, master_addr=group.master_addr, master_port=group.master_port)
-                for w, env in zip(group.workers, rank_envs(group.node_infos))]
-        done, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-        if len(done) < len(refs):
-            raise TimeoutError(f"{len(refs) - len(done)} rank actors did not answer within "
-                               f"{timeout_s:.0f} s")
-        ray.get(refs)

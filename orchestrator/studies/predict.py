@@ -1,10 +1,9 @@
 """``tracefleet-predict``'s work: does a training job fit a GPU? One answer from one command.
 
 ``predict(cfg)`` captures the workload on meta or fake (shapes only; cached by the config's
-hash: orchestrator/studies/study_traces.py), dry-runs it in this process (no Ray: one engine per
-distinct rank trace; on meta and fake every rank's trace is rank 0's, so one replay stands
-for the whole job) with faithful allocation, the target's caching allocator model
-(actors/replay/memory/reserved_model.py) and, when the workload preset asks for it, the ZeRO-3
+hash: orchestrator/studies/study_traces.py), dry-runs it in this process (no Ray: one replay per
+distinct rank trace, orchestrator/run/dry_run.py) with faithful allocation, the target's
+caching allocator model (actors/replay/memory/reserved_model.py) and, when the workload preset asks for it, the ZeRO-3
 emulation at the job's world size. The verdict compares the predicted reserved peak with the
 target's usable capacity: ``oom`` when it does not fit, ``too_close`` when the headroom is
 inside the prediction's error band, ``fits`` otherwise.
@@ -13,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -25,13 +23,13 @@ from actors.capture.mesh import validate_parallelism
 from actors.capture.workload_config import (ModelName, Parallel, Precision, WorkloadConfig,
                                             WorkloadDevice, validate as validate_workload)
 from actors.choices import Choice
-from actors.errors import ConfigError, TracefleetError
-from actors.gc_pause import gc_paused
+from actors.errors import ConfigError
 from actors.replay.config import AllocationConfig, AllocationMode, ReplayConfig, parse_bytes
 from actors.replay.memory.model_recording import TIMELINE_KEY, pop_snapshot
 from actors.replay.memory.snapshot import write_snapshots
 from actors.replay.memory.target import TargetConfig, TargetName
-from orchestrator.status import ANSWERED
+from actors.replay.report import RankFigures
+from orchestrator.run.dry_run import dry_run
 from orchestrator.reports.predict_timelines import per_role, write_timelines
 from orchestrator.studies.predict_mesh import mesh_facts, ranks_per_trace, roles_of
 from actors.zero3.config import Zero3Config
@@ -182,45 +180,6 @@ def _capture(cfg: PredictConfig, name: str) -> tuple[Path, dict]:
                     "world_size": world, "seconds": took}
 
 
-def _distinct_traces(sources: dict) -> dict[bytes, list[int]]:
-    """Ranks grouped by the content of their trace file: identical traces replay once."""
-    groups: dict[bytes, list[int]] = {}
-    for rank, source in sources.items():
-        digest = hashlib.blake2b(source.read_raw(), digest_size=16).digest()
-        groups.setdefault(digest, []).append(rank)
-    return groups
-
-
-def _dry_run(source, rank: int, cfg: PredictConfig, zero3) -> dict:
-    """One rank's meta dry run with the allocator model (and the ZeRO-3 emulation)."""
-    # One GC pause over the load, the compile and the run (each pauses it on its own): between
-    # them, and after them while the trace is still referenced, the collector would wake to a
-    # young generation of the trace's million objects and rescan it (about 1 s of a 70B
-    # probe's 6). The trace and the engine are freed by reference counting inside the pause
-    # (_replay's frame ends first); cycles made meanwhile are collected after it.
-    with gc_paused():
-        report = _replay(source, rank, cfg, zero3)
-    if report["status"] not in ANSWERED:
-        raise TracefleetError(f"the dry run of {source} failed: {report['error']}")
-    return report
-
-
-def _replay(source, rank: int, cfg: PredictConfig, zero3) -> dict:
-    """``_dry_run``'s load, compile and run: the report as a dict."""
-    from actors.replay.engine import ReplayEngine
-    from actors.trace import load_trace
-    from actors.zero3.extension import zero3_extensions
-
-    trace = load_trace(source, rank=rank)
-    # the extensions (the allocator model, the ZeRO-3 emulation): actors/replay/extensions.py
-    engine = ReplayEngine(trace, cfg.replay, rank=rank, target=cfg.target,
-                          extensions=zero3_extensions(zero3, trace))
-    try:
-        return engine.run().to_dict()
-    finally:
-        engine.close()
-
-
 def _given_traces(cfg: PredictConfig) -> tuple[dict, int, Zero3Config | None]:
     """``(rank -> source, world size, ZeRO-3 emulation or None)`` of ``trace.dir``. Without
     the emulation every rank's trace is needed; with it, one plain trace stands for every rank
@@ -276,10 +235,7 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
             zero3 = dataclasses.replace(cfg.workload.zero3_emulation, world_size=world)
             zero3.validate(str(cfg.replay.mode))
     t1 = time.perf_counter()
-    groups = _distinct_traces(sources)
-    reports = {}
-    for ranks in groups.values():
-        reports[ranks[0]] = _dry_run(sources[ranks[0]], ranks[0], cfg, zero3)
+    groups, reports = dry_run(sources, cfg.replay, cfg.target, zero3)
     replay_s = time.perf_counter() - t1
     snapshots = {rank: pop_snapshot(report) for rank, report in reports.items()}
     worst = max(reports.values(), key=lambda r: r["predicted_reserved_peak_bytes"])
@@ -288,6 +244,7 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
     headroom = usable - reserved
     band = cfg.predict.error_band
     mesh = mesh_facts(capture["dir"], worst["rank"]) if capture else None
+    core = RankFigures.of(worst)  # what every replay reports; the allocator model's below
     result = {
         "predicted_allocated_peak_bytes": worst["predicted_allocated_peak_bytes"],
         "predicted_reserved_peak_bytes": reserved,
@@ -295,24 +252,24 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
         "headroom_bytes": headroom,
         "verdict": str(verdict(headroom, reserved, band, worst["num_predicted_ooms"])),
         "error_band": band,
-        "breakdown": worst["peak_breakdown"],
-        "peak_op": worst["peak_op"],
+        "breakdown": core.peak_breakdown,
+        "peak_op": core.peak_op,
         "world_size": world,
         "workload": {"name": name, **_plain(cfg.workload)} if cfg.trace.dir is None
         else {"name": name, "trace_dir": str(cfg.trace.dir)},
         # what else the figures rest on
         "error_band_source": cfg.predict.error_band_source,
-        "accounted_peak_bytes": worst["accounted_peak_bytes"],
+        "accounted_peak_bytes": core.accounted_peak_bytes,
         "breakdown_of": "the accounted peak (bytes of the storages held, by category)",
         "num_predicted_ooms": worst["num_predicted_ooms"],
         "num_alloc_retries": worst["num_alloc_retries"],
         # host offload: the peak of what the job keeps in host memory (not in the figures)
         "host_peak_bytes": worst["cuda_allocator"].get("host_peak_bytes", 0),
-        "coverage": worst["coverage"],
+        "coverage": core.coverage,
         # what did not run as recorded (actors/replay/report.py: not_run_ops), with its bytes
-        "num_dropped_ops": worst["num_dropped_ops"],
-        "num_orphan_ops": worst["num_orphan_ops"],
-        "not_run_ops": worst["not_run_ops"],
+        "num_dropped_ops": core.num_dropped_ops,
+        "num_orphan_ops": core.num_orphan_ops,
+        "not_run_ops": core.not_run_ops,
         "target": figures,
         "zero3_emulation": _plain(zero3) if zero3 is not None else None,
         "rank": worst["rank"],

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.rank_actor import RankActor
+from actors.rank_actor import RankActor, ReplayRequest
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.zero3.config import Zero3Config
 from orchestrator.config import DEMO_TRACES
@@ -25,8 +25,8 @@ def test_shards_that_do_not_fit_are_an_oom_not_a_failure(actor):
     """ZeRO-3 charges every shard before the first op: a device too small for them is an OOM."""
     cfg = ReplayConfig(mode="compute", device="cpu", iters=1, warmup_iters=0,
                        device_memory_capacity="16KiB", allocation=AllocationConfig(mode="lazy"))
-    report = actor.replay(str(DEMO / "rank-0.et.json.gz"), None, cfg, [],
-                          zero3=Zero3Config(strategy="per_module", param_persistence_threshold=0))
+    report = actor.replay(ReplayRequest(str(DEMO / "rank-0.et.json.gz"), None, cfg, [],
+                          zero3=Zero3Config(strategy="per_module", param_persistence_threshold=0)))
     assert report["status"] == "oom", report["error"]
     assert "out of memory before the first op" in report["error"]
     assert report["oom"]["requested_bytes"] > 16 * 1024 - report["oom"]["held_bytes"]
@@ -79,8 +79,8 @@ def test_every_zero3_strategy_replays_a_trace_without_module_ranges(actor, lstm_
     with KeyError('') (the module tree had no root)."""
     zero3 = Zero3Config(strategy=strategy, world_size=64, param_persistence_threshold=0)
     for rank in (0, 1):
-        report = actor.replay(str(lstm_dir / f"rank-{rank}.json"), None, ReplayConfig(**DRY_RUN),
-                              [], zero3=zero3)
+        report = actor.replay(ReplayRequest(str(lstm_dir / f"rank-{rank}.json"), None, ReplayConfig(**DRY_RUN),
+                              [], zero3=zero3))
         assert report["status"] == "ok", report["error"]
         z = report["zero3"]
         assert z["num_partitioned"] == z["num_params"] > 0  # every parameter partitioned...
@@ -89,8 +89,8 @@ def test_every_zero3_strategy_replays_a_trace_without_module_ranges(actor, lstm_
 
 def test_leaf_patterns_on_a_trace_without_ranges_point_to_zero3_modules(actor, lstm_dir):
     zero3 = Zero3Config(strategy="leaf_coalesced", leaf_modules=["lstm"])
-    report = actor.replay(str(lstm_dir / "rank-0.json"), None, ReplayConfig(**DRY_RUN), [],
-                          zero3=zero3)
+    report = actor.replay(ReplayRequest(str(lstm_dir / "rank-0.json"), None, ReplayConfig(**DRY_RUN), [],
+                          zero3=zero3))
     assert report["status"] == "failed"
     assert "ConfigError" in report["error"] and "zero3.modules" in report["error"]
     assert "has no module ranges" in report["error"] and "(phase compile)" in report["error"]
@@ -99,16 +99,16 @@ def test_leaf_patterns_on_a_trace_without_ranges_point_to_zero3_modules(actor, l
 def test_an_empty_exception_is_reported_with_its_type_and_phase(actor, monkeypatch):
     """``KeyError('')`` printed as ``''`` told the user nothing: the report and the run's
     error name the type, the phase and the code that raised."""
-    from orchestrator.run import metrics
+    from orchestrator.run.aggregate import aggregate
 
     def broken(*_):
         raise KeyError("")
     monkeypatch.setattr("actors.rank_actor.zero3_extensions", broken)
-    report = actor.replay(str(DEMO / "rank-0.et.json.gz"), None, ReplayConfig(**DRY_RUN), [])
+    report = actor.replay(ReplayRequest(str(DEMO / "rank-0.et.json.gz"), None, ReplayConfig(**DRY_RUN), []))
     assert report["status"] == "failed" and report["phase"] == "compile"
     assert report["error"].startswith("rank 0: KeyError: '' (phase compile) [")
     assert "test_rank_actor.py" in report["error"] and "in broken" in report["error"]
-    run_error = metrics.aggregate([report], world_size=1)["error"]
+    run_error = aggregate([report], world_size=1)["error"]
     assert "rank 0 failed: KeyError: '' (phase compile)" in run_error
 
 

@@ -135,7 +135,7 @@ def test_bad_target_values_are_config_errors():
 def test_summary_and_console_carry_the_prediction():
     from rich.console import Console
 
-    from orchestrator.run.metrics import aggregate
+    from orchestrator.run.aggregate import aggregate
     from orchestrator.reports.run_report import print_summary
     from tests.orchestrator.reports.test_metrics_report import ok_report
 
@@ -172,7 +172,7 @@ def test_summary_and_console_carry_the_prediction():
 def test_rank_actor_models_zero3_charges_too(monkeypatch):
     """The rank actor puts the model before ZeRO-3's extension, so the shards and gathered
     buffers it charges are allocations too, and every discharge frees one of them."""
-    from actors.rank_actor import RankActor
+    from actors.rank_actor import RankActor, ReplayRequest
     from actors.zero3.config import Zero3Config
 
     monkeypatch.setenv("RANK", "0")
@@ -182,18 +182,18 @@ def test_rank_actor_models_zero3_charges_too(monkeypatch):
     cfg = ReplayConfig(mode="compute", device="meta", iters=1, warmup_iters=0,
                        allocation=AllocationConfig(mode="lazy"))
     zero3 = Zero3Config(strategy="per_module", param_persistence_threshold=0)
-    plain = actor.replay(str(DEMO / "rank-0.et.json.gz"), None, cfg, [],
-                         target=TargetConfig(name="a100_80gb"))
-    report = actor.replay(str(DEMO / "rank-0.et.json.gz"), None, cfg, [], zero3=zero3,
-                          target=TargetConfig(name="a100_80gb"))
+    plain = actor.replay(ReplayRequest(str(DEMO / "rank-0.et.json.gz"), None, cfg, [],
+                         target=TargetConfig(name="a100_80gb")))
+    report = actor.replay(ReplayRequest(str(DEMO / "rank-0.et.json.gz"), None, cfg, [],
+                                        zero3=zero3, target=TargetConfig(name="a100_80gb")))
     assert report["status"] == plain["status"] == "ok", report["error"]
     model = report["cuda_allocator"]
     assert model["num_unmatched_discharges"] == 0
     assert report["predicted_allocated_peak_bytes"] >= report["accounted_peak_bytes"] > 0
     assert model["num_allocs"] > plain["cuda_allocator"]["num_allocs"]  # the charges
     assert report.get("predicted_reserved_peak_bytes") and \
-        "predicted_reserved_peak_bytes" not in actor.replay(
-            str(DEMO / "rank-0.et.json.gz"), None, cfg, [])  # no target: no model
+        "predicted_reserved_peak_bytes" not in actor.replay(ReplayRequest(
+            str(DEMO / "rank-0.et.json.gz"), None, cfg, []))  # no target: no model
 
 
 def test_tracefleet_dry_run_with_a_target_reports_reserved(tmp_path):

@@ -16,7 +16,7 @@ from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.extension import ReplayExtension
 from actors.replay.timed_iterations import (StopRule, interval_fields, median_interval,
                                             order_statistic_rank)
-from orchestrator.run.metrics import aggregate
+from orchestrator.run.aggregate import aggregate
 from orchestrator.reports.run_report import interval_text
 from orchestrator.results import summary_columns
 

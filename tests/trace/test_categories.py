@@ -62,7 +62,7 @@ def test_peak_breakdown_sums_to_the_peak_and_names_its_op(demo, mode):
 
 
 def test_summary_takes_the_breakdown_of_the_rank_with_the_largest_peak():
-    from orchestrator.run.metrics import aggregate
+    from orchestrator.run.aggregate import aggregate
     from orchestrator.reports.run_report import breakdown_line
 
     def rank(r, peak, acts):

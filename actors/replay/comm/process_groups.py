@@ -92,8 +92,9 @@ class ProcessGroups:
     """The rank's live process groups, keyed by trace ``pg_name``."""
 
     def __init__(self, rank: int, world_size: int, handles: dict, members: dict,
-                 group_map: dict[str, str] | None = None):
+                 group_map: dict[str, str] | None = None, timeout_s: float | None = None):
         self.rank = rank
+        self.timeout_s = timeout_s  # every group's bound on a collective (None: unknown)
         self.world_size = world_size
         self._handles = handles  # name -> ProcessGroup, only groups this rank is in
         self._members = members  # name -> sorted global ranks
@@ -124,7 +125,7 @@ class ProcessGroups:
                                 group_desc=info.desc or None)
             if rank in members[info.name]:
                 handles[info.name] = pg
-        return cls(rank, world_size, handles, members, group_map)
+        return cls(rank, world_size, handles, members, group_map, timeout_s)
 
     def name_of(self, collective: Collective) -> str:
         """The pg_name ``collective`` runs on (group_map applied when the trace has none)."""

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from actors.errors import ReplayError
+from actors.errors import CollectiveTimeout, ReplayError
 from actors.replay.comm.calls import (CALLS, COALESCED_PART, Ctx, all_to_all_list,
                                             all_to_all_rows)
 from actors.replay.comm.async_plan import plan_async
@@ -109,6 +109,9 @@ class CollectiveReplayer:
         t0 = time.perf_counter()
         try:
             self._run(op, get_tensor)
+        except RuntimeError as e:  # torch's errors; a ReplayError is not one
+            self._raise_if_timed_out(e, t0, op)
+            raise
         finally:
             self.blocked_s += time.perf_counter() - t0
 
@@ -169,7 +172,11 @@ class CollectiveReplayer:
 
     def _complete(self, call: int) -> None:
         work, t0, kind, num_bytes, n, finish = self._pending.pop(call)
-        work.wait()
+        try:
+            work.wait()
+        except RuntimeError as e:
+            self._raise_if_timed_out(e, t0, None, kind)
+            raise
         if finish is not None:
             finish()
         self.stats.add(kind, num_bytes, self._now() - t0, n)
@@ -178,6 +185,19 @@ class CollectiveReplayer:
         if self._sync:  # the call only enqueued work on the GPU: time its completion
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
+
+    def _raise_if_timed_out(self, error: RuntimeError, started: float, op: Op | None,
+                            kind: str | None = None) -> None:
+        """Raise CollectiveTimeout for ``error`` when it came once the groups' timeout had
+        passed since the call started: torch says a timeout in its message only."""
+        timeout_s = self.groups.timeout_s
+        if timeout_s is None or time.perf_counter() - started < timeout_s:
+            return
+        what = f"node {op.node_id} ({op.name}, {op.collective.kind})" if op is not None \
+            else f"an async {kind}"
+        first = (str(error).strip().splitlines() or ["(no message)"])[0]
+        raise CollectiveTimeout(f"{what}: not complete within the process group timeout of "
+                                f"{timeout_s:g} s: {first}") from error
 
     @staticmethod
     def _error(op: Op, message: str) -> ReplayError:

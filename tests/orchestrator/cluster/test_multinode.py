@@ -1,5 +1,6 @@
 """Across two Ray nodes (head + a worker node on 127.0.0.2, from `ray start`): a worker group's
 gloo all-reduce, and the demo trace replayed end to end with ranks on both nodes."""
+import dataclasses
 import sys
 from collections import Counter
 from pathlib import Path
@@ -48,9 +49,9 @@ def test_four_ranks_spread_over_two_nodes_all_reduce(two_node_cluster):
 class BytesOnlyRank(RankActor):
     """Gets its trace only through the object store: the path it is given does not exist."""
 
-    def replay(self, trace_path, trace_bytes, *args, **kwargs):
-        missing = Path("/nonexistent-tracefleet") / Path(trace_path).name
-        return super().replay(str(missing), trace_bytes, *args, **kwargs)
+    def replay(self, request):
+        missing = Path("/nonexistent-tracefleet") / Path(request.trace_path).name
+        return super().replay(dataclasses.replace(request, trace_path=str(missing)))
 
 
 @pytest.mark.parametrize("transfer,actor_cls", [("path", RankActor),

@@ -1,4 +1,4 @@
-"""Driver-side aggregation (orchestrator.run.metrics) and run outputs (orchestrator.reports.run_report)."""
+"""Driver-side aggregation (orchestrator.run.aggregate) and run outputs (orchestrator.reports.run_report)."""
 import time
 
 import numpy as np
@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from orchestrator.run.metrics import aggregate, worst_status
+from orchestrator.run.aggregate import aggregate, worst_status
 from orchestrator.reports.run_report import (flatten_rank, human_bytes, print_summary, timeline_scale,
                                  write_run_outputs)
 
@@ -332,7 +332,7 @@ def test_print_summary_says_when_zero3_partitioned_nothing():
 
 def test_a_long_rank_error_keeps_its_place():
     """The run's error cuts a long rank message, never the node, phase and code it names."""
-    from orchestrator.run.metrics import MAX_RANK_ERROR_CHARS
+    from orchestrator.run.aggregate import MAX_RANK_ERROR_CHARS
 
     place = " at node 42 aten::linear (phase iteration) [replay/engine.py:12 in _run]"
     report = {"rank": 0, "status": "failed", "error": "rank 0: KeyError: " + "x" * 400 + place}

@@ -18,6 +18,8 @@ import re
 
 from statistics import median
 
+from actors.rank_actor import RANK_EXTENSIONS
+from actors.replay.failure import FailureReport
 from actors.replay.timed_iterations import interval_fields
 from orchestrator.status import FAILURE_PRECEDENCE, REPLAY_STATUSES, RunStatus
 
@@ -184,13 +186,20 @@ def _first_oom(reports: list[dict]) -> dict | None:
     return None
 
 
+def extension_summaries(rank_reports: list[dict], extensions=RANK_EXTENSIONS) -> dict:
+    """Per rank-side extension (ZeRO-3's), its part of the run summary under its ``name``:
+    its own ``summarize_ranks`` over the ranks' parts (None where no rank has one)."""
+    return {ext.name: ext.summarize_ranks([r[ext.name] for r in rank_reports
+                                           if isinstance(r.get(ext.name), dict)])
+            for ext in extensions}
+
+
 def _rank_rows(rank_reports: list[dict], world_size: int, missing_status: RunStatus) -> list[dict]:
     """Per-rank rows in rank order without the bulky memory timeline; placeholders for silent ranks."""
     rows = {r["rank"]: {k: v for k, v in r.items() if k not in _BULKY} for r in rank_reports}
     for rank in range(world_size):
         if rank not in rows:
-            rows[rank] = {"rank": rank, "status": missing_status,
-                          "error": "no report received from this rank", "last_op": None}
+            rows[rank] = FailureReport.missing(rank, missing_status).to_dict()
     return [rows[rank] for rank in sorted(rows)]
 
 
@@ -210,52 +219,12 @@ def aggregate(rank_reports: list[dict], *, world_size: int,
     missing_status = RunStatus.failed if run_status_override in (None, RunStatus.ok) \
         else RunStatus(run_status_override)
     ranks = _rank_rows(rank_reports, world_size, missing_status)
-    bad = [r for r in ranks if r.get("status") != RunStatus.ok]
-
-    rank_medians = {r["rank"]: r["iteration_time_s"] for r in ranks if r.get("iteration_time_s") is not None}
-    straggler = max(rank_medians, key=rank_medians.get) if rank_medians else None
-    fastest = min(rank_medians.values(), default=None)
-    skew = rank_medians[straggler] / fastest if fastest else None
-
-    status_counts: dict[str, int] = {}
-    for r in ranks:
-        status = str(r.get("status", RunStatus.failed))
-        status_counts[status] = status_counts.get(status, 0) + 1
-
     summary = {
-        "status": RunStatus(run_status_override) if run_status_override
-        else worst_status(r.get("status") for r in ranks),
-        "world_size": world_size,
-        "error": _error_message(bad, world_size, error),
-        "num_ranks_by_status": status_counts,
-        # the headline: a synchronous step ends when its slowest rank does
-        "iteration_time_s": slowest_iteration_s(ranks),
-        # its 95% interval, min and max over the same series (actors/replay/timed_iterations.py)
-        **interval_fields(slowest_series_s(ranks)),
-        "timing_stop_reason": next(iter(_values(ranks, "timing_stop_reason")), None),
-        "iteration_time_median_s": _median_or_none(list(rank_medians.values())),
-        "iteration_time_stats_s": {
-            "min": fastest,
-            "median": _median_or_none(list(rank_medians.values())),
-            "max": rank_medians[straggler] if straggler is not None else None,
-        },
-        "straggler_rank": straggler,
-        "skew": skew,
-        "compute_time_s": _median_or_none(_values(ranks, "compute_time_s")),
-        "comm_time_s": _median_or_none(_values(ranks, "comm_time_s")),
+        **_run_status(ranks, world_size, run_status_override, error),
+        **_timing(ranks),
         **_memory(ranks),
-        "liveness_lower_bound_bytes": max(_values(ranks, "liveness_lower_bound_bytes"), default=None),
-        "num_flushes": sum(_values(ranks, "num_flushes")),
-        "flushed_bytes": sum(_values(ranks, "flushed_bytes")),
-        # The weakest rank bounds what the replay is worth, so report the minimum, not a mean.
-        "coverage": min(_values(ranks, "coverage"), default=None),
-        # recorded ops the loader left out (outside every ProfilerStep window), summed
-        "num_dropped_ops": sum(_values(ranks, "num_dropped_ops")),
-        **_not_run(ranks),
-        "num_shape_mismatches": sum(_values(ranks, "num_shape_mismatches")),
-        "skipped_reasons": _merge_counts(ranks, "skipped_reasons"),
-        "translated_ops": _merge_counts(ranks, "translated_ops"),
-        "standin_ops": _merge_counts(ranks, "standin_ops"),
+        **_held(ranks),
+        **_coverage(ranks),
         "collectives": _merge_collectives(ranks),
         "num_oom_ranks": sum(1 for r in ranks if r.get("status") == RunStatus.oom),
         "oom": _first_oom(ranks),
@@ -267,3 +236,67 @@ def aggregate(rank_reports: list[dict], *, world_size: int,
     summary.update(extra or {})
     return summary
 
+
+def _run_status(ranks: list[dict], world_size: int, override: RunStatus | None,
+                error: str | None) -> dict:
+    """The run's status (the override, else the ranks' worst), its error naming the ranks
+    that did not finish, and how many ranks ended with each status."""
+    status_counts: dict[str, int] = {}
+    for r in ranks:
+        status = str(r.get("status", RunStatus.failed))
+        status_counts[status] = status_counts.get(status, 0) + 1
+    bad = [r for r in ranks if r.get("status") != RunStatus.ok]
+    return {"status": RunStatus(override) if override
+            else worst_status(r.get("status") for r in ranks),
+            "world_size": world_size,
+            "error": _error_message(bad, world_size, error),
+            "num_ranks_by_status": status_counts}
+
+
+def _timing(ranks: list[dict]) -> dict:
+    """The step time (a synchronous step ends when its slowest rank does), its interval, the
+    ranks' medians, the straggler and the skew, compute and communication time."""
+    rank_medians = {r["rank"]: r["iteration_time_s"] for r in ranks
+                    if r.get("iteration_time_s") is not None}
+    straggler = max(rank_medians, key=rank_medians.get) if rank_medians else None
+    fastest = min(rank_medians.values(), default=None)
+    return {
+        "iteration_time_s": slowest_iteration_s(ranks),
+        # its 95% interval, min and max over the same series (actors/replay/timed_iterations.py)
+        **interval_fields(slowest_series_s(ranks)),
+        "timing_stop_reason": next(iter(_values(ranks, "timing_stop_reason")), None),
+        "iteration_time_median_s": _median_or_none(list(rank_medians.values())),
+        "iteration_time_stats_s": {
+            "min": fastest,
+            "median": _median_or_none(list(rank_medians.values())),
+            "max": rank_medians[straggler] if straggler is not None else None,
+        },
+        "straggler_rank": straggler,
+        "skew": rank_medians[straggler] / fastest if fastest else None,
+        "compute_time_s": _median_or_none(_values(ranks, "compute_time_s")),
+        "comm_time_s": _median_or_none(_values(ranks, "comm_time_s")),
+    }
+
+
+def _held(ranks: list[dict]) -> dict:
+    """The liveness lower bound (max over ranks) and the flushes (summed)."""
+    return {"liveness_lower_bound_bytes": max(_values(ranks, "liveness_lower_bound_bytes"),
+                                              default=None),
+            "num_flushes": sum(_values(ranks, "num_flushes")),
+            "flushed_bytes": sum(_values(ranks, "flushed_bytes"))}
+
+
+def _coverage(ranks: list[dict]) -> dict:
+    """What ran as recorded: the weakest rank's coverage and not-run ops, the ops the loader
+    left out, shape mismatches, and skipped, translated and stand-in ops summed."""
+    return {
+        # The weakest rank bounds what the replay is worth, so report the minimum, not a mean.
+        "coverage": min(_values(ranks, "coverage"), default=None),
+        # recorded ops the loader left out (outside every ProfilerStep window), summed
+        "num_dropped_ops": sum(_values(ranks, "num_dropped_ops")),
+        **_not_run(ranks),
+        "num_shape_mismatches": sum(_values(ranks, "num_shape_mismatches")),
+        "skipped_reasons": _merge_counts(ranks, "skipped_reasons"),
+        "translated_ops": _merge_counts(ranks, "translated_ops"),
+        "standin_ops": _merge_counts(ranks, "standin_ops"),
+    }

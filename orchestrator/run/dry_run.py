@@ -1,0 +1,46 @@
+"""``tracefleet-predict``'s dry run: one in-process replay per distinct rank trace, no Ray.
+
+Ranks whose trace files are byte-identical replay once (pre-flight's grouping,
+orchestrator/preflight/trace_identity.py, which streams the files): on meta and fake every
+rank's trace is rank 0's, so one replay stands for the whole job. Each replay is
+actors/replay/session.py's, with the ZeRO-3 emulation's extensions when it is given. The
+prediction's config and verdict are orchestrator/studies/predict.py's.
+"""
+from __future__ import annotations
+
+from actors.errors import TracefleetError
+from actors.gc_pause import gc_paused
+from actors.replay.config import ReplayConfig
+from actors.replay.memory.target import TargetConfig
+from actors.zero3.config import Zero3Config
+from orchestrator.preflight.trace_identity import identical_groups
+from orchestrator.status import ANSWERED
+
+
+def dry_run(sources: dict, replay: ReplayConfig, target: TargetConfig,
+            zero3: Zero3Config | None) -> tuple[dict[int, list[int]], dict[int, dict]]:
+    """``(groups, reports)``: the ranks of ``sources`` (rank -> TraceSource) grouped by
+    identical trace (``{representative: [ranks]}``) and each representative's report."""
+    groups = identical_groups(sources)
+    reports = {rep: dry_run_rank(sources[rep], rep, replay, target, zero3) for rep in groups}
+    return groups, reports
+
+
+def dry_run_rank(source, rank: int, replay: ReplayConfig, target: TargetConfig,
+                 zero3: Zero3Config | None) -> dict:
+    """One rank's meta dry run with the allocator model (and the ZeRO-3 emulation); a
+    TracefleetError when it did not end with an answer (ok, or an OOM)."""
+    from actors.replay.session import replay_rank
+    from actors.zero3.extension import zero3_extensions
+
+    # One GC pause over the load, the compile and the run (each pauses it on its own): between
+    # them, and after them while the trace is still referenced, the collector would wake to a
+    # young generation of the trace's million objects and rescan it (about 1 s of a 70B
+    # probe's 6). The trace and the engine are freed by reference counting inside the pause
+    # (replay_rank's frame ends first); cycles made meanwhile are collected after it.
+    with gc_paused():
+        report = replay_rank(source, replay, rank=rank, target=target,
+                             extensions=lambda trace: zero3_extensions(zero3, trace))
+    if report["status"] not in ANSWERED:
+        raise TracefleetError(f"the dry run of {source} failed: {report['error']}")
+    return report
