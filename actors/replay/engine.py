@@ -108,8 +108,7 @@ class ReplayEngine:
         """Run ``entries`` from ``start``; raises _Flushed when a flush happens while the
         fast (unchecked) entries run."""
         memory, store, calls = self.memory, self.store, self.calls
-        categories, category_bytes = memory.categories, memory.category_bytes
-        tensors, drop, held = store.tensors, store.drop, memory.held
+        tensors, drop, add_new = store.tensors, store.drop, memory.add_new
         guard, make_room = self.room.guard, self.room.make_room
         check = self.num_iterations_run == 0
         timing = self.cfg.per_op_timing
@@ -132,14 +131,8 @@ class ReplayEngine:
                             calls.register(step.op, out, check)
                     else:
                         tensors[out_uid] = out
-                        if out_bytes:  # a fresh storage (MemoryTracker.add, inlined)
-                            held[out_suid] = out_bytes
-                            memory.held_bytes += out_bytes
-                            category_bytes[categories[out_suid]] += out_bytes
-                            if memory.held_bytes > memory.high_bytes:
-                                memory.high_bytes = memory.held_bytes
-                            if memory.held_bytes > memory.peak_bytes:
-                                memory.new_peak(step)
+                        if out_bytes:  # a fresh storage
+                            add_new(out_suid, out_bytes)
                         if check:
                             calls.check_single(step, out)
                     out = None  # a storage freed below must not live on in a local
