@@ -59,7 +59,7 @@ class RankActor(RankWorkerBase):
             t2 = time.perf_counter()
             phase = "compile"  # the engine's plan, and its extensions' (a ZeRO-3 plan)
             engine = ReplayEngine(trace, cfg, device=device, comm=comm, rank=rank, target=target,
-                                  extensions=zero3_extensions(zero3, trace, trace_bytes))
+                                  extensions=zero3_extensions(zero3, trace))
             phase = "iteration"
             try:
                 if profile_dir:

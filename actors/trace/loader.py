@@ -38,7 +38,8 @@ from actors.trace import integrity
 from actors.trace.archive import rank_from_name
 from actors.trace.made_inside import NestedAllocations, storages_made_inside
 from actors.trace.nested_lifetimes import nested_lifetimes
-from actors.trace.conventions import FREED_OP
+from actors.trace.conventions import FREED_OP, MODULE_BWD_BEGIN_PREFIX, MODULE_BWD_END_PREFIX, \
+    parse_module_range
 from actors.trace.recorded_frees import free_positions, freed_storages, made_in_step
 from actors.trace.args import ArgParser, preview
 from actors.trace.model import MAX_WORLD_SIZE, Op, ProcessGroupInfo, Step, Trace
@@ -54,6 +55,7 @@ STEP_PREFIX = "ProfilerStep#"
 _NOT_MODULE = ("[pytorch|profiler", "autograd::engine", STEP_PREFIX, "## process_group",
                "PythonDispatchMode")  # the frame of a Python dispatch mode (selective AC)
 _BACKEND_PREFIXES = ("gloo:", "nccl:")
+_BACKWARD_MARKERS = (MODULE_BWD_BEGIN_PREFIX, MODULE_BWD_END_PREFIX)  # conventions.py
 _MAX_BACKEND_HOPS = 64  # backend nodes chained under backend nodes (bounds a parent cycle)
 # What encloses a node: no op, some op, or a functional collective (which calls c10d ops).
 _FREE, _IN_OP, _IN_FUNCTIONAL = 0, 1, 2
@@ -139,6 +141,7 @@ def _load_trace(source: TraceSource, rank: int | None, data: bytes | None) -> Tr
                  | made_in_step(tuple(recorded_frees)),
                  nested_lifetimes=nested_lifetimes(ops, nested, made, assigner.unique),
                  recorded_frees=tuple(recorded_frees),
+                 backward_marks=_backward_marks(built.backward_marks, ops),
                  rank=rank if rank is not None else rank_from_name(source.name),
                  meta={"pid": doc.get("pid"), "time": doc.get("time"),
                        "num_dropped_ops": built.num_dropped,
@@ -164,6 +167,7 @@ class _Built:
     nested: NestedAllocations
     step_first_ids: list[int]  # first node id of each step
     freed_marks: list  # (node id, storage ids) of each FREED_OP node
+    backward_marks: list  # (node id, name) of each module backward marker, in id order
 
 
 def _build_ops(path, nodes: list, flat: bool) -> "_Built":
@@ -194,6 +198,7 @@ def _build_ops(path, nodes: list, flat: bool) -> "_Built":
     lost: dict[int, int] = {}  # node id -> the never-written range above it (orphans)
     lost_ops: dict[int, int] = {}  # the same, for selected ops
     freed_marks: list = []
+    backward_marks: list = []  # (node id, name) of each module backward marker
     unwrapped: set[int] = set()  # ids of wrapper ops dropped for their subclass's local ops
     schema_of = OpSchemaReader(flat)
     for raw in nodes:
@@ -270,6 +275,8 @@ def _build_ops(path, nodes: list, flat: bool) -> "_Built":
             pgs = _parse_pg_init(path, NodeView(raw, flat))
         elif not name.startswith(_NOT_MODULE):
             module = name
+            if name.startswith(_BACKWARD_MARKERS):
+                backward_marks.append((nid, name))
         if parent in top_of:  # an annotation inside an op (a record_function range)
             top_of[nid] = top_of[parent]
         ctx[nid] = (enclosing, step, module)
@@ -306,7 +313,22 @@ def _build_ops(path, nodes: list, flat: bool) -> "_Built":
             bounds.setdefault(step, [i, i])[1] = i + 1
     steps = [Step(step_names[k], first, end) for k, (first, end) in sorted(bounds.items())]
     return _Built(ops, pgs, steps, sum(c for c, _ in dropped.values()), dropped, num_orphans,
-                  nested, [span[0] for span in step_spans], freed_marks)
+                  nested, [span[0] for span in step_spans], freed_marks, backward_marks)
+
+
+def _backward_marks(marks: list, ops: list[Op]) -> tuple:
+    """``(node id, qualname, kind)`` of the backward markers recorded strictly inside the op
+    span (between the first and the last op kept), in id order; kind is ``bwd_begin`` or
+    ``bwd_end`` (actors/trace/conventions.py)."""
+    if not ops:
+        return ()
+    first, last = ops[0].node_id, ops[-1].node_id
+    out = []
+    for nid, name in marks:
+        parsed = parse_module_range(name)
+        if parsed is not None and first < nid < last:
+            out.append((nid, *parsed))
+    return tuple(out)
 
 
 def _output_bytes(raw: dict, flat: bool) -> int:

@@ -221,6 +221,9 @@ class Trace:
     # (suid, op index, made in the step): the run freed the storage after that op (a fake
     # capture's recorded frees, actors/trace/recorded_frees.py); empty for traces without them
     recorded_frees: tuple = ()
+    # (node id, qualname, kind) of each module backward marker inside the op span, in id order
+    # (kind bwd_begin / bwd_end: actors/trace/conventions.py); ZeRO-3 places them between ops
+    backward_marks: tuple = ()
 
     @property
     def collectives(self) -> list[Op]:

@@ -184,9 +184,8 @@ def trace_world_size(trace) -> int:
     return sizes[0]
 
 
-def zero3_extensions(cfg: Zero3Config | None, trace, data: bytes | None = None) -> list:
-    """The extensions a rank replays ``trace`` with under ``cfg`` (none for strategy none);
-    ``data`` are the trace file's bytes when they were shipped rather than read from disk."""
+def zero3_extensions(cfg: Zero3Config | None, trace) -> list:
+    """The extensions a rank replays ``trace`` with under ``cfg`` (none for strategy none)."""
     if cfg is None or not cfg.enabled:
         return []
-    return [Zero3Extension(cfg, read_backward_marks(trace, data))]
+    return [Zero3Extension(cfg, read_backward_marks(trace))]
