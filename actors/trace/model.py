@@ -37,10 +37,6 @@ class TensorArg:
         self.suid = -1
 
     @property
-    def has_storage(self) -> bool:
-        return self.storage_id != 0 and self.device != ""
-
-    @property
     def extent_elems(self) -> int:
         """Elements of storage this view reaches, counting its offset."""
         if self.numel == 0:

@@ -108,7 +108,7 @@ class MemoryTracker:
         self._grow(nbytes, self.categories[suid])
 
     def add_new(self, suid: int, nbytes: int) -> None:
-        """``add`` for a storage not held (an op's fresh output, steps.set_fast_path) with no
+        """``add`` for a storage not held (an op's fresh output, step_plan.set_fast_path) with no
         observer attached: the op loop's variant, equal to ``add`` under that precondition
         (tests/replay/test_memory_accounting.py); ``observe`` replaces it with ``add``."""
         self.held[suid] = nbytes
