@@ -200,7 +200,8 @@ def register_configs() -> None:
     cs.store(group="cluster", name="schema", node=ClusterConfig)
     cs.store(group="trace", name="schema", node=TraceConfig)
     cs.store(group="replay", name="schema", node=ReplayConfig)
-    cs.store(group="replay", name="dry_run", node=dry_run())  # replay=dry_run: actors/replay/config.py
+    # replay=dry_run: the one definition, actors/replay/config.py (no conf/replay/ file)
+    cs.store(group="replay", name="dry_run", node=dry_run())
     cs.store(group="zero3", name="schema", node=Zero3Config)
     cs.store(group="target", name="schema", node=TargetConfig)
     cs.store(group="experiment", name="schema", node=ExperimentConfig)
