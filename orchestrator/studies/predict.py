@@ -205,7 +205,7 @@ def _replay(source, rank: int, cfg: PredictConfig, zero3) -> dict:
     from actors.zero3.extension import zero3_extensions
 
     trace = load_trace(source, rank=rank)
-    # the extensions (the allocator model, the ZeRO-3 emulation): actors/replay/extensions.py
+    # the extensions (the allocator model, the ZeRO-3 emulation): actors/replay/extension_list.py
     engine = ReplayEngine(trace, cfg.replay, rank=rank, target=cfg.target,
                           extensions=zero3_extensions(zero3, trace))
     try:
