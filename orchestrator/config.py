@@ -17,7 +17,7 @@ from hydra.core.config_store import ConfigStore
 from actors.choices import Choice
 from actors.config_fields import setting
 from actors.errors import ConfigError
-from actors.replay.config import ReplayConfig, dry_run, parse_bytes
+from actors.replay.config import ReplayConfig, dry_run_config, parse_bytes
 from actors.replay.memory.target import TargetConfig
 from actors.zero3.config import Zero3Config, Zero3Strategy  # noqa: F401 (composed here)
 from orchestrator.study_config import MinMemoryConfig, OomStudyConfig
@@ -201,7 +201,7 @@ def register_configs() -> None:
     cs.store(group="trace", name="schema", node=TraceConfig)
     cs.store(group="replay", name="schema", node=ReplayConfig)
     # replay=dry_run: the one definition, actors/replay/config.py (no conf/replay/ file)
-    cs.store(group="replay", name="dry_run", node=dry_run())
+    cs.store(group="replay", name="dry_run", node=dry_run_config())
     cs.store(group="zero3", name="schema", node=Zero3Config)
     cs.store(group="target", name="schema", node=TargetConfig)
     cs.store(group="experiment", name="schema", node=ExperimentConfig)

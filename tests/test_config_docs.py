@@ -9,7 +9,7 @@ import importlib.util
 import pytest
 
 from actors.config_fields import help_of, setting
-from actors.replay.config import AllocationMode, ReplayConfig, dry_run
+from actors.replay.config import AllocationMode, ReplayConfig, dry_run_config
 from orchestrator.config import REPO_ROOT
 
 
@@ -51,7 +51,7 @@ def test_a_setting_needs_its_help():
 def test_the_dry_run_is_defined_once():
     """replay=dry_run (lazy) and tracefleet-predict's dry run (faithful) differ only in the
     allocation mode."""
-    lazy, faithful = dry_run(), dry_run(AllocationMode.faithful)
+    lazy, faithful = dry_run_config(), dry_run_config(AllocationMode.faithful)
     assert (lazy.device, lazy.mode, lazy.warmup_iters, lazy.iters, lazy.measure_memory) == \
         ("meta", "compute", 1, 1, False)
     assert lazy.allocation.mode == AllocationMode.lazy

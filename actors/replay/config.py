@@ -155,7 +155,7 @@ class ReplayConfig:
             parse_bytes(self.device_memory_capacity)
 
 
-def dry_run(allocation: AllocationMode = AllocationMode.lazy) -> ReplayConfig:
+def dry_run_config(allocation: AllocationMode = AllocationMode.lazy) -> ReplayConfig:
     """The meta-device dry run, defined here only: operators only, on meta (no compute, no
     memory, the same accounting); one warm-up iteration (the allocator's cache of the first is
     reused, and can fragment, in the second, as in training) and one measured; nothing measured

@@ -27,7 +27,7 @@ from actors.capture.workload_config import (ModelName, Parallel, Precision, Work
 from actors.choices import Choice
 from actors.errors import ConfigError, TracefleetError
 from actors.gc_pause import gc_paused
-from actors.replay.config import AllocationMode, ReplayConfig, dry_run, parse_bytes
+from actors.replay.config import AllocationMode, ReplayConfig, dry_run_config, parse_bytes
 from actors.replay.memory.model_recording import TIMELINE_KEY, pop_snapshot
 from actors.replay.memory.snapshot import write_snapshots
 from actors.replay.memory.target import TargetConfig, TargetName
@@ -103,7 +103,7 @@ class PredictConfig:
     trace: PredictTraceConfig = field(default_factory=PredictTraceConfig)
     # The dry run: meta, operators only, faithful allocation (memory held as the original held
     # it), one warm-up and one measured iteration.
-    replay: ReplayConfig = field(default_factory=lambda: dry_run(AllocationMode.faithful))
+    replay: ReplayConfig = field(default_factory=lambda: dry_run_config(AllocationMode.faithful))
     # With trace.dir: the ZeRO-3 emulation of plain (not sharded) traces at world_size ranks
     # (conf/zero3/*.yaml, e.g. zero3=per_module); a workload preset carries its own instead
     # (workload.zero3_emulation).
