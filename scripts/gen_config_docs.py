@@ -70,7 +70,8 @@ def _show(value) -> str:
         return value.value
     if isinstance(value, bool):
         return str(value).lower()
-    return str(value)
+    # a default under the checkout (the demo traces) reads the same in every checkout
+    return str(value).replace(str(ROOT) + "/", "<repo>/")
 
 
 def _keys(cls, prefix: str):
