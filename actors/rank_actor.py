@@ -25,7 +25,7 @@ from actors.trace import load_trace
 from actors.zero3.config import Zero3Config
 from actors.zero3.extension import Zero3Extension, zero3_extensions
 
-#: the extensions a rank adds to the engine's own (actors/replay/extensions.py), whose report
+#: the extensions a rank adds to the engine's own (actors/replay/extension_list.py), whose report
 #: parts the driver summarizes over the ranks, each by its own ``summarize_ranks``
 RANK_EXTENSIONS = (Zero3Extension,)
 
@@ -62,7 +62,7 @@ class RankActor(RankWorkerBase):
         rank = int(os.environ["RANK"])
         world_size = int(os.environ["WORLD_SIZE"])
         session = RankSession(cfg, rank=rank, target=request.target,
-                              extensions=lambda trace: zero3_extensions(zero3, trace, trace_bytes))
+                              extensions=lambda trace: zero3_extensions(zero3, trace))
         try:
             session.device = device = pick_device(cfg.device, self.device_index)
             if device.type == "cuda":

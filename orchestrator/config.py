@@ -9,14 +9,15 @@ them, registers one schema per config group in Hydra's ConfigStore, and YAML fil
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 
 from actors.choices import Choice
+from actors.config_fields import setting
 from actors.errors import ConfigError
-from actors.replay.config import ReplayConfig, parse_bytes
+from actors.replay.config import ReplayConfig, dry_run_config, parse_bytes
 from actors.replay.memory.target import TargetConfig
 from actors.zero3.config import Zero3Config, Zero3Strategy  # noqa: F401 (composed here)
 from orchestrator.study_config import MinMemoryConfig, OomStudyConfig
@@ -40,26 +41,25 @@ class PlacementStrategy(Choice):
 class ClusterConfig:
     """Where the rank actors run and how they are placed."""
 
-    # None starts an embedded local Ray; "auto", "ray://host:port" or "host:port" joins
-    # a running cluster.
-    address: str | None = None
-    # Logical CPUs of the embedded cluster; None = max(world_size * cpus_per_rank,
-    # os.cpu_count()). Ignored when joining a cluster.
-    num_cpus: int | None = None
-    # Ray placement-group strategy for the rank bundles: PACK, SPREAD, STRICT_PACK or
-    # STRICT_SPREAD.
-    placement_strategy: PlacementStrategy = PlacementStrategy.PACK
-    # Bound in seconds for each start-up phase: placement, actor start, rendezvous.
-    timeout_s: float = 120.0
-    # Logical CPUs reserved for each rank actor (its placement bundle).
-    cpus_per_rank: float = 1.0
-    # Root temp dir of the embedded cluster; keep it short (Ray puts unix sockets
-    # under it, and socket paths are limited to ~107 bytes). None = Ray's default.
-    temp_dir: str | None = None
-    # Ray runtime_env applied to the job (env_vars, working_dir, pip, ...).
-    runtime_env: dict | None = None
-    # Stream the actors' stdout/stderr to the driver.
-    log_to_driver: bool = True
+    address: str | None = setting(None, help=(
+        "None starts an embedded local Ray; \"auto\", \"ray://host:port\" or \"host:port\" "
+        "joins a running cluster."))
+    num_cpus: int | None = setting(None, help=(
+        "Logical CPUs of the embedded cluster; None = max(world_size * cpus_per_rank, "
+        "os.cpu_count()). Ignored when joining a cluster."))
+    placement_strategy: PlacementStrategy = setting(PlacementStrategy.PACK, help=(
+        "Ray placement-group strategy for the rank bundles: PACK, SPREAD, STRICT_PACK or "
+        "STRICT_SPREAD."))
+    timeout_s: float = setting(120.0, help=(
+        "Bound in seconds for each start-up phase: placement, actor start, rendezvous."))
+    cpus_per_rank: float = setting(1.0, help=(
+        "Logical CPUs reserved for each rank actor (its placement bundle)."))
+    temp_dir: str | None = setting(None, help=(
+        "Root temp dir of the embedded cluster; keep it short (Ray puts unix sockets under it, "
+        "and socket paths are limited to ~107 bytes). None = Ray's default."))
+    runtime_env: dict | None = setting(None, help=(
+        "Ray runtime_env applied to the job (env_vars, working_dir, pip, ...)."))
+    log_to_driver: bool = setting(True, help="Stream the actors' stdout/stderr to the driver.")
 
     def __post_init__(self):
         self.placement_strategy = PlacementStrategy.coerce(self.placement_strategy,
@@ -86,22 +86,23 @@ class Transfer(Choice):
 class TraceConfig:
     """Where the rank traces come from."""
 
-    # A folder of rank traces, a .tar/.tar.gz archive of them, or one trace file. A trace's
-    # rank is the integer right before its .json suffix, after 'rank', '-', '_' or '.'
-    # (rank-3.et.json.gz, dlrm_eg_3.json); a lone trace without one is rank 0.
-    dir: str = str(DEMO_TRACES / "gpt_dp_4")
-    # path: actors read the files themselves (shared filesystem); object_store: the driver
-    # reads them once and ships the bytes through Ray's object store (no shared filesystem).
-    transfer: Transfer = Transfer.path
-    # gloo traces do not name the group of a collective. When the traces hold several groups of
-    # different membership, map op kinds (or "*") to a pg_name, e.g. {"*": "0"}.
-    group_map: dict[str, str] | None = None
-    # Trace ranks to replay, e.g. [0, 3]; null = every rank trace. A strict subset of the
-    # recorded world replays in replay.mode=compute only (collectives need every group member).
-    ranks: list[int] | None = None
-    # Refuse a gzip stream or an archive member that would expand past this size (bytes, or
-    # a size like "16GiB"): a gzip bomb costs at most this much memory.
-    max_decompressed_bytes: str = "4GiB"
+    dir: str = setting(str(DEMO_TRACES / "gpt_dp_4"), help=(
+        "A folder of rank traces, a .tar/.tar.gz archive of them, or one trace file. A trace's "
+        "rank is the integer right before its .json suffix, after 'rank', '-', '_' or '.' "
+        "(rank-3.et.json.gz, dlrm_eg_3.json); a lone trace without one is rank 0."))
+    transfer: Transfer = setting(Transfer.path, help=(
+        "path: actors read the files themselves (shared filesystem); object_store: the driver "
+        "reads them once and ships the bytes through Ray's object store (no shared filesystem)."))
+    group_map: dict[str, str] | None = setting(None, help=(
+        "gloo traces do not name the group of a collective. When the traces hold several groups "
+        "of different membership, map op kinds (or \"*\") to a pg_name, e.g. {\"*\": \"0\"}."))
+    ranks: list[int] | None = setting(None, help=(
+        "Trace ranks to replay, e.g. [0, 3]; null = every rank trace. A strict subset of the "
+        "recorded world replays in replay.mode=compute only (collectives need every group "
+        "member)."))
+    max_decompressed_bytes: str = setting("4GiB", help=(
+        "Refuse a gzip stream or an archive member that would expand past this size (bytes, or "
+        "a size like \"16GiB\"): a gzip bomb costs at most this much memory."))
 
     def __post_init__(self):
         self.transfer = Transfer.coerce(self.transfer, "trace.transfer")
@@ -130,34 +131,37 @@ class Search(Choice):
 class ExperimentConfig:
     """Run-level settings."""
 
-    # A name for the run (shown in the summary).
-    name: str = "replay"
-    # Ranks to run; null = the trace folder's world size. Fewer than the traces have is refused.
-    world_size: int | None = None
-    # Bound on the whole replay (all iterations on every rank), seconds.
-    replay_timeout_s: float = 900.0
-    # After the first rank fails, seconds the others get to finish (they may be blocked in a
-    # collective with it) before they are aborted.
-    failure_grace_s: float = 10.0
-    # Seconds between progress lines while ranks run.
-    progress_interval_s: float = 10.0
-    # none: one replay. min_memory: bisect replay.device_memory_capacity to the smallest one
-    # at which the replay completes, per allocation mode (experiment.min_memory). oom_study:
-    # every mode on an emulated device, their minimums, a flush, DeepSpeed's estimate
-    # (experiment.oom_study).
-    search: Search = Search.none
-    min_memory: MinMemoryConfig = field(default_factory=MinMemoryConfig)
-    oom_study: OomStudyConfig = field(default_factory=OomStudyConfig)
-    # --multirun: skip the points already recorded in the sweep root's results table.
-    resume: bool = True
-    # Write report.html (plots and tables) at the end of a sweep or a search.
-    report: bool = True
-    # Run pre-flight only (no actors): write preflight.json and summary.json, then stop.
-    preflight_only: bool = False
-    # replay.mode=compute: ranks with byte-identical traces replay once, each rank's row being
-    # its group's report marked replayed_as_rank (orchestrator/preflight/dedup.py). false: every
-    # rank replays (e.g. to see the run-to-run spread of compute times across actors).
-    dedup_identical_ranks: bool = True
+    name: str = setting("replay", help="A name for the run (shown in the summary).")
+    world_size: int | None = setting(None, help=(
+        "Ranks to run; null = the trace folder's world size. Fewer than the traces have is "
+        "refused."))
+    replay_timeout_s: float = setting(900.0, help=(
+        "Bound on the whole replay (all iterations on every rank), seconds."))
+    failure_grace_s: float = setting(10.0, help=(
+        "After the first rank fails, seconds the others get to finish (they may be blocked in a "
+        "collective with it) before they are aborted."))
+    progress_interval_s: float = setting(10.0, help=(
+        "Seconds between progress lines while ranks run."))
+    search: Search = setting(Search.none, help=(
+        "none: one replay. min_memory: bisect replay.device_memory_capacity to the smallest one "
+        "at which the replay completes, per allocation mode (experiment.min_memory). oom_study: "
+        "every mode on an emulated device, their minimums, a flush, DeepSpeed's estimate "
+        "(experiment.oom_study)."))
+    min_memory: MinMemoryConfig = setting(factory=MinMemoryConfig, help=(
+        "The minimum-memory search (orchestrator/study_config.py)."))
+    oom_study: OomStudyConfig = setting(factory=OomStudyConfig, help=(
+        "The OOM study (orchestrator/study_config.py)."))
+    resume: bool = setting(True, help=(
+        "--multirun: skip the points already recorded in the sweep root's results table."))
+    report: bool = setting(True, help=(
+        "Write report.html (plots and tables) at the end of a sweep or a search."))
+    preflight_only: bool = setting(False, help=(
+        "Run pre-flight only (no actors): write preflight.json and summary.json, then stop."))
+    dedup_identical_ranks: bool = setting(True, help=(
+        "replay.mode=compute: ranks with byte-identical traces replay once, each rank's row "
+        "being its group's report marked replayed_as_rank (orchestrator/preflight/dedup.py). "
+        "false: every rank replays (e.g. to see the run-to-run spread of compute times across "
+        "actors)."))
 
     def __post_init__(self):
         self.search = Search.coerce(self.search, "experiment.search")
@@ -167,14 +171,19 @@ class ExperimentConfig:
 class RunConfig:
     """The root config of ``tracefleet``."""
 
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    trace: TraceConfig = field(default_factory=TraceConfig)
-    replay: ReplayConfig = field(default_factory=ReplayConfig)
-    zero3: Zero3Config = field(default_factory=Zero3Config)
-    # The CUDA device to predict reserved memory for (actors/replay/memory/target.py); none:
-    # no model.
-    target: TargetConfig = field(default_factory=TargetConfig)
-    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+    cluster: ClusterConfig = setting(factory=ClusterConfig, help=(
+        "Where the rank actors run (conf/cluster/*.yaml)."))
+    trace: TraceConfig = setting(factory=TraceConfig, help=(
+        "The traces to replay (conf/trace/*.yaml)."))
+    replay: ReplayConfig = setting(factory=ReplayConfig, help=(
+        "What each rank replays and how (conf/replay/*.yaml)."))
+    zero3: Zero3Config = setting(factory=Zero3Config, help=(
+        "The ZeRO-3 emulation (conf/zero3/*.yaml)."))
+    target: TargetConfig = setting(factory=TargetConfig, help=(
+        "The CUDA device to predict reserved memory for (actors/replay/memory/target.py); none: "
+        "no model."))
+    experiment: ExperimentConfig = setting(factory=ExperimentConfig, help=(
+        "Run-level settings and searches (conf/experiment/*.yaml)."))
 
     def validate(self) -> None:
         """Raise ConfigError on inconsistent values (before any cluster work)."""
@@ -191,6 +200,8 @@ def register_configs() -> None:
     cs.store(group="cluster", name="schema", node=ClusterConfig)
     cs.store(group="trace", name="schema", node=TraceConfig)
     cs.store(group="replay", name="schema", node=ReplayConfig)
+    # replay=dry_run: the one definition, actors/replay/config.py (no conf/replay/ file)
+    cs.store(group="replay", name="dry_run", node=dry_run_config())
     cs.store(group="zero3", name="schema", node=Zero3Config)
     cs.store(group="target", name="schema", node=TargetConfig)
     cs.store(group="experiment", name="schema", node=ExperimentConfig)

@@ -5,9 +5,10 @@ They sit on the ground floor, below orchestrator/config.py which composes them i
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from actors.config_fields import setting
 from actors.errors import ConfigError
 from actors.replay.config import AllocationMode, parse_bytes
 
@@ -16,17 +17,17 @@ from actors.replay.config import AllocationMode, parse_bytes
 class MinMemoryConfig:
     """The minimum-memory search (``experiment.search=min_memory``)."""
 
-    # Allocation modes searched one after another; empty: replay.allocation.mode alone.
-    allocation_modes: list[AllocationMode] = field(default_factory=list)
-    # Flush thresholds searched for lazy and faithful (pre_allocate never flushes, so it is
-    # searched at 1.0 only); empty: replay.allocation.device_memory_threshold alone.
-    thresholds: list[float] = field(default_factory=list)
-    # Stop when the smallest completing and the largest failing capacity are within
-    # max(tolerance x the completing one, tolerance_bytes).
-    tolerance: float = 0.01
-    tolerance_bytes: int = 4096
-    # Bound on the replays of one (mode, threshold) search, the reference included.
-    max_steps: int = 40
+    allocation_modes: list[AllocationMode] = setting(factory=list, help=(
+        "Allocation modes searched one after another; empty: replay.allocation.mode alone."))
+    thresholds: list[float] = setting(factory=list, help=(
+        "Flush thresholds searched for lazy and faithful (pre_allocate never flushes, so it is "
+        "searched at 1.0 only); empty: replay.allocation.device_memory_threshold alone."))
+    tolerance: float = setting(0.01, help=(
+        "Stop when the smallest completing and the largest failing capacity are within "
+        "max(tolerance x the completing one, tolerance_bytes)."))
+    tolerance_bytes: int = setting(4096, help="The tolerance's floor in bytes (see tolerance).")
+    max_steps: int = setting(40, help=(
+        "Bound on the replays of one (mode, threshold) search, the reference included."))
 
     def validate(self) -> None:
         """Raise ConfigError on values outside their domain."""
@@ -46,31 +47,32 @@ class MinMemoryConfig:
 class OomStudyConfig:
     """The OOM study (``experiment.search=oom_study``)."""
 
-    # A capture workload preset (conf/workload/<name>.yaml, e.g. llama_70b) traced on the meta
-    # device for the study, replacing trace.dir; null: study trace.dir as it is.
-    workload: str | None = None
-    # Workload fields over the preset's, e.g. {parallel: local, seq_len: 2048}.
-    workload_overrides: dict[str, Any] = field(default_factory=dict)
-    # Ranks captured. parallel=local workloads give every rank the same trace: 1 rank with
-    # zero3.world_size=N replays rank 0 of an N-rank ZeRO-3 job.
-    capture_world_size: int = 1
-    # Captured traces are kept here, one folder per workload, and reused by later studies.
-    trace_cache_dir: str = "~/.cache/tracefleet/traces"
-    # The emulated device every mode is replayed on first, e.g. "80GiB".
-    device_memory_capacity: str = "80GiB"
-    # Allocation modes replayed on the device and searched for their minimum capacity.
-    allocation_modes: list[AllocationMode] = field(
-        default_factory=lambda: [AllocationMode.pre_allocate, AllocationMode.faithful,
-                                 AllocationMode.lazy])
-    # The flush demonstration: this mode at flush_capacity, without a threshold and with each
-    # of flush_thresholds. null flush_capacity: flush_mode's minimum capacity with the first
-    # of flush_thresholds (searched).
-    flush_mode: AllocationMode = AllocationMode.lazy
-    flush_thresholds: list[float] = field(default_factory=lambda: [0.5])
-    flush_capacity: str | None = None
-    # GPUs per node for DeepSpeed's estimate (nodes = world size / this; the world size is
-    # zero3.world_size when set, else the trace's).
-    gpus_per_node: int = 8
+    workload: str | None = setting(None, help=(
+        "A capture workload preset (conf/workload/<name>.yaml, e.g. llama_70b) traced on the "
+        "meta device for the study, replacing trace.dir; null: study trace.dir as it is."))
+    workload_overrides: dict[str, Any] = setting(factory=dict, help=(
+        "Workload fields over the preset's, e.g. {parallel: local, seq_len: 2048}."))
+    capture_world_size: int = setting(1, help=(
+        "Ranks captured. parallel=local workloads give every rank the same trace: 1 rank with "
+        "zero3.world_size=N replays rank 0 of an N-rank ZeRO-3 job."))
+    trace_cache_dir: str = setting("~/.cache/tracefleet/traces", help=(
+        "Captured traces are kept here, one folder per workload, and reused by later studies."))
+    device_memory_capacity: str = setting("80GiB", help=(
+        "The emulated device every mode is replayed on first, e.g. \"80GiB\"."))
+    allocation_modes: list[AllocationMode] = setting(factory=lambda: [
+        AllocationMode.pre_allocate, AllocationMode.faithful, AllocationMode.lazy], help=(
+        "Allocation modes replayed on the device and searched for their minimum capacity."))
+    flush_mode: AllocationMode = setting(AllocationMode.lazy, help=(
+        "The flush demonstration: this mode at flush_capacity, without a threshold and with "
+        "each of flush_thresholds. null flush_capacity: flush_mode's minimum capacity with the "
+        "first of flush_thresholds (searched)."))
+    flush_thresholds: list[float] = setting(factory=lambda: [0.5], help=(
+        "Thresholds of the flush demonstration (fractions in (0, 1); see flush_mode)."))
+    flush_capacity: str | None = setting(None, help=(
+        "The device of the flush demonstration, e.g. \"40GiB\"; null: searched (see flush_mode)."))
+    gpus_per_node: int = setting(8, help=(
+        "GPUs per node for DeepSpeed's estimate (nodes = world size / this; the world size is "
+        "zero3.world_size when set, else the trace's)."))
 
     def __post_init__(self):
         self.flush_mode = AllocationMode.coerce(self.flush_mode, "experiment.oom_study.flush_mode")

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from actors.rank_actor import RankActor  # noqa: E402
 from actors.rank_base import free_port  # noqa: E402
 from actors.replay.comm.replayer import CollectiveReplayer  # noqa: E402
-from actors.replay.comm.metrics import CommStats, message_bytes  # noqa: E402
+from actors.replay.comm.bandwidth import CommStats, message_bytes  # noqa: E402
 from actors.replay.config import ReplayConfig  # noqa: E402
 from actors.replay.engine import ReplayEngine  # noqa: E402
 from actors.replay.comm.process_groups import ProcessGroups  # noqa: E402

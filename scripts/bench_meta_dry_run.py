@@ -79,7 +79,6 @@ def main() -> None:
         t0 = time.perf_counter()
         trace = load_trace(path)
         load_s = time.perf_counter() - t0
-        # the ZeRO-3 extension reads the trace file again (its module markers)
         kernels, kernels_setup_s = dry_run(trace, False, args.iters)
         recorded, recorded_setup_s = dry_run(trace, True, args.iters)
     num_ops = len(trace.ops)

@@ -25,6 +25,7 @@ import warnings
 from dataclasses import dataclass
 
 from actors.choices import Choice
+from actors.config_fields import setting
 from actors.errors import ConfigError
 
 # torchtitan's order of the mesh dimensions, outermost first.
@@ -46,27 +47,28 @@ class PipelineSchedule(Choice):
 class ParallelismConfig:
     """How the ranks are arranged (torchtitan's ``parallelism`` degrees)."""
 
-    # Replicas of the model that only all-reduce gradients (HSDP's replicate dimension).
-    dp_replicate: int = 1
-    # FSDP's shard degree; -1 = whatever world_size leaves (world / the other degrees).
-    dp_shard: int = -1
-    # Tensor parallel (Megatron-style, with sequence parallel on the norms and loss parallel).
-    tp: int = 1
-    # Pipeline stages (each rank holds consecutive layers; see pp_schedule).
-    pp: int = 1
-    # Context parallel: the sequence split over ranks, ring attention between them.
-    cp: int = 1
-    # Expert parallel: the MoE blocks' experts (workload.moe_experts) split over this many of
-    # the dp_shard x cp ranks, tokens exchanged by all-to-all.
-    ep: int = 1
-    # pp > 1: the pipeline schedule, gpipe, 1f1b or interleaved_1f1b. A string checked when
-    # the config is built (a ConfigError before any work): Hydra matches an Enum field by
-    # member name, and "1f1b", torch's and torchtitan's name, cannot be one.
-    pp_schedule: str = PipelineSchedule.f1b1.value
-    # pp > 1: micro-batches per step (0 = pp: one per stage). Each is batch_size samples.
-    pp_microbatches: int = 0
-    # pp > 1: model chunks (stages) per rank; interleaved_1f1b needs >= 2, the others 1.
-    pp_stages_per_rank: int = 1
+    dp_replicate: int = setting(1, help=(
+        "Replicas of the model that only all-reduce gradients (HSDP's replicate dimension)."))
+    dp_shard: int = setting(-1, help=(
+        "FSDP's shard degree; -1 = whatever world_size leaves (world / the other degrees)."))
+    tp: int = setting(1, help=(
+        "Tensor parallel (Megatron-style, with sequence parallel on the norms and loss "
+        "parallel)."))
+    pp: int = setting(1, help=(
+        "Pipeline stages (each rank holds consecutive layers; see pp_schedule)."))
+    cp: int = setting(1, help=(
+        "Context parallel: the sequence split over ranks, ring attention between them."))
+    ep: int = setting(1, help=(
+        "Expert parallel: the MoE blocks' experts (workload.moe_experts) split over this many "
+        "of the dp_shard x cp ranks, tokens exchanged by all-to-all."))
+    pp_schedule: str = setting(PipelineSchedule.f1b1.value, help=(
+        "pp > 1: the pipeline schedule, gpipe, 1f1b or interleaved_1f1b. A string checked when "
+        "the config is built (a ConfigError before any work): Hydra matches an Enum field by "
+        "member name, and \"1f1b\", torch's and torchtitan's name, cannot be one."))
+    pp_microbatches: int = setting(0, help=(
+        "pp > 1: micro-batches per step (0 = pp: one per stage). Each is batch_size samples."))
+    pp_stages_per_rank: int = setting(1, help=(
+        "pp > 1: model chunks (stages) per rank; interleaved_1f1b needs >= 2, the others 1."))
 
     def __post_init__(self):
         self.pp_schedule = PipelineSchedule.coerce(self.pp_schedule,

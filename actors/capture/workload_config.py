@@ -3,7 +3,7 @@ deprecated ``kind`` / ``dtype`` aliases (resolved in ``WorkloadConfig.__post_ini
 the checks of what cannot run (:func:`validate`). See docs/capture.md, "Recipes"."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -13,6 +13,7 @@ from actors.capture.checkpointing import ActivationCheckpointing
 from actors.capture.mesh import ParallelismConfig
 from actors.capture.moe import MoeRouter, MoeSpec, max_skew
 from actors.choices import Choice
+from actors.config_fields import setting
 from actors.errors import ConfigError
 from actors.zero3.config import OffloadDevice, Zero3Config
 
@@ -86,122 +87,120 @@ PARAM_DTYPES = {Precision.fp32: torch.float32, Precision.bf16: torch.bfloat16,
 class WorkloadConfig:
     """What to train while capturing."""
 
-    # The decoder: gpt or llama; custom: the user's own step (workload.entrypoint).
-    model: ModelName = ModelName.gpt
-    # model=custom: the user's step, PATH.py:FUNCTION or package.module:FUNCTION, whose
-    # build(ctx) returns (model, make_batch, step) (see actors/capture/custom.py). The
-    # model and recipe knobs below do not apply to it.
-    entrypoint: str = ""
-    # ddp, fsdp2, zero3 or local (no gradient communication).
-    parallel: Parallel = Parallel.ddp
-    # The device mesh (torchtitan's degrees: dp_replicate, dp_shard, tp, pp, cp, ep; their
-    # product is world_size, dp_shard=-1 the rest): actors/capture/mesh.py. The default, only
-    # dp_shard, is the 1-D data-parallel job every recipe ran before.
-    parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
-    # torchao float8 training: the Linears but the output as Float8Linear (tensorwise dynamic
-    # scaling), and FSDP2's all-gathers in float8 (actors/capture/parallelize/float8.py;
-    # torchtitan's float8 converter). Needs fsdp2, bf16_mixed and the fake device (or cuda).
-    float8: bool = False
-    # fsdp2: FSDP2's CPUOffloadPolicy (torchtitan's training.enable_cpu_offload): parameter
-    # shards, their gradients and the optimizer state (and its step) in host memory.
-    # tracefleet-predict counts those storages as host bytes, not the GPU's.
-    cpu_offload: bool = False
-    # fp32, bf16 (pure), fp16 (pure) or bf16_mixed (bf16 compute, fp32 masters and reduction).
-    precision: Precision = Precision.fp32
-    # none, full, selective_layer (every ac_every-th block) or selective_op (docs/capture.md).
-    activation_checkpointing: ActivationCheckpointing = ActivationCheckpointing.none
-    # selective_layer: checkpoint every ac_every-th block.
-    ac_every: int = 2
-    # Micro-batches per optimizer step; gradients are communicated once, after the last (ddp:
-    # no_sync, fsdp2: set_requires_gradient_sync(False) before; zero3: DeepSpeed's own).
-    grad_accum_steps: int = 1
-    # Deprecated: <model>_<dp|zero3|local>; when set it replaces model and parallel and is
-    # then cleared (meta.json records model and parallel).
-    kind: Optional[WorkloadKind] = None
-    # Deprecated: float32, bfloat16 or float16; when set it replaces precision (fp32, bf16,
-    # fp16) and is then cleared.
-    dtype: Optional[DType] = None
-    # cpu, cuda (one GPU per rank), meta (shapes only; 70B-class models in seconds) or fake
-    # (shapes only on fake cpu tensors, any world size; see actors/capture/fake_mode.py).
-    device: WorkloadDevice = WorkloadDevice.cpu
-    # device=fake, tracefleet-capture: also run the same workload for real on cpu at world 2
-    # and compare its op sequence and output sizes with a fake capture at world 2, naming the
-    # first divergence (orchestrator/run/fake_check.py; make the model small for it).
-    check_fake: bool = False
-    # Vocabulary size (token embedding rows, LM head outputs).
-    vocab: int = 512
-    # Hidden size.
-    d_model: int = 128
-    # Number of decoder blocks.
-    n_layers: int = 2
-    # Attention heads per block (must divide d_model).
-    n_heads: int = 4
-    # llama: key/value heads (grouped-query attention; must divide n_heads); 0 = n_heads.
-    n_kv_heads: int = 0
-    # Hidden size of the feed-forward block; 0 = the model's rule (gpt: 4 x d_model; llama:
-    # 2/3 of 4 x d_model rounded up to a multiple of 256, as Meta's reference).
-    ffn_dim: int = 0
-    # Tokens per sample (gpt: also the number of learned positions).
-    seq_len: int = 64
-    # Samples per rank per micro-batch (DeepSpeed's train_micro_batch_size_per_gpu).
-    batch_size: int = 4
-    # fused (one flash kernel, nothing seq x seq kept) or math (explicit softmax).
-    attention: Attention = Attention.fused
-    # llama: routed experts of every block's feed-forward, a Mixture of Experts (a router and
-    # top-k SwiGLU experts, Mixtral / DeepSeek-like: actors/capture/moe.py); 0 = the dense
-    # SwiGLU. parallelism.ep splits them over ranks (expert parallel).
-    moe_experts: int = 0
-    # moe_experts > 0: experts each token is routed to.
-    moe_top_k: int = 2
-    # moe_experts > 0: each expert's hidden size; 0 = ffn_dim's rule.
-    moe_ffn_dim: int = 0
-    # moe_experts > 0: shared experts every token also runs (DeepSeek's), 0 = none.
-    moe_shared_experts: int = 0
-    # moe_experts > 0: topk (the gate's best top_k scores per token; on fake and meta, where
-    # the choice has no value, the routing assumption's loads stand for it) or fixed (the
-    # assumption's loads imposed on every run, real ones included: a real run that routes as
-    # its fake capture assumes).
-    moe_router: MoeRouter = MoeRouter.topk
-    # The routing assumption: expert 0 receives (1 + skew) x the mean load, the others share
-    # the rest equally; 0 = balanced, at most moe_experts / moe_top_k - 1 (every token).
-    moe_routing_skew: float = 0.0
-    # llama: rotary embedding base.
-    rope_theta: float = 500000.0
-    # llama: RMSNorm epsilon.
-    norm_eps: float = 1e-5
-    # AdamW learning rate.
-    lr: float = 1e-3
-    # Model init seed, the same on every rank; rank r draws its batches from seed + 1 + r.
-    seed: int = 0
-    # ddp: 0 = one all-reduce per gradient; > 0 = gradients packed (in backward order)
-    # into flat buckets of at most this many elements, one all-reduce each (like DDP).
-    dp_bucket_numel: int = 0
-    # zero3: mark each decoder block a ZeRO-3 leaf module (one fetch per block).
-    leaf_modules: bool = False
-    # zero3: parameters with fewer elements stay gathered (stage3_param_persistence_threshold).
-    zero3_param_persistence_threshold: int = 0
-    # zero3: elements fetched ahead of use; 0 fetches each module when it runs.
-    zero3_prefetch_bucket_size: int = 0
-    # zero3: keep parameters gathered when reused within this many elements; 0 releases
-    # them after every use, so backward fetches them again.
-    zero3_max_reuse_distance: int = 0
-    # zero3: gradient elements per reduce-scatter bucket (reduce_bucket_size).
-    zero3_reduce_bucket_size: int = 200_000
-    # zero3: DeepSpeed's offload_optimizer.device (cpu: the fp32 master partition, moments and
-    # gradient partitions in host memory, the update there; DeepSpeed's torch AdamW kept).
-    zero3_offload_optimizer: OffloadDevice = OffloadDevice.none
-    # zero3: DeepSpeed's offload_param.device (cpu: the parameter partitions in host memory).
-    zero3_offload_param: OffloadDevice = OffloadDevice.none
-    # zero3: let DeepSpeed JIT-build its CPU shm comm op (30-90 s with g++ the first time;
-    # skipped if the build fails). Off by default: only DeepSpeed's inference all-reduce uses
-    # it, so a training trace is the same without it.
-    build_shm_op: bool = False
-    # Not a capture knob: the ZeRO-3 emulation a replay of this workload's (plain,
-    # parallel=local) traces runs under to stand for a ZeRO-3 job, e.g. DeepSpeed's, which
-    # cannot run on meta or fake (conf/workload/deepspeed_70b.yaml). tracefleet-predict
-    # applies it with zero3.world_size = the job's world size; strategy none (the default):
-    # the traces replay as recorded. The capture ignores it.
-    zero3_emulation: Zero3Config = field(default_factory=Zero3Config)
+    model: ModelName = setting(ModelName.gpt, help=(
+        "The decoder: gpt or llama; custom: the user's own step (workload.entrypoint)."))
+    entrypoint: str = setting("", help=(
+        "model=custom: the user's step, PATH.py:FUNCTION or package.module:FUNCTION, whose "
+        "build(ctx) returns (model, make_batch, step) (see actors/capture/custom.py). The model "
+        "and recipe knobs below do not apply to it."))
+    parallel: Parallel = setting(Parallel.ddp, help=(
+        "ddp, fsdp2, zero3 or local (no gradient communication)."))
+    parallelism: ParallelismConfig = setting(factory=ParallelismConfig, help=(
+        "The device mesh (torchtitan's degrees: dp_replicate, dp_shard, tp, pp, cp, ep; their "
+        "product is world_size, dp_shard=-1 the rest): actors/capture/mesh.py. The default, "
+        "only dp_shard, is the 1-D data-parallel job every recipe ran before."))
+    float8: bool = setting(False, help=(
+        "torchao float8 training: the Linears but the output as Float8Linear (tensorwise "
+        "dynamic scaling), and FSDP2's all-gathers in float8 "
+        "(actors/capture/parallelize/float8.py; torchtitan's float8 converter). Needs fsdp2, "
+        "bf16_mixed and the fake device (or cuda)."))
+    cpu_offload: bool = setting(False, help=(
+        "fsdp2: FSDP2's CPUOffloadPolicy (torchtitan's training.enable_cpu_offload): parameter "
+        "shards, their gradients and the optimizer state (and its step) in host memory. "
+        "tracefleet-predict counts those storages as host bytes, not the GPU's."))
+    precision: Precision = setting(Precision.fp32, help=(
+        "fp32, bf16 (pure), fp16 (pure) or bf16_mixed (bf16 compute, fp32 masters and "
+        "reduction)."))
+    activation_checkpointing: ActivationCheckpointing = setting(ActivationCheckpointing.none, help=(
+        "none, full, selective_layer (every ac_every-th block) or selective_op "
+        "(docs/capture.md)."))
+    ac_every: int = setting(2, help="selective_layer: checkpoint every ac_every-th block.")
+    grad_accum_steps: int = setting(1, help=(
+        "Micro-batches per optimizer step; gradients are communicated once, after the last "
+        "(ddp: no_sync, fsdp2: set_requires_gradient_sync(False) before; zero3: DeepSpeed's "
+        "own)."))
+    kind: Optional[WorkloadKind] = setting(None, help=(
+        "Deprecated: <model>_<dp|zero3|local>; when set it replaces model and parallel and is "
+        "then cleared (meta.json records model and parallel)."))
+    dtype: Optional[DType] = setting(None, help=(
+        "Deprecated: float32, bfloat16 or float16; when set it replaces precision (fp32, bf16, "
+        "fp16) and is then cleared."))
+    device: WorkloadDevice = setting(WorkloadDevice.cpu, help=(
+        "cpu, cuda (one GPU per rank), meta (shapes only; 70B-class models in seconds) or fake "
+        "(shapes only on fake cpu tensors, any world size; see actors/capture/fake_mode.py)."))
+    check_fake: bool = setting(False, help=(
+        "device=fake, tracefleet-capture: also run the same workload for real on cpu at world 2 "
+        "and compare its op sequence and output sizes with a fake capture at world 2, naming "
+        "the first divergence (orchestrator/run/fake_check.py; make the model small for it)."))
+    vocab: int = setting(512, help="Vocabulary size (token embedding rows, LM head outputs).")
+    d_model: int = setting(128, help="Hidden size.")
+    n_layers: int = setting(2, help="Number of decoder blocks.")
+    n_heads: int = setting(4, help="Attention heads per block (must divide d_model).")
+    n_kv_heads: int = setting(0, help=(
+        "llama: key/value heads (grouped-query attention; must divide n_heads); 0 = n_heads."))
+    ffn_dim: int = setting(0, help=(
+        "Hidden size of the feed-forward block; 0 = the model's rule (gpt: 4 x d_model; llama: "
+        "2/3 of 4 x d_model rounded up to a multiple of 256, as Meta's reference)."))
+    seq_len: int = setting(64, help=(
+        "Tokens per sample (gpt: also the number of learned positions)."))
+    batch_size: int = setting(4, help=(
+        "Samples per rank per micro-batch (DeepSpeed's train_micro_batch_size_per_gpu)."))
+    attention: Attention = setting(Attention.fused, help=(
+        "fused (one flash kernel, nothing seq x seq kept) or math (explicit softmax)."))
+    moe_experts: int = setting(0, help=(
+        "llama: routed experts of every block's feed-forward, a Mixture of Experts (a router "
+        "and top-k SwiGLU experts, Mixtral / DeepSeek-like: actors/capture/moe.py); 0 = the "
+        "dense SwiGLU. parallelism.ep splits them over ranks (expert parallel)."))
+    moe_top_k: int = setting(2, help="moe_experts > 0: experts each token is routed to.")
+    moe_ffn_dim: int = setting(0, help=(
+        "moe_experts > 0: each expert's hidden size; 0 = ffn_dim's rule."))
+    moe_shared_experts: int = setting(0, help=(
+        "moe_experts > 0: shared experts every token also runs (DeepSeek's), 0 = none."))
+    moe_router: MoeRouter = setting(MoeRouter.topk, help=(
+        "moe_experts > 0: topk (the gate's best top_k scores per token; on fake and meta, where "
+        "the choice has no value, the routing assumption's loads stand for it) or fixed (the "
+        "assumption's loads imposed on every run, real ones included: a real run that routes as "
+        "its fake capture assumes)."))
+    moe_routing_skew: float = setting(0.0, help=(
+        "The routing assumption: expert 0 receives (1 + skew) x the mean load, the others share "
+        "the rest equally; 0 = balanced, at most moe_experts / moe_top_k - 1 (every token)."))
+    rope_theta: float = setting(500000.0, help="llama: rotary embedding base.")
+    norm_eps: float = setting(1e-5, help="llama: RMSNorm epsilon.")
+    lr: float = setting(1e-3, help="AdamW learning rate.")
+    seed: int = setting(0, help=(
+        "Model init seed, the same on every rank; rank r draws its batches from seed + 1 + r."))
+    dp_bucket_numel: int = setting(0, help=(
+        "ddp: 0 = one all-reduce per gradient; > 0 = gradients packed (in backward order) into "
+        "flat buckets of at most this many elements, one all-reduce each (like DDP)."))
+    leaf_modules: bool = setting(False, help=(
+        "zero3: mark each decoder block a ZeRO-3 leaf module (one fetch per block)."))
+    zero3_param_persistence_threshold: int = setting(0, help=(
+        "zero3: parameters with fewer elements stay gathered "
+        "(stage3_param_persistence_threshold)."))
+    zero3_prefetch_bucket_size: int = setting(0, help=(
+        "zero3: elements fetched ahead of use; 0 fetches each module when it runs."))
+    zero3_max_reuse_distance: int = setting(0, help=(
+        "zero3: keep parameters gathered when reused within this many elements; 0 releases them "
+        "after every use, so backward fetches them again."))
+    zero3_reduce_bucket_size: int = setting(200_000, help=(
+        "zero3: gradient elements per reduce-scatter bucket (reduce_bucket_size)."))
+    zero3_offload_optimizer: OffloadDevice = setting(OffloadDevice.none, help=(
+        "zero3: DeepSpeed's offload_optimizer.device (cpu: the fp32 master partition, moments "
+        "and gradient partitions in host memory, the update there; DeepSpeed's torch AdamW "
+        "kept)."))
+    zero3_offload_param: OffloadDevice = setting(OffloadDevice.none, help=(
+        "zero3: DeepSpeed's offload_param.device (cpu: the parameter partitions in host "
+        "memory)."))
+    build_shm_op: bool = setting(False, help=(
+        "zero3: let DeepSpeed JIT-build its CPU shm comm op (30-90 s with g++ the first time; "
+        "skipped if the build fails). Off by default: only DeepSpeed's inference all-reduce "
+        "uses it, so a training trace is the same without it."))
+    zero3_emulation: Zero3Config = setting(factory=Zero3Config, help=(
+        "Not a capture knob: the ZeRO-3 emulation a replay of this workload's (plain, "
+        "parallel=local) traces runs under to stand for a ZeRO-3 job, e.g. DeepSpeed's, which "
+        "cannot run on meta or fake (conf/workload/deepspeed_70b.yaml). tracefleet-predict "
+        "applies it with zero3.world_size = the job's world size; strategy none (the default): "
+        "the traces replay as recorded. The capture ignores it."))
 
     def __post_init__(self):
         if isinstance(self.zero3_emulation, dict):  # rebuilt from asdict (meta.json, ranks)

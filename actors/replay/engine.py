@@ -1,8 +1,8 @@
 """The op loop of one rank: iterations, memory (policy, guard, flush, OOM), timing, report.
 
 The engine runs one compiled program (actors/replay/program.py) with one list of extensions
-(actors/replay/extensions.py builds it; actors/replay/extension.py is their contract). The
-loop runs a precomputed sequence (actors/replay/iteration_sequence.py): compiled ops,
+(actors/replay/extension_list.py builds it; actors/replay/extension_contract.py is their
+contract). The loop runs a precomputed sequence (actors/replay/iteration_sequence.py): compiled ops,
 extension hooks (ZeRO-3 fetch/release, host gaps, async collectives' completion), the ops an
 extension replays itself (collectives) and the allocation policy's frees after each op. It
 never branches on the allocation mode or on which extensions are present: they are planned
@@ -18,7 +18,7 @@ import torch
 
 from actors.gc_pause import gc_paused
 from actors.replay.config import ReplayConfig
-from actors.replay.extensions import build_extensions
+from actors.replay.extension_list import build_extensions
 from actors.replay.memory.accounting import OutOfMemory
 from actors.replay.ops.op_call import OP_ERRORS
 from actors.replay.program import compile_program, pick_device
@@ -106,11 +106,11 @@ class ReplayEngine:
 
     def _run(self, entries: list[tuple], start: int, checked: bool) -> None:
         """Run ``entries`` from ``start``; raises _Flushed when a flush happens while the
-        fast (unchecked) entries run."""
-        memory, store, calls = self.memory, self.store, self.calls
-        categories, category_bytes = memory.categories, memory.category_bytes
-        tensors, drop, held = store.tensors, store.drop, memory.held
-        guard, make_room = self.room.guard, self.room.make_room
+        fast (unchecked) entries run. The loop keeps the common case (a fast-path op) inline,
+        free of attribute lookups; every other entry is ``_run_step``'s."""
+        memory, calls = self.memory, self.calls
+        tensors, drop, add_new = self.store.tensors, self.store.drop, memory.add_new
+        make_room, run_step = self.room.make_room, self._run_step
         check = self.num_iterations_run == 0
         timing = self.cfg.per_op_timing
         clock = time.perf_counter_ns
@@ -120,39 +120,23 @@ class ReplayEngine:
             for position, entry in enumerate(islice(entries, start, None), start):
                 fn, getter, kwargs, out_uid, out_suid, out_bytes, limit, frees, step = entry
                 memory.step = step
-                if fn is not None:  # the common case, kept free of attribute lookups
+                if fn is not None:  # a fast-path op (step_plan.set_fast_path)
                     if memory.held_bytes > limit and make_room(step) and not checked:
                         raise _Flushed(position)
                     try:
                         out = fn(*getter(tensors), **kwargs) if kwargs is not None \
                             else fn(*getter(tensors))
                     except OP_ERRORS as e:
-                        out = calls.failed(step, e)
-                        if out is not None:
-                            calls.register(step.op, out, check)
+                        self._op_failed(step, e, check)
                     else:
                         tensors[out_uid] = out
-                        if out_bytes:  # a fresh storage (MemoryTracker.add, inlined)
-                            held[out_suid] = out_bytes
-                            memory.held_bytes += out_bytes
-                            category_bytes[categories[out_suid]] += out_bytes
-                            if memory.held_bytes > memory.high_bytes:
-                                memory.high_bytes = memory.held_bytes
-                            if memory.held_bytes > memory.peak_bytes:
-                                memory.new_peak(step)
+                        if out_bytes:  # a fresh storage
+                            add_new(out_suid, out_bytes)
                         if check:
                             calls.check_single(step, out)
                     out = None  # a storage freed below must not live on in a local
-                elif step.kind == "hook":
-                    step.fn()
-                elif step.kind in ("compute", "collective"):
-                    if memory.held_bytes + step.touch_bytes > guard and \
-                            make_room(step) and not checked:
-                        raise _Flushed(position)
-                    if step.kind == "compute":
-                        calls.run(step, check)
-                    else:  # the extension replaying it (ReplayExtension.runs)
-                        step.fn()
+                else:
+                    run_step(step, position, checked, check)
                 # skipped and failed ops still free the storages whose last use they were
                 for s in frees:
                     drop(s)
@@ -163,14 +147,42 @@ class ReplayEngine:
         except _Flushed:
             raise
         except BaseException:
-            if step is not None:
-                op = step.op if step.op is not None else self.trace.ops[step.at]
-                self.stop_index, self.last_op = op.index, op
-                self.stopped_in_hook = step.op is None
+            self._note_stop(step)
             raise
         finally:
             if step is not None and step.op is not None:
                 self.last_op = step.op
+
+    def _run_step(self, step, position: int, checked: bool, check: bool) -> None:
+        """An entry off the fast path: an extension's hook, a compute op the loop calls
+        through ``calls``, or an op an extension replays (a collective), after making room
+        for what it touches (_Flushed when that flushed while the fast entries run)."""
+        kind = step.kind
+        if kind == "hook":
+            step.fn()
+        elif kind in ("compute", "collective"):
+            if self.memory.held_bytes + step.touch_bytes > self.room.guard and \
+                    self.room.make_room(step) and not checked:
+                raise _Flushed(position)
+            if kind == "compute":
+                self.calls.run(step, check)
+            else:  # the extension replaying it (ReplayExtension.runs)
+                step.fn()
+
+    def _op_failed(self, step, error: BaseException, check: bool) -> None:
+        """A fast-path op raised: ``calls.failed`` decides (a strict replay re-raises, else
+        the op's outputs may still be made from the trace's shapes and registered)."""
+        out = self.calls.failed(step, error)
+        if out is not None:
+            self.calls.register(step.op, out, check)
+
+    def _note_stop(self, step) -> None:
+        """Where the replay stopped (an OOM, a failure): the op, and whether it stopped in an
+        extension's hook next to it."""
+        if step is not None:
+            op = step.op if step.op is not None else self.trace.ops[step.at]
+            self.stop_index, self.last_op = op.index, op
+            self.stopped_in_hook = step.op is None
 
     def _end_iteration(self, measured: bool) -> None:
         """Back to the persistent set; extensions release what they hold."""

@@ -44,7 +44,7 @@ from functools import partial
 from pathlib import Path
 
 from actors.errors import ReplayError, TraceError
-from actors.replay.extension import ReplayContext, ReplayExtension
+from actors.replay.extension_contract import ReplayContext, ReplayExtension
 from actors.trace.kineto import HostTimes, host_times, kineto_path_for
 from actors.trace.meta_file import meta_path_of, rank_seconds, read_meta
 

@@ -1,6 +1,6 @@
 """The op loop's sequence: what one iteration runs, in order, as flat tuples.
 
-An entry is ``fast tuple + (frees, step)``: the step's fast tuple (``steps.set_fast_path``;
+An entry is ``fast tuple + (frees, step)``: the step's fast tuple (``step_plan.set_fast_path``;
 Nones for a step off the fast path), the storages the allocation policy frees right after it,
 and the step. Extension hooks become entries of their own around the op they are planned
 next to; the first iteration also samples the memory timeline through hook entries, so later
@@ -16,7 +16,7 @@ from __future__ import annotations
 from functools import partial
 
 from actors.replay.memory.accounting import sample_points
-from actors.replay.steps import Step
+from actors.replay.step_plan import Step
 
 NOT_FAST = (None,) * 7  # the fast tuple's slots of an entry off the fast path
 

@@ -16,17 +16,17 @@ import torch
 
 from actors.errors import ReplayError
 from actors.replay import iteration_sequence as sequence
-from actors.replay import steps as planning
+from actors.replay import step_plan
 from actors.replay.config import AllocationMode, ReplayConfig, parse_bytes
-from actors.replay.extension import ReplayContext, ReplayExtension
+from actors.replay.extension_contract import ReplayContext, ReplayExtension
 from actors.replay.memory.accounting import MemoryTracker, device_capacity
 from actors.replay.memory.policies import make_policy
-from actors.replay.memory.room import Room
+from actors.replay.memory.flush import Room
 from actors.replay.memory.tensor_store import TensorStore
 from actors.replay.ops import resolve
 from actors.replay.ops.meta_outputs import RecordedOutputs
 from actors.replay.ops.op_call import OpCaller
-from actors.replay.steps import Step
+from actors.replay.step_plan import Step
 from actors.trace.autograd_lifetimes import hold_checkpoint_inputs, hold_node_inputs
 from actors.trace.collective_lifetimes import hold_collective_inputs
 from actors.trace.optimizer_lifetimes import hold_gradients_through_step
@@ -83,7 +83,7 @@ def compile_program(trace: Trace, cfg: ReplayConfig, device: torch.device, rank:
         hold_gradients_through_step(trace.ops, live)  # .grad lives until zero_grad
         hold_collective_inputs(trace.ops, live)  # async work keeps them until its wait
         hold_recorded_frees(trace.recorded_frees, live)  # the run's own frees, where recorded
-    steps = [planning.compile_step(op, device, cfg.mode) for op in trace.ops]
+    steps = [step_plan.compile_step(op, device, cfg.mode) for op in trace.ops]
     if all(s.reason == "out of scope" for s in steps):
         raise ReplayError(f"rank {rank}: {trace.path} has no op in scope for "
                           f"replay.mode={cfg.mode} ({len(trace.ops)} ops in the trace)")
@@ -91,8 +91,8 @@ def compile_program(trace: Trace, cfg: ReplayConfig, device: torch.device, rank:
     memory = MemoryTracker(trace.num_storages, device_capacity(device, capacity),
                            cfg.timeline_max_points)
     memory.categories = storage_categories(trace, live)
-    ranges = planning.index_ranges(steps)
-    planning.add_guards(steps, ranges, live.storage_external)
+    ranges = step_plan.index_ranges(steps)
+    step_plan.add_guards(steps, ranges, live.storage_external)
     store = TensorStore(trace.num_tensors, live, memory, device, resolve.torch_dtype, ranges)
     ctx = ReplayContext(trace, cfg, device, rank, live, memory, store, comm, list(extensions))
     try:
@@ -116,7 +116,7 @@ def _plan(ctx: ReplayContext, steps: list[Step]) -> Program:
                                       ctx.trace.made_inside, released(ctx.trace.recorded_frees))
     store.pinned = policy.persistent
     store.owned = frozenset(owned)
-    planning.set_touch(steps, live.storage_bytes, owned)
+    step_plan.set_touch(steps, live.storage_bytes, owned)
     threshold = cfg.allocation.device_memory_threshold
     if threshold < 1 and memory.capacity_bytes is None:
         raise ReplayError("replay.allocation.device_memory_threshold needs a device capacity: "
@@ -124,7 +124,7 @@ def _plan(ctx: ReplayContext, steps: list[Step]) -> Program:
     flush_bytes = threshold * memory.capacity_bytes if threshold < 1 else None
     room = Room(memory, store, live.storage_bytes, flush_bytes,
                 partial(_settle_all, tuple(ctx.extensions)))
-    planning.set_fast_path(steps, live, room.guard, policy.persistent | owned, store.gather,
+    step_plan.set_fast_path(steps, live, room.guard, policy.persistent | owned, store.gather,
                            store.constant)
     hooks = sequence.merge_hooks([ext.hooks() for ext in ctx.extensions])
     for ext in ctx.extensions:  # ops an extension replays itself run its callable

@@ -82,10 +82,6 @@ _PEER_NAMES = ("dstRank", "srcRank", "dst")
 _ASYNC_NAMES = ("async_op", "asyncOp")
 
 
-def is_collective_op(name: str) -> bool:
-    return name in C10D_KINDS or name == "record_param_comms"
-
-
 def _numel(args) -> int:
     total = 0
     for a in args:

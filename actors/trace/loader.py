@@ -38,7 +38,8 @@ from actors.trace import integrity
 from actors.trace.archive import rank_from_name
 from actors.trace.made_inside import NestedAllocations, storages_made_inside
 from actors.trace.nested_lifetimes import nested_lifetimes
-from actors.trace.conventions import FREED_OP
+from actors.trace.conventions import FREED_OP, MODULE_BWD_BEGIN_PREFIX, MODULE_BWD_END_PREFIX, \
+    parse_module_range
 from actors.trace.recorded_frees import free_positions, freed_storages, made_in_step
 from actors.trace.args import ArgParser, preview
 from actors.trace.model import MAX_WORLD_SIZE, Op, ProcessGroupInfo, Step, Trace
@@ -54,6 +55,7 @@ STEP_PREFIX = "ProfilerStep#"
 _NOT_MODULE = ("[pytorch|profiler", "autograd::engine", STEP_PREFIX, "## process_group",
                "PythonDispatchMode")  # the frame of a Python dispatch mode (selective AC)
 _BACKEND_PREFIXES = ("gloo:", "nccl:")
+_BACKWARD_MARKERS = (MODULE_BWD_BEGIN_PREFIX, MODULE_BWD_END_PREFIX)  # conventions.py
 _MAX_BACKEND_HOPS = 64  # backend nodes chained under backend nodes (bounds a parent cycle)
 # What encloses a node: no op, some op, or a functional collective (which calls c10d ops).
 _FREE, _IN_OP, _IN_FUNCTIONAL = 0, 1, 2
@@ -139,6 +141,7 @@ def _load_trace(source: TraceSource, rank: int | None, data: bytes | None) -> Tr
                  | made_in_step(tuple(recorded_frees)),
                  nested_lifetimes=nested_lifetimes(ops, nested, made, assigner.unique),
                  recorded_frees=tuple(recorded_frees),
+                 backward_marks=_backward_marks(built.backward_marks, ops),
                  rank=rank if rank is not None else rank_from_name(source.name),
                  meta={"pid": doc.get("pid"), "time": doc.get("time"),
                        "num_dropped_ops": built.num_dropped,
@@ -164,19 +167,48 @@ class _Built:
     nested: NestedAllocations
     step_first_ids: list[int]  # first node id of each step
     freed_marks: list  # (node id, storage ids) of each FREED_OP node
+    backward_marks: list  # (node id, name) of each module backward marker, in id order
 
 
 def _build_ops(path, nodes: list, flat: bool) -> "_Built":
-    """Select top-level ops in id order and build them (nested allocations: see
-    actors/trace/made_inside.py).
+    """Select top-level ops in id order (``_select``), keep those inside the ProfilerStep
+    windows (``_keep_in_steps``) and build them (``_make_ops``); nested allocations: see
+    actors/trace/made_inside.py.
+
+    Empties ``nodes``: once the ops are selected the other raw nodes are dropped, and each
+    selected one right after its op is built, so the raw JSON and the model never peak together.
+    """
+    sel = _select(path, nodes, flat)
+    top_level, num_orphans, dropped = _keep_in_steps(path, sel, flat)
+    ops, steps = _make_ops(path, top_level, sel, flat)
+    return _Built(ops, sel.pgs, steps, sum(c for c, _ in dropped.values()), dropped, num_orphans,
+                  sel.nested, [span[0] for span in sel.step_spans], sel.freed_marks,
+                  sel.backward_marks)
+
+
+@dataclass
+class _Selection:
+    """What ``_select`` found: the top-level ops and what the later phases need of the rest."""
+
+    top_level: list  # [raw node, step, module] per selected op, in id order
+    rpc_child: dict  # c10d op id -> its record_param_comms record
+    step_names: list[str]
+    step_spans: list[list[int]]  # [first id, last id] of each ProfilerStep subtree
+    lost_ops: dict  # selected op id -> the never-written range above it (orphans)
+    pgs: list[ProcessGroupInfo]
+    nested: NestedAllocations
+    freed_marks: list
+    backward_marks: list
+
+
+def _select(path, nodes: list, flat: bool) -> _Selection:
+    """The top-level ops (see the module docstring), their step window and module, and the
+    process groups, nested allocations, recorded frees and backward markers on the way.
 
     A node whose parent was never written (a range that never closed: the observer writes a
     node when it exits, and a module forward that raised never exits its range) is an orphan:
     its ops are top-level ops of the step window they ran in, when that range opened inside the
-    window; the rest of the window's ops are untouched.
-
-    Empties ``nodes``: once the ops are selected the other raw nodes are dropped, and each
-    selected one right after its op is built, so the raw JSON and the model never peak together.
+    window (``_assign_steps``); the rest of the window's ops are untouched. Empties ``nodes``.
     """
     # Per node id: (what encloses it, step index, module name). Parents precede children in
     # id order, except under backend nodes (resolved through ``backend_parent``).
@@ -194,6 +226,7 @@ def _build_ops(path, nodes: list, flat: bool) -> "_Built":
     lost: dict[int, int] = {}  # node id -> the never-written range above it (orphans)
     lost_ops: dict[int, int] = {}  # the same, for selected ops
     freed_marks: list = []
+    backward_marks: list = []  # (node id, name) of each module backward marker
     unwrapped: set[int] = set()  # ids of wrapper ops dropped for their subclass's local ops
     schema_of = OpSchemaReader(flat)
     for raw in nodes:
@@ -270,43 +303,71 @@ def _build_ops(path, nodes: list, flat: bool) -> "_Built":
             pgs = _parse_pg_init(path, NodeView(raw, flat))
         elif not name.startswith(_NOT_MODULE):
             module = name
+            if name.startswith(_BACKWARD_MARKERS):
+                backward_marks.append((nid, name))
         if parent in top_of:  # an annotation inside an op (a record_function range)
             top_of[nid] = top_of[parent]
         ctx[nid] = (enclosing, step, module)
     nodes.clear()
-    del ctx, backend_parent, selected, top_of, lost
     top_level = [t for t in top_level if t[0] is not None]
-    num_orphans, dropped = 0, {}
-    if step_names:  # honour ProfilerStep windows: ops outside them are set-up, not iterations
-        num_orphans = _assign_steps(top_level, step_spans, lost_ops)
-        kept = []
-        for t in top_level:
-            if t[1] >= 0:
-                kept.append(t)
-            else:
-                count = dropped.setdefault(t[0]["name"], [0, 0])
-                count[0] += 1
-                count[1] += _output_bytes(t[0], flat)
-        if dropped and not kept:
-            names = ", ".join(sorted(dropped)[:3])
-            raise TraceError(path, f"all {sum(c for c, _ in dropped.values())} recorded ops "
-                                   f"({names}, ...) lie outside the trace's "
-                                   f"{len(step_names)} ProfilerStep window(s) "
-                                   f"({', '.join(step_names[:3])}): the recorded iteration "
-                                   "holds no op (was the step's range left open?)")
-        top_level = kept
+    return _Selection(top_level, rpc_child, step_names, step_spans, lost_ops, pgs, nested,
+                      freed_marks, backward_marks)
+
+
+def _keep_in_steps(path, sel: _Selection, flat: bool) -> tuple[list, int, dict]:
+    """``(ops kept, orphans placed, dropped)``: with ProfilerStep windows, only the ops inside
+    them (the rest is set-up, not the iteration); ``dropped`` is {op name: [count, output
+    bytes]} of those left out. TraceError when no op is left."""
+    top_level, step_names = sel.top_level, sel.step_names
+    if not step_names:
+        return top_level, 0, {}
+    num_orphans = _assign_steps(top_level, sel.step_spans, sel.lost_ops)
+    kept, dropped = [], {}
+    for t in top_level:
+        if t[1] >= 0:
+            kept.append(t)
+        else:
+            count = dropped.setdefault(t[0]["name"], [0, 0])
+            count[0] += 1
+            count[1] += _output_bytes(t[0], flat)
+    if dropped and not kept:
+        names = ", ".join(sorted(dropped)[:3])
+        raise TraceError(path, f"all {sum(c for c, _ in dropped.values())} recorded ops "
+                               f"({names}, ...) lie outside the trace's "
+                               f"{len(step_names)} ProfilerStep window(s) "
+                               f"({', '.join(step_names[:3])}): the recorded iteration "
+                               "holds no op (was the step's range left open?)")
+    return kept, num_orphans, dropped
+
+
+def _make_ops(path, top_level: list, sel: _Selection, flat: bool) -> tuple[list[Op], list[Step]]:
+    """Build the kept ops (each raw node is let go right after) and their steps."""
     parser = ArgParser(path)
     ops: list[Op] = []
     bounds: dict[int, list[int]] = {}  # step -> [first op index, end]
     for i, (raw, step, module) in enumerate(top_level):
         top_level[i] = None
-        ops.append(_build_op(path, parser, raw, flat, i, step, module, rpc_child))
+        ops.append(_build_op(path, parser, raw, flat, i, step, module, sel.rpc_child))
         if step >= 0:
             # steps cover disjoint, increasing id spans, so each one's ops are contiguous
             bounds.setdefault(step, [i, i])[1] = i + 1
-    steps = [Step(step_names[k], first, end) for k, (first, end) in sorted(bounds.items())]
-    return _Built(ops, pgs, steps, sum(c for c, _ in dropped.values()), dropped, num_orphans,
-                  nested, [span[0] for span in step_spans], freed_marks)
+    steps = [Step(sel.step_names[k], first, end) for k, (first, end) in sorted(bounds.items())]
+    return ops, steps
+
+
+def _backward_marks(marks: list, ops: list[Op]) -> tuple:
+    """``(node id, qualname, kind)`` of the backward markers recorded strictly inside the op
+    span (between the first and the last op kept), in id order; kind is ``bwd_begin`` or
+    ``bwd_end`` (actors/trace/conventions.py)."""
+    if not ops:
+        return ()
+    first, last = ops[0].node_id, ops[-1].node_id
+    out = []
+    for nid, name in marks:
+        parsed = parse_module_range(name)
+        if parsed is not None and first < nid < last:
+            out.append((nid, *parsed))
+    return tuple(out)
 
 
 def _output_bytes(raw: dict, flat: bool) -> int:

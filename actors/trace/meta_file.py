@@ -80,19 +80,6 @@ def check_ranks(path, meta: dict) -> None:
                                        f"{expected}")
 
 
-def rank_iteration_times_s(path, meta: dict, rank: int) -> list[float]:
-    """``ranks[i].iteration_times_s`` of the entry with ``rank``: the eager iteration times
-    capture measured ([] where none were measured, as on meta, or the rank has no entry)."""
-    found = rank_entry(path, meta, rank)
-    times = found[1].get("iteration_times_s") if found else None
-    if times is None:
-        return []
-    if not isinstance(times, list) or not all(_seconds(t) for t in times):
-        raise TraceError(path, f"field ranks[{found[0]}].iteration_times_s is {_show(times)}; "
-                               "expected a list of seconds (numbers > 0)")
-    return [float(t) for t in times]
-
-
 def rank_seconds(path, meta: dict, rank: int, key: str) -> float | None:
     """``ranks[i].<key>`` of the entry with ``rank`` as seconds (a number > 0); None when the
     rank has no entry or the field is absent or null (not measured)."""

@@ -37,10 +37,6 @@ class TensorArg:
         self.suid = -1
 
     @property
-    def has_storage(self) -> bool:
-        return self.storage_id != 0 and self.device != ""
-
-    @property
     def extent_elems(self) -> int:
         """Elements of storage this view reaches, counting its offset."""
         if self.numel == 0:
@@ -221,6 +217,9 @@ class Trace:
     # (suid, op index, made in the step): the run freed the storage after that op (a fake
     # capture's recorded frees, actors/trace/recorded_frees.py); empty for traces without them
     recorded_frees: tuple = ()
+    # (node id, qualname, kind) of each module backward marker inside the op span, in id order
+    # (kind bwd_begin / bwd_end: actors/trace/conventions.py); ZeRO-3 places them between ops
+    backward_marks: tuple = ()
 
     @property
     def collectives(self) -> list[Op]:

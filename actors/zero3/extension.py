@@ -15,7 +15,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from actors.errors import ConfigError
-from actors.replay.extension import ReplayContext, ReplayExtension
+from actors.replay.extension_contract import ReplayContext, ReplayExtension
 from actors.zero3.config import GradAccumDtype, StatesLayout, Zero3Config
 from actors.zero3.deepspeed_layout import deepspeed_buffers, update_windows
 from actors.zero3 import metrics as zero3_metrics
@@ -40,7 +40,7 @@ class Zero3Extension(ReplayExtension):
         self.runtime: Zero3Runtime | None = None
         self.states: StatesPlan | None = None
         self.states_runtime: ModelStatesRuntime | None = None
-        self.engine: ReplayContext | None = None  # the replay's facilities, set by attach
+        self.context: ReplayContext | None = None  # the replay's facilities, set by attach
 
     def attach(self, ctx: ReplayContext) -> None:
         group = None
@@ -64,7 +64,7 @@ class Zero3Extension(ReplayExtension):
                                     hpz_group=hpz_group,
                                     host_shards=self.cfg.offload_param.enabled,
                                     host_update=offload_optimizer)
-        self.engine = ctx
+        self.context = ctx
         partitioned = [p for p in self.z.params if not self.z.home_of[p.suid].persistent]
         deepspeed = self.cfg.layout == StatesLayout.deepspeed
         phase = phases(ctx.trace)
@@ -111,7 +111,7 @@ class Zero3Extension(ReplayExtension):
         before, after = {}, {}
         n = self.z.plan.num_ops
         run, run_states = self.runtime.run, self.states_runtime.run
-        frees = self.engine.policy.frees_at_last_use
+        frees = self.context.policy.frees_at_last_use
         early = {b: [e for e in ev if frees or e[0] != "release"]
                  for b, ev in self.states.early.items()}
         late, events = self.states.late, self.z.plan.events
@@ -189,9 +189,8 @@ def trace_world_size(trace) -> int:
     return sizes[0]
 
 
-def zero3_extensions(cfg: Zero3Config | None, trace, data: bytes | None = None) -> list:
-    """The extensions a rank replays ``trace`` with under ``cfg`` (none for strategy none);
-    ``data`` are the trace file's bytes when they were shipped rather than read from disk."""
+def zero3_extensions(cfg: Zero3Config | None, trace) -> list:
+    """The extensions a rank replays ``trace`` with under ``cfg`` (none for strategy none)."""
     if cfg is None or not cfg.enabled:
         return []
-    return [Zero3Extension(cfg, read_backward_marks(trace, data))]
+    return [Zero3Extension(cfg, read_backward_marks(trace))]

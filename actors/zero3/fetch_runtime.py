@@ -5,7 +5,7 @@ allocates its gathered buffer (charged), fills this rank's slot from the shards 
 process group, issues ``all_gather_into_tensor`` asynchronously; without one (an emulated
 world, compute mode) the other ranks' slots are filled locally instead, timed as the wait.
 Waiting binds the parameters' trace views to the gathered data: views into the buffer
-(``single``, ``flat``) or per-parameter copies out of it (``coalesced``, after which the
+(``single``, ``flat``) or per-parameter copies out of it (``rank_major``, after which the
 buffer is dropped). Releasing unbinds and discharges. The update phase binds every view of
 a parameter to its flat shard (``scratch``): the optimizer steps the shard, element-wise.
 
@@ -168,7 +168,7 @@ class Zero3Runtime:
         staged = self.staged.pop(g.id, 0)
         if staged:
             self.memory.discharge(staged, COMMUNICATION)
-        if g.kind == "coalesced":
+        if g.kind == "rank_major":
             numels = [h.params[0].numel for h in g.homes]
             for h, padded in zip(g.homes, reassemble(out, numels, ranks, self.world)):
                 self._hold(h, padded, _nbytes(padded))

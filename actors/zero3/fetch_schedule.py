@@ -65,8 +65,9 @@ class Window:
 
 @dataclass(eq=False)
 class Gather:
-    """One all-gather: ``single`` (one parameter), ``coalesced`` (several, rank-major, copied
-    out per parameter) or ``flat`` (one flat home, parameters as views)."""
+    """One all-gather: ``single`` (one parameter), ``rank_major`` (several parameters of one
+    dtype, each rank's shards side by side, copied out per parameter) or ``flat`` (one flat
+    home, a leaf unit's parameters as views: the leaf_coalesced strategy's)."""
 
     id: int
     homes: list[Home]
@@ -89,13 +90,14 @@ class Plan:
 
 
 def split_by_layout(homes: list[Home]) -> list[tuple[str, list[Home]]]:
-    """Groups one fetch issues: each flat home alone, the rest one coalesced gather per dtype."""
+    """Groups one fetch issues: each flat home alone, the rest one rank-major gather per dtype
+    (a single one for one parameter)."""
     groups = [("flat", [h]) for h in homes if h.flat]
     by_dtype: dict[str, list[Home]] = defaultdict(list)
     for h in homes:
         if not h.flat:
             by_dtype[h.dtype].append(h)
-    groups += [("single" if len(hs) == 1 else "coalesced", hs) for hs in by_dtype.values()]
+    groups += [("single" if len(hs) == 1 else "rank_major", hs) for hs in by_dtype.values()]
     return groups
 
 

@@ -84,11 +84,6 @@ def parent_name(name: str) -> str:
     return name.rsplit(".", 1)[0] if "." in name else ""
 
 
-def is_under(name: str, ancestor: str) -> bool:
-    """True when module ``name`` is ``ancestor`` or inside it."""
-    return ancestor == "" or name == ancestor or name.startswith(ancestor + ".")
-
-
 def ancestors(name: str) -> list[str]:
     """``name`` and its ancestors up to the root ``""``."""
     out = [name]

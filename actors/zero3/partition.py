@@ -2,11 +2,11 @@
 
 DeepSpeed's layout (partition_parameters.py, ``_partition_param``/``_padding_size``): a
 parameter of n elements is padded to a multiple of the world size W and rank r holds elements
-[r*s, (r+1)*s) of it, s = padded/W. A coalesced all-gather of several parameters puts each
+[r*s, (r+1)*s) of it, s = padded/W. A rank-major all-gather of several parameters puts each
 rank's shards side by side, so the gathered buffer is rank-major and every parameter is
 reassembled by copying its W pieces (what DeepSpeed's ``AllGatherCoalescedHandle.wait`` does).
 
-The flat layout (leaf modules with coalesced fetch): the unit's parameters, each padded as
+The flat layout (the leaf_coalesced strategy's leaf units): the unit's parameters, each padded as
 above, are concatenated into one flat tensor and rank r holds the r-th 1/W of it. The gathered
 buffer is that flat tensor, so every parameter is a view into it: no copy, one buffer to free.
 A rank holds exactly as many elements as with DeepSpeed's layout (the same padding).
@@ -58,7 +58,7 @@ def flat_shard(fulls: list[torch.Tensor], world: int, rank: int) -> torch.Tensor
 
 def reassemble(gathered: torch.Tensor, numels: list[int], world: int,
                align: int | None = None) -> list[torch.Tensor]:
-    """Each parameter of a rank-major coalesced gather over ``world`` ranks, copied out whole
+    """Each parameter of a rank-major gather over ``world`` ranks, copied out whole
     with its padding (DeepSpeed's layout; ``align``: the world size the padding was made for,
     when the gather ran over a subgroup, as hpZ's does). Parameter i is ``out[i][:numels[i]]``."""
     shards = [aligned_numel(n, align or world) // world for n in numels]

@@ -24,7 +24,7 @@ from actors.capture.workload_config import (ModelName, Parallel, Precision, Work
                                             WorkloadDevice, validate as validate_workload)
 from actors.choices import Choice
 from actors.errors import ConfigError
-from actors.replay.config import AllocationConfig, AllocationMode, ReplayConfig, parse_bytes
+from actors.replay.config import AllocationMode, ReplayConfig, dry_run_config, parse_bytes
 from actors.replay.memory.model_recording import TIMELINE_KEY, pop_snapshot
 from actors.replay.memory.snapshot import write_snapshots
 from actors.replay.memory.target import TargetConfig, TargetName
@@ -41,7 +41,8 @@ PREDICTION_JSON = "prediction.json"
 OFFLOADED = ("parameters", "gradients", "optimizer_state")
 # bench_predict's target band, which every configuration is measured within (2026-12-01: max
 # |error| 0.0125); wider than that maximum because the measured peak itself moves ~1% between
-# identical runs and the GPU's allocator adds its own (conf/predict.yaml says the same).
+# identical runs and the GPU's allocator adds its own (the one source: conf/predict.yaml and the
+# docs name this).
 DEFAULT_ERROR_BAND = 0.03
 DEFAULT_ERROR_BAND_SOURCE = ("bench_predict's target band (every row within it; max |error| "
                              "0.0125, 2026-12-01)")
@@ -71,7 +72,7 @@ class PredictSettings:
     """How the verdict is drawn and where captures are kept."""
 
     # The prediction's relative error (0.03 = 3% of the predicted reserved peak): a headroom
-    # smaller than this is too_close. The default is scripts/bench_predict.py's max |error|.
+    # smaller than this is too_close. The default is DEFAULT_ERROR_BAND (its source above).
     error_band: float = DEFAULT_ERROR_BAND
     # Where error_band's value comes from (printed beside it).
     error_band_source: str = DEFAULT_ERROR_BAND_SOURCE
@@ -84,14 +85,6 @@ class PredictSettings:
     # Bound on a capture (on meta or fake, in this process), seconds: a custom step that never
     # returns is stopped with an error naming where it was.
     capture_timeout_s: float = 900.0
-
-
-def _dry_run_replay() -> ReplayConfig:
-    # one untimed and one measured iteration: the allocator's cache from the first is
-    # reused (and can fragment) in the second, as in training
-    return ReplayConfig(mode="compute", device="meta", warmup_iters=1, iters=1,
-                        measure_memory=False,
-                        allocation=AllocationConfig(mode=AllocationMode.faithful))
 
 
 @dataclass
@@ -108,7 +101,7 @@ class PredictConfig:
     trace: PredictTraceConfig = field(default_factory=PredictTraceConfig)
     # The dry run: meta, operators only, faithful allocation (memory held as the original held
     # it), one warm-up and one measured iteration.
-    replay: ReplayConfig = field(default_factory=_dry_run_replay)
+    replay: ReplayConfig = field(default_factory=lambda: dry_run_config(AllocationMode.faithful))
     # With trace.dir: the ZeRO-3 emulation of plain (not sharded) traces at world_size ranks
     # (conf/zero3/*.yaml, e.g. zero3=per_module); a workload preset carries its own instead
     # (workload.zero3_emulation).

@@ -18,7 +18,7 @@ from actors.errors import ConfigError, ReplayError
 from actors.replay.comm.async_plan import plan_async
 from actors.trace.op_schema import is_view_op
 from actors.replay.comm.replayer import CollectiveReplayer
-from actors.replay.comm.metrics import CommStats, bus_bandwidth, bus_factor, message_bytes
+from actors.replay.comm.bandwidth import CommStats, bus_bandwidth, bus_factor, message_bytes
 from actors.replay.comm.process_groups import ProcessGroups, merge_group_tables, resolve_pg_name
 from actors.trace.model import Arg, Collective, Op, ProcessGroupInfo, TensorArg
 

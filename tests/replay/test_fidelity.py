@@ -12,7 +12,7 @@ from actors import cpu_counter
 from actors.errors import ReplayError
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
-from actors.replay.extension import ReplayExtension
+from actors.replay.extension_contract import ReplayExtension
 from actors.trace import load_trace
 from tests.support.et_json import node, scalar, step_node, tensor, write_trace
 from tests.support.trace_factory import capture_step

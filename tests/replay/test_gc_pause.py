@@ -9,7 +9,7 @@ import pytest
 from actors.gc_pause import gc_paused
 from actors.replay.config import ReplayConfig
 from actors.replay.engine import ReplayEngine
-from actors.replay.extension import ReplayExtension
+from actors.replay.extension_contract import ReplayExtension
 from actors.trace import load_trace
 from orchestrator.config import DEMO_TRACES
 

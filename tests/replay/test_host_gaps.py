@@ -11,7 +11,7 @@ import pytest
 
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
-from actors.replay.extension import ReplayExtension
+from actors.replay.extension_contract import ReplayExtension
 from actors.replay.host_gaps import Calibration, HostGaps, profiler_calibration
 from actors.trace import load_trace
 from actors.trace.kineto import HostTimes

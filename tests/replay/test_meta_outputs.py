@@ -12,7 +12,7 @@ import torch
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
 from actors.replay.ops.meta_outputs import RecordedOutputs
-from actors.replay.steps import Step
+from actors.replay.step_plan import Step
 from actors.trace import load_trace
 from actors.zero3.config import Zero3Config
 from actors.zero3.extension import zero3_extensions

@@ -117,7 +117,7 @@ def test_an_empty_exception_in_an_iteration_names_the_node(actor):
     import torch
 
     from actors.replay.engine import ReplayEngine
-    from actors.replay.extension import ReplayExtension
+    from actors.replay.extension_contract import ReplayExtension
     from actors.trace import load_trace
 
     class Broken(ReplayExtension):

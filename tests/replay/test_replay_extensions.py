@@ -1,5 +1,5 @@
-"""The replay's one extension seam (actors/replay/extension.py, extensions.py, program.py):
-every extension is built in one place and order, joins the loop through the same hooks, and
+"""The replay's one extension seam (actors/replay/extension_contract.py, extension_list.py,
+program.py): every extension is built in one place and order, joins the loop through the same hooks, and
 collectives run as an extension (``runs``) rather than through a branch in the op loop."""
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import torch
 
 from actors.errors import ReplayError
 from actors.replay.comm import extension as comm_extension
-from actors.replay.comm.metrics import CommStats
+from actors.replay.comm.bandwidth import CommStats
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
-from actors.replay.extension import ReplayExtension
-from actors.replay.extensions import build_extensions
+from actors.replay.extension_contract import ReplayExtension
+from actors.replay.extension_list import build_extensions
 from actors.replay.memory.target import TargetConfig
 from actors.trace import load_trace
 from actors.zero3.config import Zero3Config

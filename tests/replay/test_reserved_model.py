@@ -40,9 +40,9 @@ def test_memory_tracker_reports_transitions_only():
     memory.observe(rec)
     memory.add(1, 100)
     memory.add(1, 100)  # already held: nothing
-    memory.held[2] = 50  # the op loop's inlined add
-    memory.held[3] = 0  # never held: nothing
-    memory.held[1] = 0  # TensorStore.drop
+    memory.add_new(2, 50)  # the op loop's variant (observed: add itself)
+    assert memory.release(3) == 0  # never held: nothing
+    assert memory.release(1) == 100  # TensorStore.drop
     memory.charge(7)
     memory.discharge(7)
     assert rec.events == [("held", 1, 100), ("held", 2, 50), ("released", 1),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from actors.replay import steps as plan
+from actors.replay import step_plan
 from actors.replay.ops import standins
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
@@ -66,7 +66,7 @@ def _item(value_trace):
 
 def test_item_returns_the_recorded_scalar(value_trace):
     op = _item(value_trace)
-    step = plan.compile_step(op, META, "compute")
+    step = step_plan.compile_step(op, META, "compute")
     assert step.standin and step.fn(torch.empty((), device="meta")) == op.outputs[0].value
     assert standins.lookup(op, CPU) is None
 
@@ -77,11 +77,11 @@ def test_unrecorded_scalar_comes_from_the_input_range_or_zero(tmp_path, attrs, e
                         inputs=[et_json.tensor(1, 1, 1, dtype="long int", shape=[])],
                         outputs=[et_json.scalar("<None>", "Int")], **attrs)
     op = load_trace(et_json.write_trace(tmp_path, [item])).ops[0]
-    assert plan.compile_step(op, META, "compute").fn() == expected
+    assert step_plan.compile_step(op, META, "compute").fn() == expected
 
 
 def test_fallback_only_for_errors_that_need_values(value_trace):
-    step = plan.compile_step(next(op for op in value_trace.ops if op.name == "aten::index"),
+    step = step_plan.compile_step(next(op for op in value_trace.ops if op.name == "aten::index"),
                              META, "compute")
     with pytest.raises(NotImplementedError) as needs_values:
         step.fn(torch.empty(16, device="meta"), [torch.empty(16, dtype=torch.bool, device="meta")])
@@ -127,4 +127,4 @@ def test_a_functional_collectives_output_is_held_from_the_call_on_meta(tmp_path)
     assert report["accounted_peak_bytes"] == 800 + 1600 + 2 * 2000
     assert report["standin_ops"] == {"_c10d_functional::all_gather_into_tensor": 1,
                                      "_c10d_functional::wait_tensor": 1}
-    assert plan.compile_step(trace.ops[0], CPU, "compute").kind == "skip"  # cpu: out of scope
+    assert step_plan.compile_step(trace.ops[0], CPU, "compute").kind == "skip"  # cpu: out of scope

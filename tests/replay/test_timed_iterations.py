@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 
 from actors.errors import ConfigError
 from actors.replay.config import AllocationConfig, ReplayConfig
-from actors.replay.extension import ReplayExtension
+from actors.replay.extension_contract import ReplayExtension
 from actors.replay.timed_iterations import (StopRule, interval_fields, median_interval,
                                             order_statistic_rank)
 from orchestrator.run.aggregate import aggregate

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from actors.replay import steps as plan
+from actors.replay import step_plan
 from actors.replay.ops import translate
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
@@ -34,7 +34,7 @@ def recorded(tmp_path_factory) -> dict:
 
 
 def _compiled(op, device):
-    step = plan.compile_step(op, device, "compute")
+    step = step_plan.compile_step(op, device, "compute")
     assert step.kind == "compute", step.reason
     return step
 
@@ -101,7 +101,7 @@ def _with_input(op, name, value):
 def test_packed_variable_length_attention_stays_skipped_with_its_reason(recorded):
     op = _one(recorded, "aten::_flash_attention_forward")
     cum_seq = TensorArg(900, 900, 0, 3, 4, "cuda:0", (3,), (1,), "int32")
-    step = plan.compile_step(_with_input(op, "cum_seq_q", cum_seq), CPU, "compute")
+    step = step_plan.compile_step(_with_input(op, "cum_seq_q", cum_seq), CPU, "compute")
     assert step.kind == "skip"
     assert step.reason == ("aten::_flash_attention_forward: packed variable-length input "
                            "(cum_seq_q) (no equivalent on cpu)")
@@ -109,7 +109,8 @@ def test_packed_variable_length_attention_stays_skipped_with_its_reason(recorded
 
 def test_an_option_the_equivalent_lacks_stays_skipped(recorded):
     op = _one(recorded, "aten::_flash_attention_backward")
-    step = plan.compile_step(_with_input(op, "window_size_left", Arg("int", 128)), CPU, "compute")
+    step = step_plan.compile_step(_with_input(op, "window_size_left", Arg("int", 128)), CPU,
+                                  "compute")
     assert step.kind == "skip"
     assert "argument 'window_size_left' is not supported" in step.reason
 
@@ -118,13 +119,13 @@ def test_flash_causal_with_unequal_lengths_stays_skipped(recorded):
     """The flash kernel aligns a causal mask to the bottom right when L != S; the CPU kernel
     to the top left: no equivalent."""
     op = _one(recorded, "aten::_scaled_dot_product_flash_attention")  # L=16, S=24
-    step = plan.compile_step(_with_input(op, "is_causal", Arg("bool", True)), CPU, "compute")
+    step = step_plan.compile_step(_with_input(op, "is_causal", Arg("bool", True)), CPU, "compute")
     assert step.kind == "skip" and "bottom right with L != S" in step.reason
 
 
 def test_attention_bias_gradient_stays_skipped(recorded):
     op = _one(recorded, "aten::_efficient_attention_backward")
-    step = plan.compile_step(_with_input(op, "bias_requires_grad", Arg("bool", True)), CPU,
+    step = step_plan.compile_step(_with_input(op, "bias_requires_grad", Arg("bool", True)), CPU,
                              "compute")
     assert step.kind == "skip" and "the gradient of the attention bias" in step.reason
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as Fn
 
-from actors.replay import steps as plan
+from actors.replay import step_plan
 from actors.replay.ops import translate
 from actors.trace.op_schema import parse_schema
 from tests.support import foreign_ops as F
@@ -60,7 +60,7 @@ def _conv_t(x, w, b):
     ("aten::miopen_convolution_add_relu", lambda a: (_conv(a[0], a[1], a[4]) + 0.5 * a[2]).relu()),
 ])
 def test_convolutions(recorded, name, reference):
-    step = plan.compile_step(recorded[name], CPU, "compute")
+    step = step_plan.compile_step(recorded[name], CPU, "compute")
     args, kwargs = F.fill(step, CPU)
     torch.testing.assert_close(step.fn(*args, **kwargs), reference(args))
 

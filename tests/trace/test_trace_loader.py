@@ -472,3 +472,18 @@ def test_an_iteration_with_no_op_is_refused(tmp_path):
                                          r"the trace's 1 ProfilerStep window\(s\) "
                                          r"\(ProfilerStep#0\)"):
         load_trace(path)
+
+
+@pytest.mark.parametrize("folder", ["gpt_dp_4", "gpt_zero3_leaf_2"])
+def test_the_loader_keeps_the_backward_markers(folder):
+    """Trace.backward_marks: every ``## module_bwd_begin/end:<qualname> ##`` node of the raw
+    file between the first and the last op kept, in id order (ZeRO-3 reads them there)."""
+    from actors.trace.conventions import parse_module_range
+    path = REPO / "demo" / "traces" / folder / "rank-0.et.json.gz"
+    trace = load_trace(path)
+    first, last = trace.ops[0].node_id, trace.ops[-1].node_id
+    raw = sorted((n["id"], *parse_module_range(n["name"])) for n in read_json(path)["nodes"]
+                 if n["name"].startswith(("## module_bwd_begin:", "## module_bwd_end:"))
+                 and first < n["id"] < last)
+    assert len(raw) > 10 and {kind for _, _, kind in raw} == {"bwd_begin", "bwd_end"}
+    assert list(trace.backward_marks) == raw

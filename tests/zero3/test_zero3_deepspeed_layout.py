@@ -93,7 +93,7 @@ def test_layout_deepspeed_holds_its_buffers_beside_the_trace_layout(emulated, tm
     b = ext.buffers
     assert b.update_fp32_grad_bytes == 0  # fp32 gradients need no conversion
     assert b.update_flat_grad_bytes == b.grad_partition_bytes
-    trace = ext.engine.trace
+    trace = ext.context.trace
     peaks = {}
     for layout in ("trace", "deepspeed"):
         [e] = zero3_extensions(Zero3Config(strategy="per_module", world_size=WORLD,

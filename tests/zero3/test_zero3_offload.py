@@ -84,7 +84,7 @@ def test_offload_devices_are_choices():
 
 def test_a_gather_stages_the_host_shards_on_the_device_until_its_wait(llama):  # noqa: F811
     _, ext = _replay(llama[0], offload_param={"device": "cpu"})
-    rt, memory = ext.runtime, ext.engine.memory
+    rt, memory = ext.runtime, ext.context.memory
     gather = next(obj for events in ext.z.plan.events.values() for kind, obj in events
                   if kind == "gather" and not obj.backward)
     before = memory.held_bytes

@@ -95,7 +95,7 @@ def _rank_main(rank: int, world: int, port: int) -> None:
         shard_bytes = memory.held_bytes
         assert shard_bytes == 4 * (sum(shard_numel(n, world) for n in STORAGE_NUMEL)
                                    + flat_offsets(STORAGE_NUMEL, world)[1] // world)
-        units = [("single", [h]) for h in single] + [("coalesced", single), ("flat", [flat])]
+        units = [("single", [h]) for h in single] + [("rank_major", single), ("flat", [flat])]
         for k, (kind, homes) in enumerate(units):
             numel = sum(h.gathered_numel(world) for h in homes)
             # forward over the world; backward over the node group, from the secondary shards

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from actors.replay.extension import ReplayContext, ReplayExtension
+from actors.replay.extension_contract import ReplayContext, ReplayExtension
 from actors.replay.timed_iterations import world_max
 
 
@@ -25,7 +25,7 @@ class Collectives(ReplayExtension):
 
     def attach(self, ctx: ReplayContext) -> None:
         # full mode hands the compute ops' tensors to the collectives, comms mode none;
-        # compute mode leaves them out of scope (actors/replay/steps.py compile_step)
+        # compute mode leaves them out of scope (actors/replay/step_plan.py compile_step)
         get = ctx.store.get if ctx.cfg.mode == "full" else None
         self._runs = {op.index: partial(self.comm.run, op, get) for op in ctx.trace.ops
                       if op.collective is not None} if ctx.cfg.mode != "compute" else {}

@@ -28,7 +28,7 @@ from actors.errors import CollectiveTimeout, ReplayError
 from actors.replay.comm.calls import (CALLS, COALESCED_PART, Ctx, all_to_all_list,
                                             all_to_all_rows)
 from actors.replay.comm.async_plan import plan_async
-from actors.replay.comm.metrics import (CommStats, buffer_sizes, check_group_fit, element_splits,
+from actors.replay.comm.bandwidth import (CommStats, buffer_sizes, check_group_fit, element_splits,
                                         message_bytes)
 from actors.replay.comm.process_groups import ProcessGroups
 from actors.replay.ops.resolve import torch_dtype_or_none

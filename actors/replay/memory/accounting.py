@@ -64,8 +64,8 @@ class MemoryTracker:
         self.held: list[int] = [0] * num_storages  # suid -> accounted bytes held (0: not held)
         self.held_bytes = 0
         self.peak_bytes = 0
-        # The most and fewest bytes held since the last timeline sample (the op loop and the
-        # store's frees keep them inline), so a downsampled timeline keeps its extremes.
+        # The most and fewest bytes held since the last timeline sample, so a downsampled
+        # timeline keeps its extremes.
         self.high_bytes = 0
         self.low_bytes = 0
         self.max_points = max(16, max_points)
@@ -87,10 +87,9 @@ class MemoryTracker:
         """Tell ``observer`` (an allocator model: actors/replay/memory/reserved_model.py) of every
         storage held and released, ``held(suid, nbytes)`` / ``released(suid)``, and of every
         extension charge, ``charged(nbytes, category, host)`` / ``discharged(nbytes, category,
-        host)``.
-        The op loop writes ``held`` directly, so the list itself reports its transitions."""
-        self.held = _ObservedHeld(self.held, observer)
+        host)``. The op loop's ``add_new`` becomes ``add``, which tells it."""
         self.observer = observer
+        self.add_new = self.add  # an instance attribute: shadows the fast variant
 
     def check(self, requested_bytes: int) -> None:
         """Raise OutOfMemory when ``requested_bytes`` more would cross the capacity."""
@@ -98,17 +97,39 @@ class MemoryTracker:
         if cap is not None and self.held_bytes + requested_bytes > cap:
             raise OutOfMemory(self.held_bytes, requested_bytes, cap)
 
+    # Every write of ``held`` goes through add, add_new or release (the one bookkeeping path).
     def add(self, suid: int, nbytes: int) -> None:
         """Account storage ``suid`` as held (once)."""
         if self.held[suid]:
             return
         self.held[suid] = nbytes
-        self.held_bytes += nbytes
+        if nbytes and self.observer is not None:
+            self.observer.held(suid, nbytes)
+        self._grow(nbytes, self.categories[suid])
+
+    def add_new(self, suid: int, nbytes: int) -> None:
+        """``add`` for a storage not held (an op's fresh output, step_plan.set_fast_path) with no
+        observer attached: the op loop's variant, equal to ``add`` under that precondition
+        (tests/replay/test_memory_accounting.py); ``observe`` replaces it with ``add``."""
+        self.held[suid] = nbytes
+        held = self.held_bytes = self.held_bytes + nbytes
         self.category_bytes[self.categories[suid]] += nbytes
-        if self.held_bytes > self.high_bytes:
-            self.high_bytes = self.held_bytes
-        if self.held_bytes > self.peak_bytes:
-            self.new_peak(self.step)
+        if held > self.high_bytes:  # the peak is never below the bucket's high
+            self.high_bytes = held
+            if held > self.peak_bytes:
+                self.new_peak(self.step)
+
+    def release(self, suid: int) -> int:
+        """Stop accounting storage ``suid``; returns the bytes it held (0: it was not held)."""
+        nbytes = self.held[suid]
+        self.held[suid] = 0
+        if nbytes and self.observer is not None:
+            self.observer.released(suid)
+        held = self.held_bytes = self.held_bytes - nbytes
+        self.category_bytes[self.categories[suid]] -= nbytes
+        if held < self.low_bytes:  # the timeline bucket's low
+            self.low_bytes = held
+        return nbytes
 
     def charge(self, nbytes: int, category: int = TEMPORARIES, host: bool = False) -> None:
         """Account bytes an extension allocated itself (checked against the capacity), as a
@@ -119,12 +140,7 @@ class MemoryTracker:
             self.check(nbytes)
         if self.observer is not None:
             self.observer.charged(nbytes, category, host)
-        self.held_bytes += nbytes
-        self.category_bytes[category] += nbytes
-        if self.held_bytes > self.high_bytes:
-            self.high_bytes = self.held_bytes
-        if self.held_bytes > self.peak_bytes:
-            self.new_peak(self.step)
+        self._grow(nbytes, category)
 
     def discharge(self, nbytes: int, category: int = TEMPORARIES, host: bool = False) -> None:
         """Stop accounting bytes an extension released (charged as ``category``, ``host``)."""
@@ -132,6 +148,15 @@ class MemoryTracker:
             self.observer.discharged(nbytes, category, host)
         self.held_bytes -= nbytes
         self.category_bytes[category] -= nbytes
+
+    def _grow(self, nbytes: int, category: int) -> None:
+        """``nbytes`` more held as ``category``: the bucket's high and the peak follow."""
+        self.held_bytes += nbytes
+        self.category_bytes[category] += nbytes
+        if self.held_bytes > self.high_bytes:
+            self.high_bytes = self.held_bytes
+        if self.held_bytes > self.peak_bytes:
+            self.new_peak(self.step)
 
     def new_peak(self, step) -> None:
         """The bytes held now are the peak: remember their breakdown and the step."""
@@ -152,26 +177,6 @@ class MemoryTracker:
         self.timeline.append((op_index, held, max(self.high_bytes, held),
                               min(self.low_bytes, held)))
         self.high_bytes = self.low_bytes = held
-
-
-class _ObservedHeld(list):
-    """MemoryTracker.held that reports a storage going from not held (0) to held and back;
-    only used while an observer is attached (a Python ``__setitem__`` costs a little)."""
-
-    __slots__ = ("_observer",)
-
-    def __init__(self, values, observer):
-        super().__init__(values)
-        self._observer = observer
-
-    def __setitem__(self, suid, nbytes):
-        old = list.__getitem__(self, suid)
-        list.__setitem__(self, suid, nbytes)
-        if not old:
-            if nbytes:
-                self._observer.held(suid, nbytes)
-        elif not nbytes:
-            self._observer.released(suid)
 
 
 def sample_points(num_ops: int, max_points: int) -> list[int]:

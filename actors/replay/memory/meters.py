@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from actors import cpu_counter
-from actors.replay.extension import ReplayContext, ReplayExtension
+from actors.replay.extension_contract import ReplayContext, ReplayExtension
 
 CPU_METHOD = "cpu_allocator_counter"
 CUDA_METHOD = "cuda_allocator_stats"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from actors.replay.extension import ReplayContext
+from actors.replay.extension_contract import ReplayContext
 from actors.replay.memory.allocator_events import NO_CATEGORY, RecordingAllocatorModel
 from actors.replay.memory.predicted_timeline import PredictedTimeline
 from actors.replay.memory.reserved_model import ReservedMemoryModel

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from actors.replay.extension import ReplayContext, ReplayExtension
+from actors.replay.extension_contract import ReplayContext, ReplayExtension
 from actors.trace.categories import MADE_INSIDE
 
 

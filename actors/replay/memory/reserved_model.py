@@ -20,7 +20,7 @@ from __future__ import annotations
 from actors.replay.memory.cuda_allocator import CachingAllocatorModel
 from actors.trace.categories import CATEGORIES, OPTIMIZER_STATE, TEMPORARIES
 from actors.trace.fsdp2_streams import side_stream_storages
-from actors.replay.extension import ReplayContext, ReplayExtension
+from actors.replay.extension_contract import ReplayContext, ReplayExtension
 from actors.replay.memory.target import TargetConfig
 
 OPTIMIZER_RANGE = "Optimizer.step"  # torch.optim's record_function around every step()

@@ -25,9 +25,10 @@ allocator may reserve.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from actors.choices import Choice
+from actors.config_fields import setting
 from actors.errors import ConfigError
 from actors.replay.config import parse_bytes
 from actors.replay.memory.cuda_alloc_conf import AllocatorSettings, parse_alloc_conf
@@ -49,18 +50,18 @@ class TargetName(Choice):
 class CudaAllocatorConfig:
     """The caching allocator's knobs, as ``PYTORCH_CUDA_ALLOC_CONF`` sets them."""
 
-    # The whole string, e.g. "max_split_size_mb:128,expandable_segments:True"; the fields
-    # below, when set, override its options.
-    pytorch_cuda_alloc_conf: str = ""
-    # Blocks at least this big (MiB, > 20) are never split; null: unlimited (the default).
-    max_split_size_mb: int | None = None
-    # One growing segment per pool mapped in pages; null: as the string says (default off).
-    expandable_segments: bool | None = None
-    # Fraction of the capacity above which long-unused cached segments are released before
-    # a new one is reserved (PyTorch applies it only with a per-process memory fraction set).
-    garbage_collection_threshold: float | None = None
-    # Round requests to one of N steps between powers of two (a power of 2); null: 512 B.
-    roundup_power2_divisions: int | None = None
+    pytorch_cuda_alloc_conf: str = setting("", help=(
+        "The whole string, e.g. \"max_split_size_mb:128,expandable_segments:True\"; the fields "
+        "below, when set, override its options."))
+    max_split_size_mb: int | None = setting(None, help=(
+        "Blocks at least this big (MiB, > 20) are never split; null: unlimited (the default)."))
+    expandable_segments: bool | None = setting(None, help=(
+        "One growing segment per pool mapped in pages; null: as the string says (default off)."))
+    garbage_collection_threshold: float | None = setting(None, help=(
+        "Fraction of the capacity above which long-unused cached segments are released before a "
+        "new one is reserved (PyTorch applies it only with a per-process memory fraction set)."))
+    roundup_power2_divisions: int | None = setting(None, help=(
+        "Round requests to one of N steps between powers of two (a power of 2); null: 512 B."))
 
     def settings(self) -> AllocatorSettings:
         """The string's options with the explicit fields applied over them."""
@@ -87,27 +88,28 @@ _WORKSPACE_DEFAULT, _WORKSPACE_HOPPER = ":4096:2:16:8", ":4096:8"
 class TargetConfig:
     """A CUDA device to predict reserved memory for; ``none`` turns the model off."""
 
-    # none, a100_40gb, a100_80gb, h100_80gb, h100_96gb, h200_141gb or custom.
-    name: TargetName = TargetName.none
-    # The device's memory ("80GiB" or bytes); null: the named product's nominal capacity.
-    device_memory: str | None = None
-    # Memory of the CUDA context (driver, loaded kernels): a default, measure yours.
-    cuda_context: str = "512MiB"
-    # NCCL_BUFFSIZE: NCCL's buffer per channel and peer (NCCL's default 4 MiB).
-    nccl_buffsize: str = "4MiB"
-    # Channels per peer (NCCL_NCHANNELS_PER_NET_PEER's default 2).
-    nccl_channels_per_peer: int = 2
-    # Peers with NCCL connections (a ring: 2); 0 for a single-GPU job.
-    nccl_num_peers: int = 2
-    # CUBLAS_WORKSPACE_CONFIG: ":SIZE_KiB:COUNT" pairs; null: PyTorch's default for the
-    # target (":4096:8" on Hopper, ":4096:2:16:8" otherwise).
-    cublas_workspace_config: str | None = None
-    allocator: CudaAllocatorConfig = field(default_factory=CudaAllocatorConfig)
-    # Storage categories (actors/trace/categories.py) the job keeps in host memory, not the
-    # device's: FSDP2's CPUOffloadPolicy keeps parameters, gradients and optimizer state there
-    # (tracefleet-predict sets them from workload.cpu_offload). The allocator model serves
-    # the rest; their bytes are reported as host_peak_bytes.
-    host_categories: list[str] = field(default_factory=list)
+    name: TargetName = setting(TargetName.none, help=(
+        "none, a100_40gb, a100_80gb, h100_80gb, h100_96gb, h200_141gb or custom."))
+    device_memory: str | None = setting(None, help=(
+        "The device's memory (\"80GiB\" or bytes); null: the named product's nominal capacity."))
+    cuda_context: str = setting("512MiB", help=(
+        "Memory of the CUDA context (driver, loaded kernels): a default, measure yours."))
+    nccl_buffsize: str = setting("4MiB", help=(
+        "NCCL_BUFFSIZE: NCCL's buffer per channel and peer (NCCL's default 4 MiB)."))
+    nccl_channels_per_peer: int = setting(2, help=(
+        "Channels per peer (NCCL_NCHANNELS_PER_NET_PEER's default 2)."))
+    nccl_num_peers: int = setting(2, help=(
+        "Peers with NCCL connections (a ring: 2); 0 for a single-GPU job."))
+    cublas_workspace_config: str | None = setting(None, help=(
+        "CUBLAS_WORKSPACE_CONFIG: \":SIZE_KiB:COUNT\" pairs; null: PyTorch's default for the "
+        "target (\":4096:8\" on Hopper, \":4096:2:16:8\" otherwise)."))
+    allocator: CudaAllocatorConfig = setting(factory=CudaAllocatorConfig, help=(
+        "The caching allocator's settings (PYTORCH_CUDA_ALLOC_CONF; docs/prediction.md)."))
+    host_categories: list[str] = setting(factory=list, help=(
+        "Storage categories (actors/trace/categories.py) the job keeps in host memory, not the "
+        "device's: FSDP2's CPUOffloadPolicy keeps parameters, gradients and optimizer state "
+        "there (tracefleet-predict sets them from workload.cpu_offload). The allocator model "
+        "serves the rest; their bytes are reported as host_peak_bytes."))
 
     def __post_init__(self):
         self.name = TargetName.coerce(self.name, "target.name")

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from actors.replay.steps import Step
+from actors.replay.step_plan import Step
 
 # argument types a signature keys by value (type included: 1, 1.0 and True are equal in Python
 # but give full() different dtypes)

@@ -1,6 +1,6 @@
 """Room for an op that may not fit: flush at the threshold, out of memory at the capacity.
 
-The op loop checks one number per op (held bytes against the op's limit, steps.py
+The op loop checks one number per op (held bytes against the op's limit, step_plan.py
 ``set_fast_path``); only above it does it ask ``make_room``, which counts what the op would
 add, flushes when that crosses ``replay.allocation.device_memory_threshold`` and raises
 OutOfMemory when it still does not fit the capacity.

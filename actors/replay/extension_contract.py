@@ -58,7 +58,7 @@ class ReplayContext:
 
 class ReplayExtension:
     """Base class: every hook has a do-nothing default. The engine calls them in list order
-    (actors/replay/extensions.py builds the list)."""
+    (actors/replay/extension_list.py builds the list)."""
 
     #: key of this extension's figures in the rank report
     name = "extension"

@@ -1,4 +1,5 @@
-"""The one place a replay's extensions are built (actors/replay/extension.py has the contract).
+"""The one place a replay's extensions are built (actors/replay/extension_contract.py has
+the contract).
 
 Order matters: extensions attach, hook and report in list order. The memory meter comes
 first (it measures what the others allocate), then the reserved-memory model (it sees what
@@ -14,7 +15,7 @@ import torch
 from actors.errors import ReplayError
 from actors.replay.comm.extension import Collectives
 from actors.replay.config import AllocationMode, ReplayConfig
-from actors.replay.extension import ReplayExtension
+from actors.replay.extension_contract import ReplayExtension
 from actors.replay.host_gaps import HostGaps
 from actors.replay.memory.meters import MemoryMeter, make_meter
 from actors.replay.memory.nested_memory import NestedMemory

@@ -1,0 +1,143 @@
+"""Write docs/configuration.md from the config dataclasses' field help (``setting(...,
+help=...)``, actors/config_fields.py): the groups, their options and every key with its
+default and help. Edit the help where the field is declared, then run this.
+
+    python scripts/gen_config_docs.py           # rewrite docs/configuration.md
+    python scripts/gen_config_docs.py --check   # exit 1 when the page is stale
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from actors.capture.workload_config import WorkloadConfig  # noqa: E402
+from actors.choices import Choice  # noqa: E402
+from actors.config_fields import help_of  # noqa: E402
+from orchestrator.config import CONF_DIR, RunConfig  # noqa: E402
+
+DOC = ROOT / "docs" / "configuration.md"
+# group -> options Hydra offers besides conf/<group>/*.yaml (registered in the ConfigStore)
+REGISTERED = {"replay": ["dry_run"]}
+# group -> options of conf/<group>/ that are not tracefleet's (tracefleet-predict's)
+NOT_RUN = {"experiment": {"fit_search"}}
+# groups of tracefleet-predict and tracefleet-capture beside RunConfig's
+OTHER_GROUPS = [("workload", WorkloadConfig)]
+
+INTRO = """\
+# Configuration
+
+<!-- Written by scripts/gen_config_docs.py from the config dataclasses' field help; edit the
+help where the field is declared (setting(..., help=...)) and run the script. -->
+
+Hydra composes `conf/tracefleet.yaml` from one group per axis; each group's fields are
+documented on its dataclass (`setting(default, help=...)`, `actors/config_fields.py`), and
+every choice is an enum Hydra checks at compose time:
+"""
+
+OUTRO = """\
+`replay.per_op_timing=true` times every op (the `top_ops` table); off, only whole iterations and
+collectives are timed, which keeps the op loop's overhead low. On CUDA,
+`replay.cuda_sync_collectives=true` synchronizes the device around every collective for
+per-collective timing (off by default: it removes the original's compute/communication overlap).
+
+The world size comes from the traces; a run on fewer ranks than the traces have is refused.
+`workload` is the group of `tracefleet-predict` and `tracefleet-capture` (docs/capture.md);
+`tracefleet-predict`'s own `predict.*` settings are in docs/prediction.md.
+"""
+
+
+def _where(cls) -> str:
+    return f"{cls.__module__.replace('.', '/')}.py: {cls.__name__}"
+
+
+def _default(f: dataclasses.Field):
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def _show(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, Choice):
+        return value.value
+    if isinstance(value, bool):
+        return str(value).lower()
+    # a default under the checkout (the demo traces) reads the same in every checkout
+    return str(value).replace(str(ROOT) + "/", "<repo>/")
+
+
+def _keys(cls, prefix: str):
+    """(key, field, default) of every leaf field of ``cls``, nested sections flattened."""
+    for f in dataclasses.fields(cls):
+        value = _default(f)
+        if dataclasses.is_dataclass(value):
+            yield from _keys(type(value), f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", f, value
+
+
+def _typed(key: str, f: dataclasses.Field, value) -> str:
+    """A key as the group table shows it: choices spelled out."""
+    if isinstance(value, Choice):
+        return f"`{key}={'|'.join(c.value for c in type(value))}`"
+    return f"`{key}`"
+
+
+def _groups() -> list[tuple[str, type]]:
+    """(group, dataclass): RunConfig's, then OTHER_GROUPS."""
+    return [(f.name, type(_default(f))) for f in dataclasses.fields(RunConfig)] + OTHER_GROUPS
+
+
+def render() -> str:
+    """The page, from the groups' dataclasses."""
+    groups = _groups()
+    rows, sections = [], []
+    for group, cls in groups:
+        options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")
+                         if p.stem not in NOT_RUN.get(group, ())) + REGISTERED.get(group, [])
+        keys = list(_keys(cls, f"{group}."))
+        top = [f"`{group}.{f.name}.*`" if dataclasses.is_dataclass(_default(f))
+               else _typed(f"{group}.{f.name}", f, _default(f)) for f in dataclasses.fields(cls)]
+        rows.append(f"| `{group}` ({', '.join(f'`{o}`' for o in options)}) | `{_where(cls)}` | "
+                    + ", ".join(top) + " |")
+        table = [f"## `{group}`", "", f"`{_where(cls)}`: {(cls.__doc__ or '').strip()}", "",
+                 "| key | default | what it does |", "| --- | --- | --- |"]
+        table += [f"| `{k}` | `{_show(v)}` | {help_of(f).replace('|', chr(92) + '|')} |"
+                  for k, f, v in keys]
+        sections.append("\n".join(table))
+    head = ["| group | dataclass | keys you will type |", "| --- | --- | --- |", *rows]
+    return "\n\n".join([INTRO.rstrip("\n"), "\n".join(head), OUTRO.rstrip("\n"),
+                        *sections]) + "\n"
+
+
+def undocumented() -> list[str]:
+    """Keys of the groups whose field has no help (the page would show a blank)."""
+    return [k for group, cls in _groups() for k, f, _ in _keys(cls, f"{group}.")
+            if not help_of(f)]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 when the page is stale")
+    args = ap.parse_args(argv)
+    text = render()
+    if args.check:
+        stale = DOC.read_text() != text
+        if stale:
+            print(f"{DOC} is stale: run python scripts/gen_config_docs.py", file=sys.stderr)
+        return int(stale)
+    DOC.write_text(text)
+    print(f"wrote {DOC}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
