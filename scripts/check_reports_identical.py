@@ -67,7 +67,7 @@ def _run_cfg(trace_dir, mode="compute", device="meta", alloc="lazy", **kw):
     experiment = kw.pop("experiment", {})
     replay = dict(iters=1, warmup_iters=1, collective_timeout_s=30)
     replay.update(kw.pop("replay", {}))
-    return RunConfig(cluster=ClusterConfig(timeout_s=60),
+    return RunConfig(cluster=ClusterConfig(timeout_s=180),  # a loaded machine starts actors slowly
                      trace=TraceConfig(dir=str(trace_dir)),
                      replay=ReplayConfig(mode=mode, device=device,
                                          allocation=AllocationConfig(mode=alloc), **replay),
