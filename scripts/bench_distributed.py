@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import io
 import json
 import os
@@ -33,6 +32,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import ray
 import torch
 import torch.distributed as dist
 from rich.console import Console
@@ -192,18 +192,18 @@ class CommsBenchRank(RankActor):
 
     rounds = 10  # replay/raw alternations; comms_vs_raw sets it before the class is shipped
 
-    def replay(self, *args, **kwargs):
-        # Whatever RankActor.replay takes, as the driver passes it: this override follows
-        # the product's signature instead of copying it.
-        out = super().replay(*args, **kwargs)
+    def replay(self, request):
+        out = super().replay(request)
         if out["status"] != "ok":
             return out
-        a = inspect.signature(RankActor.replay).bind(self, *args, **kwargs).arguments
-        cfg, group_map = a["cfg"], a.get("group_map")
+        cfg = request.cfg
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        trace = self._load(a["trace_path"], rank, a["trace_bytes"])  # the replay's own parse
-        groups = ProcessGroups.create(a["pg_table"], rank, world_size, "gloo",
-                                      cfg.collective_timeout_s, group_map)
+        trace_bytes = request.trace_bytes
+        if isinstance(trace_bytes, ray.ObjectRef):  # as RankActor.replay: not resolved by Ray
+            trace_bytes = ray.get(trace_bytes)
+        trace = self._load(request.trace_path, rank, trace_bytes)  # the replay's own parse
+        groups = ProcessGroups.create(request.pg_table, rank, world_size, "gloo",
+                                      cfg.collective_timeout_s, request.group_map)
         calls = _raw_calls(trace, world_size)
         comm = CollectiveReplayer(groups, CPU, ops=trace.ops)
         engine = ReplayEngine(trace, dataclasses.replace(cfg, warmup_iters=0), CPU, comm=comm,

@@ -1,5 +1,5 @@
 """The memory tracker's one bookkeeping path (actors/replay/memory/accounting.py): the op
-loop's fast ``add_new`` equals ``add`` on a storage not held, over many random operation
+loop's fast ``add_new`` equals ``add`` (also on a storage already held), over many random operation
 sequences (seeded: the same sequences every run), with and without an observer."""
 from __future__ import annotations
 
@@ -47,7 +47,8 @@ def _tracker(rng: random.Random, categories: list[int]) -> MemoryTracker:
 
 
 def _operations(rng: random.Random) -> list[tuple]:
-    """A random sequence: fresh outputs (the op loop's adds), adds of any storage (the
+    """A random sequence: fresh outputs (the op loop's adds; one in four of a storage already
+    held, as a trace that reuses a storage id makes them), adds of any storage (the
     store's materializations, held or not), releases, extension charges and discharges,
     timeline samples, flush notes and the running step."""
     ops, held, charged = [], set(), []
@@ -56,7 +57,7 @@ def _operations(rng: random.Random) -> list[tuple]:
                            "sample", "step", "flush"))
         suid = rng.randrange(NUM_STORAGES)
         nbytes = rng.choice((0, 1, rng.randrange(1, 1 << 20)))
-        if kind == "new":
+        if kind == "new" and rng.random() < 0.75:
             free = [s for s in range(NUM_STORAGES) if s not in held]
             if not free:
                 continue

@@ -136,9 +136,10 @@ def compare_fake_to_real(spec: str, out_dir: Path, world_size: int = 1,
     return load_trace(real_path), load_trace(fake_path)
 
 
-def known_difference(spec: str, out_dir: Path) -> str:
-    """Capture ``spec`` both ways under ``out_dir``; the histograms' difference (folded), for a
-    step whose fake run is known to differ (``histogram_diff``'s form)."""
+def known_difference(spec: str, out_dir: Path, ignore: frozenset = frozenset()) -> str:
+    """Capture ``spec`` both ways under ``out_dir``; the histograms' difference (folded, op
+    names in ``ignore`` left out), for a step whose fake run is known to differ
+    (``histogram_diff``'s form)."""
     fake_path = capture_fake(spec, out_dir / "fake")
     real_path = capture_real(spec, out_dir / "real")
-    return histogram_diff(*folded_histograms(real_path, fake_path))
+    return histogram_diff(*folded_histograms(real_path, fake_path, ignore))

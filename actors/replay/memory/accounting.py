@@ -108,9 +108,11 @@ class MemoryTracker:
         self._grow(nbytes, self.categories[suid])
 
     def add_new(self, suid: int, nbytes: int) -> None:
-        """``add`` for a storage not held (an op's fresh output, step_plan.set_fast_path) with no
-        observer attached: the op loop's variant, equal to ``add`` under that precondition
-        (tests/replay/test_memory_accounting.py); ``observe`` replaces it with ``add``."""
+        """``add`` for an op's fresh output (step_plan.set_fast_path) with no observer attached:
+        the op loop's variant, equal to ``add`` (tests/replay/test_memory_accounting.py);
+        ``observe`` replaces it with ``add``."""
+        if self.held[suid]:  # a storage the trace shows fresh may already be held: once
+            return
         self.held[suid] = nbytes
         held = self.held_bytes = self.held_bytes + nbytes
         self.category_bytes[self.categories[suid]] += nbytes

@@ -247,11 +247,11 @@ def test_plots_are_quick_for_8_ranks_10k_points(tmp_path):
     reports = [ok_report(r, 0.1, num_points=10_000) for r in range(8)]
     summary = aggregate(reports, world_size=8)
     write_run_outputs(summary, reports[:1], tmp_path / "warmup", None)  # font cache, imports
-    start = time.perf_counter()
+    start = time.process_time()  # CPU, not wall: the parallel suite's other workers share it
     written = write_run_outputs(summary, reports, tmp_path / "run", None)
-    elapsed_s = time.perf_counter() - start
+    elapsed_s = time.process_time() - start
     assert "memory_timeline_plot" in written and "iteration_times_plot" in written
-    assert elapsed_s < 3.0, f"writing the run outputs took {elapsed_s:.2f} s"
+    assert elapsed_s < 3.0, f"writing the run outputs took {elapsed_s:.2f} s of CPU"
 
 
 def test_print_summary_rows_footer_and_error():
