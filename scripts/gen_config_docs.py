@@ -19,6 +19,9 @@ from actors.capture.workload_config import WorkloadConfig  # noqa: E402
 from actors.choices import Choice  # noqa: E402
 from actors.config_fields import help_of  # noqa: E402
 from orchestrator.config import CONF_DIR, RunConfig  # noqa: E402
+from orchestrator.studies.fit_search_config import FitSearchConfig, FitSearchRunConfig  # noqa: E402
+from orchestrator.studies.predict import (PredictConfig, PredictSettings,  # noqa: E402
+                                          PredictTraceConfig)
 
 DOC = ROOT / "docs" / "configuration.md"
 # group -> options Hydra offers besides conf/<group>/*.yaml (registered in the ConfigStore)
@@ -27,6 +30,10 @@ REGISTERED = {"replay": ["dry_run"]}
 NOT_RUN = {"experiment": {"fit_search"}}
 # groups of tracefleet-predict and tracefleet-capture beside RunConfig's
 OTHER_GROUPS = [("workload", WorkloadConfig)]
+# tracefleet-predict's own sections (its workload, target, replay and zero3 are the groups above)
+PREDICT_SECTIONS = [("predict", PredictSettings, "tracefleet-predict"),
+                    ("trace", PredictTraceConfig, "tracefleet-predict"),
+                    ("fit_search", FitSearchConfig, "tracefleet-predict experiment=fit_search")]
 
 INTRO = """\
 # Configuration
@@ -47,7 +54,8 @@ per-collective timing (off by default: it removes the original's compute/communi
 
 The world size comes from the traces; a run on fewer ranks than the traces have is refused.
 `workload` is the group of `tracefleet-predict` and `tracefleet-capture` (docs/capture.md);
-`tracefleet-predict`'s own `predict.*` settings are in docs/prediction.md.
+`tracefleet-predict`'s root config and its own `predict.*`, `trace.*` and `fit_search.*` keys
+follow the groups (docs/prediction.md tells how they are used).
 """
 
 
@@ -70,6 +78,8 @@ def _show(value) -> str:
         return value.value
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, list):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
     # a default under the checkout (the demo traces) reads the same in every checkout
     return str(value).replace(str(ROOT) + "/", "<repo>/")
 
@@ -96,6 +106,42 @@ def _groups() -> list[tuple[str, type]]:
     return [(f.name, type(_default(f))) for f in dataclasses.fields(RunConfig)] + OTHER_GROUPS
 
 
+def _cell(text: str) -> str:
+    return text.replace("|", chr(92) + "|")
+
+
+def _table(title: str, cls, prefix: str) -> str:
+    """A section: ``cls``'s docstring, then every leaf key under ``prefix`` with its help."""
+    table = [f"## {title}", "", f"`{_where(cls)}`: {' '.join((cls.__doc__ or '').split())}", "",
+             "| key | default | what it does |", "| --- | --- | --- |"]
+    table += [f"| `{k}` | `{_cell(_show(v))}` | {_cell(help_of(f))} |"
+              for k, f, v in _keys(cls, prefix)]
+    return "\n".join(table)
+
+
+def _predict_root_fields():
+    """(class, field) of tracefleet-predict's root config: PredictConfig's, then those
+    FitSearchRunConfig adds."""
+    inherited = {f.name for f in dataclasses.fields(PredictConfig)}
+    yield from ((PredictConfig, f) for f in dataclasses.fields(PredictConfig))
+    yield from ((FitSearchRunConfig, f) for f in dataclasses.fields(FitSearchRunConfig)
+                if f.name not in inherited)
+
+
+def _predict_root() -> str:
+    """tracefleet-predict's root config: its top-level keys (sections shown as ``key.*``)."""
+    rows = []
+    for _, f in _predict_root_fields():
+        nested = dataclasses.is_dataclass(_default(f))
+        key, shown = (f"{f.name}.*", "") if nested else (f.name, f"`{_show(_default(f))}`")
+        rows.append(f"| `{key}` | {shown} | {_cell(help_of(f))} |")
+    return "\n".join(["## `tracefleet-predict`", "",
+                      f"`{_where(PredictConfig)}`: {PredictConfig.__doc__.strip()} "
+                      f"`experiment=fit_search` puts `{_where(FitSearchRunConfig)}` in its place "
+                      "(`fit_search.*` added).", "",
+                      "| key | default | what it does |", "| --- | --- | --- |", *rows])
+
+
 def render() -> str:
     """The page, from the groups' dataclasses."""
     groups = _groups()
@@ -103,25 +149,27 @@ def render() -> str:
     for group, cls in groups:
         options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")
                          if p.stem not in NOT_RUN.get(group, ())) + REGISTERED.get(group, [])
-        keys = list(_keys(cls, f"{group}."))
         top = [f"`{group}.{f.name}.*`" if dataclasses.is_dataclass(_default(f))
                else _typed(f"{group}.{f.name}", f, _default(f)) for f in dataclasses.fields(cls)]
         rows.append(f"| `{group}` ({', '.join(f'`{o}`' for o in options)}) | `{_where(cls)}` | "
                     + ", ".join(top) + " |")
-        table = [f"## `{group}`", "", f"`{_where(cls)}`: {(cls.__doc__ or '').strip()}", "",
-                 "| key | default | what it does |", "| --- | --- | --- |"]
-        table += [f"| `{k}` | `{_show(v)}` | {help_of(f).replace('|', chr(92) + '|')} |"
-                  for k, f, v in keys]
-        sections.append("\n".join(table))
+        sections.append(_table(f"`{group}`", cls, f"{group}."))
+    sections.append(_predict_root())
+    sections += [_table(f"`{name}` ({cli})", cls, f"{name}.")
+                 for name, cls, cli in PREDICT_SECTIONS]
     head = ["| group | dataclass | keys you will type |", "| --- | --- | --- |", *rows]
     return "\n\n".join([INTRO.rstrip("\n"), "\n".join(head), OUTRO.rstrip("\n"),
                         *sections]) + "\n"
 
 
 def undocumented() -> list[str]:
-    """Keys of the groups whose field has no help (the page would show a blank)."""
-    return [k for group, cls in _groups() for k, f, _ in _keys(cls, f"{group}.")
-            if not help_of(f)]
+    """Keys whose field has no help (the page would show a blank): the groups', then
+    tracefleet-predict's root and its own sections'."""
+    keyed = [(group, cls) for group, cls in _groups()]
+    keyed += [(name, cls) for name, cls, _ in PREDICT_SECTIONS]
+    missing = [k for group, cls in keyed for k, f, _ in _keys(cls, f"{group}.") if not help_of(f)]
+    return missing + [f"{cls.__name__}.{f.name}" for cls, f in _predict_root_fields()
+                      if not help_of(f)]
 
 
 def main(argv=None) -> int:

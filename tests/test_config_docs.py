@@ -11,6 +11,8 @@ import pytest
 from actors.config_fields import help_of, setting
 from actors.replay.config import AllocationMode, ReplayConfig, dry_run_config
 from orchestrator.config import REPO_ROOT
+from orchestrator.studies.fit_search_config import FitSearchConfig
+from orchestrator.studies.predict import PredictConfig, PredictSettings
 
 
 def _generator():
@@ -39,6 +41,25 @@ def test_a_changed_help_changes_the_page(monkeypatch):
     monkeypatch.setattr(fields["iters"], "metadata", {"help": "a drifted help"})
     after = gen.render()
     assert after != before and "| `replay.iters` | `20` | a drifted help |" in after
+
+
+@pytest.mark.parametrize("cls, name, key", [
+    (PredictSettings, "error_band", "predict.error_band"),
+    (FitSearchConfig, "max_probes", "fit_search.max_probes"),
+    (PredictConfig, "world_size", "PredictConfig.world_size"),
+])
+def test_tracefleet_predicts_keys_are_on_the_page_and_need_their_help(monkeypatch, cls, name,
+                                                                      key):
+    """tracefleet-predict's root, predict.* and fit_search.* keys are documented too: a field
+    that loses its help is reported, a changed help changes the page."""
+    gen = _generator()
+    f = {f.name: f for f in dataclasses.fields(cls)}[name]
+    shown = key.split(".", 1)[1] if cls is PredictConfig else key
+    assert f"| `{shown}` | " in gen.render()
+    monkeypatch.setattr(f, "metadata", {"help": "a drifted help"})
+    assert "a drifted help |" in gen.render()
+    monkeypatch.setattr(f, "metadata", {})
+    assert gen.undocumented() == [key]
 
 
 def test_a_setting_needs_its_help():

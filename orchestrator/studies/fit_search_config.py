@@ -8,12 +8,13 @@ Hydra's ConfigStore by ``register_configs`` below, called from orchestrator/pred
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from hydra.core.config_store import ConfigStore
 
 from actors.capture.checkpointing import ActivationCheckpointing
 from actors.choices import Choice
+from actors.config_fields import setting
 from actors.errors import ConfigError
 from orchestrator.studies.predict import PredictConfig
 
@@ -41,31 +42,34 @@ class FitSearchConfig:
     prediction's verdict is ``fits`` (headroom above the error band), the other knobs at the
     workload's (and world_size's) values."""
 
-    # Axes searched, in this order (each from the composed job, not from another axis' answer).
-    axes: list[Axis] = field(default_factory=lambda: [a for a in Axis if a != Axis.layout])
-    # Largest local batch probed; the search doubles from workload.batch_size up to it, then
-    # bisects between the last value that fits and the first that does not.
-    max_batch_size: int = 64
-    # Longest sequence probed, and the granularity of the sequence search (every probed
-    # seq_len is a multiple of seq_len_step; a workload.seq_len off the grid is rounded down).
-    max_seq_len: int = 131072
-    seq_len_step: int = 256
-    # Candidate GPU counts for the fewest-GPU search; empty: the powers of two from 1 up to
-    # world_size. Fitting is assumed monotone (more GPUs, smaller shards): the candidates are
-    # probed from world_size down by doubling steps, then bisected.
-    world_sizes: list[int] = field(default_factory=list)
-    # Bound on the predictions of one axis (a search stopped by it says so in its answer).
-    max_probes: int = 12
-    # The layout axis' candidate degrees: every (tp, pp, cp) of these whose product divides
-    # world_size, walked cheapest first (fit_layout.py); tp up to a node's 8 GPUs, cp for long
-    # sequences only by default.
-    layout_tp: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
-    layout_pp: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
-    layout_cp: list[int] = field(default_factory=lambda: [1])
-    # Processes searching axes side by side (each axis is a sequential search; the axes are
-    # independent). 1: one after another in this process. Each worker imports torch once
-    # (~2 s) and holds one trace at a time.
-    num_workers: int = 2
+    axes: list[Axis] = setting(factory=lambda: [a for a in Axis if a != Axis.layout], help=(
+        "Axes searched, in this order (each from the composed job, not from another axis' "
+        "answer); layout is not searched unless named here."))
+    max_batch_size: int = setting(64, help=(
+        "Largest local batch probed; the search doubles from workload.batch_size up to it, "
+        "then bisects between the last value that fits and the first that does not."))
+    max_seq_len: int = setting(131072, help="Longest sequence probed.")
+    seq_len_step: int = setting(256, help=(
+        "The granularity of the sequence search: every probed seq_len is a multiple of it (a "
+        "workload.seq_len off the grid is rounded down)."))
+    world_sizes: list[int] = setting(factory=list, help=(
+        "Candidate GPU counts for the fewest-GPU search; empty: the powers of two from 1 up to "
+        "world_size. Fitting is assumed monotone (more GPUs, smaller shards): the candidates "
+        "are probed from world_size down by doubling steps, then bisected."))
+    max_probes: int = setting(12, help=(
+        "Bound on the predictions of one axis (a search stopped by it says so in its answer)."))
+    layout_tp: list[int] = setting(factory=lambda: [1, 2, 4, 8], help=(
+        "The layout axis' candidate tp degrees (up to a node's 8 GPUs): every (tp, pp, cp) of "
+        "layout_tp, layout_pp and layout_cp whose product divides world_size, walked cheapest "
+        "first (orchestrator/studies/fit_layout.py)."))
+    layout_pp: list[int] = setting(factory=lambda: [1, 2, 4, 8], help=(
+        "The layout axis' candidate pp degrees."))
+    layout_cp: list[int] = setting(factory=lambda: [1], help=(
+        "The layout axis' candidate cp degrees (by default [1]: cp is for long sequences)."))
+    num_workers: int = setting(2, help=(
+        "Processes searching axes side by side (each axis is a sequential search; the axes are "
+        "independent). 1: one after another in this process. Each worker imports torch once "
+        "(~2 s) and holds one trace at a time."))
 
     def validate(self, world_size: int | None) -> None:
         """ConfigError on bounds that leave nothing to search (before any capture)."""
@@ -108,7 +112,8 @@ class FitSearchConfig:
 class FitSearchRunConfig(PredictConfig):
     """tracefleet-predict's root config with the fit search (experiment=fit_search)."""
 
-    fit_search: FitSearchConfig = field(default_factory=FitSearchConfig)
+    fit_search: FitSearchConfig = setting(factory=FitSearchConfig, help=(
+        "What experiment=fit_search searches and within which bounds."))
 
     def validate(self) -> None:
         """PredictConfig's checks and the search's bounds; ConfigError otherwise."""

@@ -14,7 +14,7 @@ import copy
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
@@ -23,6 +23,7 @@ from actors.capture.mesh import validate_parallelism
 from actors.capture.workload_config import (ModelName, Parallel, Precision, WorkloadConfig,
                                             WorkloadDevice, validate as validate_workload)
 from actors.choices import Choice
+from actors.config_fields import setting
 from actors.errors import ConfigError
 from actors.replay.config import AllocationMode, ReplayConfig, dry_run_config, parse_bytes
 from actors.replay.memory.model_recording import TIMELINE_KEY, pop_snapshot
@@ -60,53 +61,59 @@ class Verdict(Choice):
 class PredictTraceConfig:
     """A trace you already have, instead of capturing the workload."""
 
-    # A folder of rank traces, a .tar/.tar.gz archive of them, or one trace file (as
-    # tracefleet's trace.dir); null: capture the workload.
-    dir: str | None = None
-    # Refuse a gzip stream or an archive member that would expand past this size.
-    max_decompressed_bytes: str = "4GiB"
+    dir: str | None = setting(None, help=(
+        "A folder of rank traces, a .tar/.tar.gz archive of them, or one trace file (as "
+        "tracefleet's trace.dir); null: capture the workload."))
+    max_decompressed_bytes: str = setting("4GiB", help=(
+        "Refuse a gzip stream or an archive member that would expand past this size."))
 
 
 @dataclass
 class PredictSettings:
     """How the verdict is drawn and where captures are kept."""
 
-    # The prediction's relative error (0.03 = 3% of the predicted reserved peak): a headroom
-    # smaller than this is too_close. The default is DEFAULT_ERROR_BAND (its source above).
-    error_band: float = DEFAULT_ERROR_BAND
-    # Where error_band's value comes from (printed beside it).
-    error_band_source: str = DEFAULT_ERROR_BAND_SOURCE
-    # Captures are kept here, one folder per workload config, world size and torch version.
-    cache_dir: str = "~/.cache/tracefleet/traces"
-    # Also write snapshot_rank<r>.pickle per distinct rank trace: the caching allocator
-    # model's segments, blocks and history in torch.cuda.memory._snapshot()'s layout (open it
-    # at pytorch.org/memory_viz; compare it with a GPU's: tracefleet-compare).
-    snapshot: bool = False
-    # Bound on a capture (on meta or fake, in this process), seconds: a custom step that never
-    # returns is stopped with an error naming where it was.
-    capture_timeout_s: float = 900.0
+    error_band: float = setting(DEFAULT_ERROR_BAND, help=(
+        "The prediction's relative error (0.03 = 3% of the predicted reserved peak): a headroom "
+        "smaller than this is too_close. The default is DEFAULT_ERROR_BAND "
+        "(orchestrator/studies/predict.py, with its source)."))
+    error_band_source: str = setting(DEFAULT_ERROR_BAND_SOURCE, help=(
+        "Where error_band's value comes from (printed beside it)."))
+    cache_dir: str = setting("~/.cache/tracefleet/traces", help=(
+        "Captures are kept here, one folder per workload config, world size and torch version."))
+    snapshot: bool = setting(False, help=(
+        "Also write snapshot_rank<r>.pickle per distinct rank trace: the caching allocator "
+        "model's segments, blocks and history in torch.cuda.memory._snapshot()'s layout (open "
+        "it at pytorch.org/memory_viz; compare it with a GPU's: tracefleet-compare)."))
+    capture_timeout_s: float = setting(900.0, help=(
+        "Bound on a capture (on meta or fake, in this process), seconds: a custom step that "
+        "never returns is stopped with an error naming where it was."))
 
 
 @dataclass
 class PredictConfig:
     """The root config of ``tracefleet-predict``."""
 
-    # The training job (conf/workload/<preset>.yaml and workload.* overrides). Captured on
-    # meta where the recipe runs there, else on fake (fsdp2, bf16_mixed, custom).
-    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
-    # The job's number of GPUs (ranks). null with trace.dir: the number of rank traces.
-    world_size: int | None = None
-    # The GPU (conf/target/*.yaml); its usable capacity is what the reserved peak must fit.
-    target: TargetConfig = field(default_factory=lambda: TargetConfig(name=TargetName.h100_80gb))
-    trace: PredictTraceConfig = field(default_factory=PredictTraceConfig)
-    # The dry run: meta, operators only, faithful allocation (memory held as the original held
-    # it), one warm-up and one measured iteration.
-    replay: ReplayConfig = field(default_factory=lambda: dry_run_config(AllocationMode.faithful))
-    # With trace.dir: the ZeRO-3 emulation of plain (not sharded) traces at world_size ranks
-    # (conf/zero3/*.yaml, e.g. zero3=per_module); a workload preset carries its own instead
-    # (workload.zero3_emulation).
-    zero3: Zero3Config = field(default_factory=Zero3Config)
-    predict: PredictSettings = field(default_factory=PredictSettings)
+    workload: WorkloadConfig = setting(factory=WorkloadConfig, help=(
+        "The training job (conf/workload/<preset>.yaml and workload.* overrides). Captured on "
+        "meta where the recipe runs there, else on fake (fsdp2, bf16_mixed, custom)."))
+    world_size: int | None = setting(None, help=(
+        "The job's number of GPUs (ranks). null with trace.dir: the number of rank traces."))
+    target: TargetConfig = setting(
+        factory=lambda: TargetConfig(name=TargetName.h100_80gb), help=(
+            "The GPU (conf/target/*.yaml); its usable capacity is what the reserved peak "
+            "must fit."))
+    trace: PredictTraceConfig = setting(factory=PredictTraceConfig, help=(
+        "A trace you already have (trace.dir), instead of capturing the workload."))
+    replay: ReplayConfig = setting(
+        factory=lambda: dry_run_config(AllocationMode.faithful), help=(
+            "The dry run: meta, operators only, faithful allocation (memory held as the "
+            "original held it), one warm-up and one measured iteration."))
+    zero3: Zero3Config = setting(factory=Zero3Config, help=(
+        "With trace.dir: the ZeRO-3 emulation of plain (not sharded) traces at world_size ranks "
+        "(conf/zero3/*.yaml, e.g. zero3=per_module); a workload preset carries its own instead "
+        "(workload.zero3_emulation)."))
+    predict: PredictSettings = setting(factory=PredictSettings, help=(
+        "How the verdict is drawn and where captures are kept."))
 
     def validate(self) -> None:
         """ConfigError on values that cannot give a prediction (before any capture)."""
