@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from actors.capture.context import world_mesh
-from actors.capture.meta_world import WARMUP_ITERS, record_meta_rank
+from actors.capture.meta_world import record_meta_rank
 from actors.capture.recorder import record_iteration
 from actors.capture.worker import warm_up
 from actors.capture.workloads import WorkloadConfig, build_workload
@@ -129,9 +129,7 @@ def compare_fake_to_real(spec: str, out_dir: Path, world_size: int = 1,
     """Capture ``spec`` both ways under ``out_dir`` and assert the same op histogram (the
     engine's in-place accumulations folded, see the module docstring; op names in ``ignore``
     not compared); ``(real, fake)``."""
-    fake_path = capture_fake(spec, out_dir / "fake", world_size)
-    real_path = capture_real(spec, out_dir / "real")
-    diff = histogram_diff(*folded_histograms(real_path, fake_path, ignore))
+    diff, real_path, fake_path = _captured_diff(spec, out_dir, world_size, ignore)
     assert not diff, f"{spec}: fake and real op histograms differ: {diff}"
     return load_trace(real_path), load_trace(fake_path)
 
@@ -140,6 +138,12 @@ def known_difference(spec: str, out_dir: Path, ignore: frozenset = frozenset()) 
     """Capture ``spec`` both ways under ``out_dir``; the histograms' difference (folded, op
     names in ``ignore`` left out), for a step whose fake run is known to differ
     (``histogram_diff``'s form)."""
-    fake_path = capture_fake(spec, out_dir / "fake")
+    return _captured_diff(spec, out_dir, 1, ignore)[0]
+
+
+def _captured_diff(spec: str, out_dir: Path, world_size: int,
+                   ignore: frozenset) -> tuple[str, Path, Path]:
+    """Both captures of ``spec`` under ``out_dir`` and their folded histograms' difference."""
+    fake_path = capture_fake(spec, out_dir / "fake", world_size)
     real_path = capture_real(spec, out_dir / "real")
-    return histogram_diff(*folded_histograms(real_path, fake_path, ignore))
+    return histogram_diff(*folded_histograms(real_path, fake_path, ignore)), real_path, fake_path
