@@ -24,12 +24,16 @@ _MAX_PROCESSES = 8
 
 
 def pick_executor(sources: dict[int, TraceSource]) -> str:
-    """inline for small folders, else Ray tasks if Ray is up, else a process pool (also for
-    one large trace: loading 180 MB of JSON takes ~2 GB, which the driver must not hold)."""
+    """inline for small folders, else Ray tasks if Ray is up with a CPU free, else a process
+    pool (also for one large trace: loading 180 MB of JSON takes ~2 GB, which the driver must
+    not hold). A kept actor group of a sweep may hold every CPU of the cluster: tasks would
+    then wait for a CPU that never comes free, so the pool on this machine takes them."""
     if json_bytes_estimate(sources.values()) < IN_PROCESS_BYTES:
         return "inline"
     import ray
-    return "ray" if ray.is_initialized() else "processes"
+    if ray.is_initialized() and ray.available_resources().get("CPU", 0) >= 1:
+        return "ray"
+    return "processes"
 
 
 def collect(sources: dict[int, TraceSource], group_map: dict | None, executor: str | None = None,

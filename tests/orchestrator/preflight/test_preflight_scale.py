@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import pickle
+import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -72,9 +74,35 @@ def test_ray_tasks_reduce_the_traces(ray_session, world16, tmp_path):
     big = tmp_path / "big"
     write_rank_files(big, 40, 800)  # > 8 MiB on disk: too much for in-process reduction
     assert pick_executor(discover(big)) == "ray"
+    with every_cpu_held():  # Ray tasks would wait for a CPU forever: the pool reduces them
+        assert pick_executor(discover(big)) == "processes"
+        assert preflight(big).num_collectives == {"0": 800}
     (big / "rank-7.et.json").write_text('{"schema": "1.1.1-chakra.0.0.4", "nodes": [')
     with pytest.raises(TraceError, match="rank-7.et.json: truncated JSON"):
         preflight(big)
+
+
+@contextmanager
+def every_cpu_held():
+    """One actor holds every CPU of the cluster (as a sweep's kept actor group does between
+    points) for the body."""
+    import ray
+
+    holder = ray.remote(num_cpus=ray.cluster_resources()["CPU"])(_Holder).remote()
+    try:
+        ray.get(holder.ready.remote(), timeout=60)
+        deadline = time.monotonic() + 10  # the resource view lags the placement a little
+        while ray.available_resources().get("CPU", 0) >= 1:
+            assert time.monotonic() < deadline, "the actor's CPUs never showed as taken"
+            time.sleep(0.2)
+        yield
+    finally:
+        ray.kill(holder)
+
+
+class _Holder:
+    def ready(self) -> bool:
+        return True
 
 
 def _cfg(trace_dir, **trace) -> RunConfig:
