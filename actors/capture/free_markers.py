@@ -53,10 +53,16 @@ def emit() -> None:
     # the views' own (empty) storages die right here: not frees of the run
     with meta_storage.frees_paused():
         views = []
-        for address in addresses:
-            storage = torch._C._construct_storage_from_data_pointer(address, _META, 0)
-            views.append(torch.empty(0, dtype=torch.uint8, device=_META)
-                         .set_(storage, 0, (0,), (1,)))
+        # Unrecorded: two ops per freed storage were a third of a fake trace's nodes (a
+        # 405B pipeline stage wrote 490k of them), all dropped again by the rewrite.
+        torch._C._autograd._enable_record_function(False)  # this thread only
+        try:
+            for address in addresses:
+                storage = torch._C._construct_storage_from_data_pointer(address, _META, 0)
+                views.append(torch.empty(0, dtype=torch.uint8, device=_META)
+                             .set_(storage, 0, (0,), (1,)))
+        finally:  # a capture records with RecordFunction on: there is no getter to restore
+            torch._C._autograd._enable_record_function(True)
         with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEYS):
             _freed_op()(views, made)
         del views
