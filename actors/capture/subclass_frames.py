@@ -68,21 +68,6 @@ def mark_subclass_frames(doc: dict) -> int:
     wrappers: set[int] = set()  # ops whose frame was found to be DTensor's
     read: dict[int, frozenset] = {}  # node -> storages read or written by the work below it
 
-    def work_below(nid: int) -> frozenset:
-        if nid not in read:
-            out = set()
-            for child in children.get(nid, ()):
-                node = nodes[child]
-                tensors = _storages(node["inputs"]) + _storages(node["outputs"])
-                if any(dev == "meta" for _, dev in tensors):
-                    continue  # the fake mode's kernels: not the op's work
-                # a frame repeats its op's tensors; a wrapper op's are the wrappers
-                if child not in wrappers and node["name"] not in _FRAMES:
-                    out.update(s for s, _ in tensors)
-                out |= work_below(child)
-            read[nid] = frozenset(out)
-        return read[nid]
-
     frames = [n for n in doc["nodes"] if n["name"] == DISPATCH_MODE_NODE
               and n["ctrl_deps"] in nodes and n["ctrl_deps"] != n["id"]]
     frames.sort(key=lambda n: -depth_of(n["id"]))
@@ -92,7 +77,7 @@ def mark_subclass_frames(doc: dict) -> int:
         reads = [s for s, dev in _storages(op["inputs"]) if dev != "meta" and s]
         if not reads:
             continue
-        below = work_below(frame["id"])
+        below = _work_below(frame["id"], nodes, children, wrappers, read)
         if below and any(s not in below for s in reads):
             frame["name"] = SUBCLASS_NODE
             wrappers.add(op["id"])
@@ -102,6 +87,26 @@ def mark_subclass_frames(doc: dict) -> int:
         if top is not None and not _inside_frame(nodes, frame, top):
             frame["ctrl_deps"] = top
     return len(marked)
+
+
+def _work_below(nid: int, nodes: dict, children: dict, wrappers: set, read: dict) -> frozenset:
+    """The storages read or written by the work below node ``nid`` (memoized in ``read``).
+    A module function, not a closure over the trace: a recursive closure is a reference
+    cycle, which kept a whole parsed trace (7 GB on a 405B pipeline stage) alive until the
+    cyclic GC ran, and the capture pauses it."""
+    if nid not in read:
+        out = set()
+        for child in children.get(nid, ()):
+            node = nodes[child]
+            tensors = _storages(node["inputs"]) + _storages(node["outputs"])
+            if any(dev == "meta" for _, dev in tensors):
+                continue  # the fake mode's kernels: not the op's work
+            # a frame repeats its op's tensors; a wrapper op's are the wrappers
+            if child not in wrappers and node["name"] not in _FRAMES:
+                out.update(s for s, _ in tensors)
+            out |= _work_below(child, nodes, children, wrappers, read)
+        read[nid] = frozenset(out)
+    return read[nid]
 
 
 def _is_op(node: dict) -> bool:

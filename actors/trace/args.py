@@ -123,29 +123,32 @@ class ArgParser:
         """Flatten a (possibly nested) list of tensor tuples, keeping shapes/strides aligned."""
         dtypes = _inner_dtypes(type_str)
         out = []
-
-        def walk(v, s, st, depth=1):
-            if isinstance(v, list) and v and isinstance(v[0], list):
-                if depth > _MAX_LIST_DEPTH:
-                    raise TraceError(self.path, f"a tensor list nests deeper than {_MAX_LIST_DEPTH} "
-                                                "levels; expected lists of tensor values", node_id)
-                for j, item in enumerate(v):
-                    walk(item, s[j] if isinstance(s, list) and j < len(s) else [],
-                         st[j] if isinstance(st, list) and j < len(st) else None, depth + 1)
-            elif v == "<None>" or v is None:
-                out.append(None)  # keeps positions (e.g. aten::index's Tensor?[] indices)
-            elif v == []:
-                return
-            else:
-                dtype = dtypes[min(len(out), len(dtypes) - 1)] if dtypes else None
-                t = self._tensor(v, s, st, dtype, node_id)
-                out.append(t if type(t) is TensorArg else None)
-
         if isinstance(value, list):
             for j, item in enumerate(value):
-                walk(item, shapes[j] if isinstance(shapes, list) and j < len(shapes) else [],
-                     strides[j] if isinstance(strides, list) and j < len(strides) else None)
+                self._walk(item, shapes[j] if isinstance(shapes, list) and j < len(shapes) else [],
+                           strides[j] if isinstance(strides, list) and j < len(strides) else None,
+                           1, dtypes, out, node_id)
         return tuple(out)
+
+    def _walk(self, v, s, st, depth, dtypes, out, node_id) -> None:
+        """Append the tensors of list item ``v`` to ``out`` (a method, not a recursive closure:
+        that is a reference cycle per list, left for the cyclic GC the loader pauses)."""
+        if isinstance(v, list) and v and isinstance(v[0], list):
+            if depth > _MAX_LIST_DEPTH:
+                raise TraceError(self.path, f"a tensor list nests deeper than {_MAX_LIST_DEPTH} "
+                                            "levels; expected lists of tensor values", node_id)
+            for j, item in enumerate(v):
+                self._walk(item, s[j] if isinstance(s, list) and j < len(s) else [],
+                           st[j] if isinstance(st, list) and j < len(st) else None, depth + 1,
+                           dtypes, out, node_id)
+        elif v == "<None>" or v is None:
+            out.append(None)  # keeps positions (e.g. aten::index's Tensor?[] indices)
+        elif v == []:
+            return
+        else:
+            dtype = dtypes[min(len(out), len(dtypes) - 1)] if dtypes else None
+            t = self._tensor(v, s, st, dtype, node_id)
+            out.append(t if type(t) is TensorArg else None)
 
 
 _BY_ITEMSIZE = {1: "uint8", 2: "float16", 4: "float32", 8: "float64"}
