@@ -16,9 +16,13 @@ rotater until the ring returns) are held as long by the faithful replay.
 """
 from __future__ import annotations
 
+import gc
 import gzip
 import os
 import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from typing import ContextManager
 
 import orjson
 import torch
@@ -99,12 +103,13 @@ def _write(doc: dict, path: str) -> None:
         f.write(orjson.dumps(doc))
 
 
-def run_mesh_capture(cfg: dict, out_dir: str, world_size: int,
-                     num_files: int | None = None) -> list[dict]:
+def run_mesh_capture(cfg: dict, out_dir: str, world_size: int, num_files: int | None = None,
+                     bound: Callable[[str], ContextManager] = lambda _what: nullcontext()
+                     ) -> list[dict]:
     """Capture the fake mesh job of ``cfg`` into out_dir: one recorded rank per role, the
     other ranks' files derived (see the module docstring); their facts in rank order.
     ``num_files`` set: write only the recorded ranks' files (one per role: what a dry run
-    needs)."""
+    needs). Each role's recording runs in ``bound(what)`` (the caller's time limit)."""
     os.makedirs(out_dir, exist_ok=True)
     wl = workload_config(cfg)
     par = wl.parallelism
@@ -119,7 +124,7 @@ def run_mesh_capture(cfg: dict, out_dir: str, world_size: int,
     facts = []
     for role, ranks in roles.items():
         start = time.perf_counter()
-        with gc_paused():
+        with bound(f"recording of rank {ranks[0]} (role {role})"), gc_paused():
             workload, first = record_mesh_rank(cfg, out_dir, ranks[0], world_size)
         record_s = time.perf_counter() - start
         written = [ranks[0]] if num_files else ranks
@@ -139,4 +144,5 @@ def run_mesh_capture(cfg: dict, out_dir: str, world_size: int,
                           "recorded_as_rank": ranks[0], "record_s": record_s, "role": role,
                           "mesh": mesh_info})
         del doc, workload
+        gc.collect()  # the role's cycles, made while the GC was paused: before the next role's
     return sorted(facts, key=lambda f: f["rank"])

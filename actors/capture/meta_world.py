@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
+from typing import ContextManager
 from functools import partial
 
 import torch
@@ -135,23 +137,26 @@ def record_meta_rank(cfg: dict, out_dir: str, rank: int, world_size: int) -> tup
     return workload, path
 
 
-def run_meta_capture(cfg: dict, out_dir: str, world_size: int,
-                     num_files: int | None = None) -> list[dict]:
+def run_meta_capture(cfg: dict, out_dir: str, world_size: int, num_files: int | None = None,
+                     bound: Callable[[str], ContextManager] | None = None) -> list[dict]:
     """Capture ranks 0..world_size-1 of a meta or fake workload into out_dir; their facts in
     rank order (``cfg`` as :func:`actors.capture.worker.run_capture` reads it). ``num_files``
     writes only the first ranks' files (the rest would be copies of rank 0's). A job on an
-    N-D mesh records one rank per role instead (actors/capture/mesh_world.py)."""
+    N-D mesh records one rank per role instead (actors/capture/mesh_world.py). ``bound(what)``
+    makes the context each recorded rank runs in (the caller's time limit: per recording, so
+    a 3-D job's eight pipeline stages get eight times a 1-D job's bound)."""
+    bound = bound or (lambda _what: nullcontext())
     wl = workload_config(cfg)
     if not wl.parallelism.is_one_dim() or wl.float8:  # tensor subclasses: see mesh_world
         from actors.capture.mesh_world import run_mesh_capture
 
-        return run_mesh_capture(cfg, out_dir, world_size, num_files)
+        return run_mesh_capture(cfg, out_dir, world_size, num_files, bound)
     os.makedirs(out_dir, exist_ok=True)
     start = time.perf_counter()
     # The fake mode and autograd make millions of short-lived objects, few in cycles: left on,
     # the cyclic GC rescans the model's and torch's objects again and again (8B: ~2x the
     # capture's time). The few cycles wait for the collection after the block.
-    with gc_paused():
+    with bound("recording of rank 0"), gc_paused():
         workload, first = record_meta_rank(cfg, out_dir, 0, world_size)
     record_s = time.perf_counter() - start
     no_memory = MemoryMeter(META).result()

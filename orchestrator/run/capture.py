@@ -58,7 +58,8 @@ class CaptureConfig:
     # Timeout of one gloo collective on the ranks, seconds.
     dist_timeout_s: float = 300.0
     # Bound on the whole capture on every rank, seconds (a cold DeepSpeed op build takes ~90 s);
-    # on meta and fake the in-process capture (a step that never returns is stopped).
+    # on meta and fake on each rank recorded in this process (a mesh job records one per role;
+    # a step that never returns is stopped).
     capture_timeout_s: float = 900.0
     # Folder for the rank traces and meta.json (relative paths are taken from the cwd).
     out_dir: str = "${hydra:runtime.output_dir}/traces"
@@ -152,11 +153,13 @@ def run_capture_job(cfg: CaptureConfig, rank0_only: bool = False,
         if cfg.workload.device in ("meta", "fake"):
             from actors.capture.meta_world import run_meta_capture
 
-            # in this process: the step is bounded here (on Ray the actors are killed at it)
-            with time_limit(cfg.capture_timeout_s, timeout_key,
-                            f"the {cfg.workload.device} capture"):
-                ranks = run_meta_capture(cfg.rank_cfg(), out_dir, cfg.world_size,
-                                         num_files=1 if rank0_only else None)
+            # in this process: each recording is bounded here (on Ray the actors are killed)
+            def bound(what: str):
+                return time_limit(cfg.capture_timeout_s, timeout_key,
+                                  f"the {cfg.workload.device} capture's {what}")
+
+            ranks = run_meta_capture(cfg.rank_cfg(), out_dir, cfg.world_size,
+                                     num_files=1 if rank0_only else None, bound=bound)
         else:
             ranks = _capture_on_ray(cfg, out_dir)
         meta = build_meta(cfg, ranks, out_dir, time.perf_counter() - start)

@@ -85,8 +85,9 @@ class PredictSettings:
         "model's segments, blocks and history in torch.cuda.memory._snapshot()'s layout (open "
         "it at pytorch.org/memory_viz; compare it with a GPU's: tracefleet-compare)."))
     capture_timeout_s: float = setting(900.0, help=(
-        "Bound on a capture (on meta or fake, in this process), seconds: a custom step that "
-        "never returns is stopped with an error naming where it was."))
+        "Bound on recording one rank (on meta or fake, in this process; a mesh job records "
+        "one rank per role, each within it), seconds: a custom step that never returns is "
+        "stopped with an error naming where it was."))
 
 
 @dataclass

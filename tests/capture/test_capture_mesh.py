@@ -18,8 +18,10 @@ from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
 from actors.trace import load_trace
 from actors.trace.conventions import trace_file_name
+from actors.time_limit import time_limit as real_time_limit
 from actors.trace.liveness import compute_liveness
 from orchestrator.preflight.validate import preflight
+from orchestrator.run import capture as capture_module
 from orchestrator.run.capture import CaptureConfig, run_capture_job
 
 TINY = dict(model="llama", parallel="fsdp2", precision="bf16_mixed", device="fake", vocab=64,
@@ -183,13 +185,26 @@ def test_a_custom_step_gets_the_named_mesh(tmp_path):
 
 @pytest.fixture(scope="module")
 def pp_job(tmp_path_factory):
+    """The job, and the recordings capture_timeout_s bounded (seconds, what)."""
     out = tmp_path_factory.mktemp("pp")
-    return out, _capture(out, {"pp": 2}, n_layers=4)
+    bounded = []
+
+    def time_limit(seconds, key, what):
+        bounded.append((seconds, what))
+        return real_time_limit(seconds, key, what)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(capture_module, "time_limit", time_limit)
+        meta = _capture(out, {"pp": 2}, n_layers=4)
+    return out, meta, bounded
 
 
 def test_pp_stages_are_roles_each_with_its_own_layers(pp_job):
-    out, meta = pp_job
+    out, meta, bounded = pp_job
     assert meta["mesh"]["roles"] == {"pp stage 0": [0, 1], "pp stage 1": [2, 3]}
+    # each role's recording gets the whole bound (a 3-D 405B job records eight stages)
+    assert bounded == [(900.0, "the fake capture's recording of rank 0 (role pp stage 0)"),
+                       (900.0, "the fake capture's recording of rank 2 (role pp stage 1)")]
     first, last = (load_trace(out / trace_file_name(r)) for r in (0, 2))
     modules = [{op.module for op in t.ops} for t in (first, last)]
     # each stage keeps the whole model's names: layers 0-1 and the embedding on stage 0,
@@ -208,7 +223,7 @@ def test_pp_stages_are_roles_each_with_its_own_layers(pp_job):
 
 
 def test_preflight_pairs_every_send_with_its_receive(pp_job, tmp_path):
-    out, _ = pp_job
+    out, _, _ = pp_job
     assert preflight(out, mode="full", executor="inline").world_size == 4
     broken = tmp_path / "broken"
     broken.mkdir()

@@ -92,7 +92,7 @@ def test_a_failing_step_names_its_file_and_line_and_leaves_nothing(tmp_path, bad
 
 def test_a_step_that_never_returns_is_stopped_at_capture_timeout_s(tmp_path):
     start = time.monotonic()
-    with pytest.raises(TimeLimitError, match=r"capture_timeout_s=20: the fake capture did not "
+    with pytest.raises(TimeLimitError, match=r"capture_timeout_s=20: the fake capture.s recording of rank 0 did not "
                                              r"finish within 20 s \(stopped at ") as err:
         _capture(tmp_path, "hang", capture_timeout_s=20)
     took_s = time.monotonic() - start

@@ -293,8 +293,8 @@ def test_a_world_no_capture_can_serve_is_refused_before_any_capture(tmp_path):
 
 
 @pytest.mark.parametrize("bad, error, message", [
-    ("hang", "TimeLimitError", r"predict.capture_timeout_s=20: the fake capture did not finish "
-                               r"within 20 s \(stopped at \S+my_step.py:\d+ in step\)"),
+    ("hang", "TimeLimitError", r"predict.capture_timeout_s=20: the fake capture's recording of "
+                               r"rank 0 did not finish within 20 s \(stopped at \S+my_step.py:\d+ in step\)"),
     ("raise_recorded", "ConfigError", r"step\(batch\) raised ValueError: boom in the recorded "
                                       r"step at \S+my_step.py:\d+ in step"),
 ])
