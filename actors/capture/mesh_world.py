@@ -21,6 +21,7 @@ import gzip
 import os
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import ContextManager
 
 import orjson
@@ -102,12 +103,13 @@ def _write(doc: dict, path: str) -> None:
         f.write(orjson.dumps(doc))
 
 
-def run_mesh_capture(cfg: dict, out_dir: str, world_size: int, num_files: int | None,
-                     bound: Callable[[str], ContextManager]) -> list[dict]:
+def run_mesh_capture(cfg: dict, out_dir: str, world_size: int, num_files: int | None = None,
+                     bound: Callable[[str], ContextManager] = lambda _what: nullcontext()
+                     ) -> list[dict]:
     """Capture the fake mesh job of ``cfg`` into out_dir: one recorded rank per role, the
     other ranks' files derived (see the module docstring); their facts in rank order.
     ``num_files`` set: write only the recorded ranks' files (one per role: what a dry run
-    needs). Each role's recording runs in ``bound(what)`` (run_meta_capture's)."""
+    needs). Each role's recording runs in ``bound(what)`` (the caller's time limit)."""
     os.makedirs(out_dir, exist_ok=True)
     wl = workload_config(cfg)
     par = wl.parallelism

@@ -25,8 +25,8 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
-from functools import partial
 from typing import ContextManager
+from functools import partial
 
 import torch
 import torch.distributed as dist

@@ -16,9 +16,9 @@ from actors.capture.workload_config import WorkloadConfig
 from actors.errors import ConfigError
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
-from actors.time_limit import time_limit as real_time_limit
 from actors.trace import load_trace
 from actors.trace.conventions import trace_file_name
+from actors.time_limit import time_limit as real_time_limit
 from actors.trace.liveness import compute_liveness
 from orchestrator.preflight.validate import preflight
 from orchestrator.run import capture as capture_module

@@ -24,9 +24,9 @@ def test_freed_storages_are_one_op_and_their_views_are_not_recorded(tmp_path):
         after = torch.empty(8, device="meta") + 1  # recording is on again after emit()
         observer.stop()
         observer.unregister_callback()
-    nodes = json.loads(path.read_text())["nodes"]
-    names = [n["name"] for n in nodes if not n["name"].startswith("[pytorch")]
-    freed = [n for n in nodes if n["name"] == FREED_OP]
+    names = [n["name"] for n in json.loads(path.read_text())["nodes"]
+             if not n["name"].startswith("[pytorch")]
+    freed = [n for n in json.loads(path.read_text())["nodes"] if n["name"] == FREED_OP]
     assert len(freed) == 1 and len(freed[0]["inputs"]["values"][0]) == 3
     assert names[0] == FREED_OP and "aten::set_" not in names, names  # no view of its own
     assert "aten::add" in names  # the observer records again after emit()

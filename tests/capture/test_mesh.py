@@ -8,10 +8,10 @@ import gc
 import pytest
 import torch.distributed as dist
 
-from actors.capture.fake_mode import strip_dispatch_mode_nodes
 from actors.capture.group_names import as_rank, name_c10d_groups, rename_map
 from actors.capture.mesh import (ParallelismConfig, build_mesh, coordinates, dp_index,
                                  rank_roles, sub_mesh, validate_parallelism)
+from actors.capture.fake_mode import strip_dispatch_mode_nodes
 from actors.capture.subclass_frames import mark_subclass_frames
 from actors.capture.workload_config import WorkloadConfig
 from actors.errors import ConfigError, TracefleetError

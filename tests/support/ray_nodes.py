@@ -95,16 +95,21 @@ def ray_two_node_cluster(num_cpus_per_node: int = 2, timeout_s: float = 60.0,
                          object_store_bytes: int = 256 * 1024**2):
     """``_two_node_cluster``, started once more (fresh ports and folders) when a node missed
     Ray's own start bound; any other failure, or a second miss, raises."""
-    with contextlib.ExitStack() as stack:
-        for attempt in (1, 2):
-            try:  # a start that raised has already run its own cleanup
-                cluster = stack.enter_context(
-                    _two_node_cluster(num_cpus_per_node, timeout_s, object_store_bytes))
-                break
-            except RuntimeError as e:
-                if attempt == 2 or _RAY_START_TIMED_OUT not in str(e):
-                    raise
+    for attempt in (1, 2):
+        cm = _two_node_cluster(num_cpus_per_node, timeout_s, object_store_bytes)
+        try:
+            cluster = cm.__enter__()  # on failure its own cleanup has already run
+            break
+        except RuntimeError as e:
+            if attempt == 2 or _RAY_START_TIMED_OUT not in str(e):
+                raise
+    try:
         yield cluster
+    except BaseException:
+        if not cm.__exit__(*sys.exc_info()):
+            raise
+    else:
+        cm.__exit__(None, None, None)
 
 
 @contextlib.contextmanager
