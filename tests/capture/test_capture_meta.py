@@ -7,7 +7,6 @@ import json
 import resource
 import shutil
 import tempfile
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -148,17 +147,15 @@ def test_presets_compose_and_typos_are_refused(tmp_path):
         CaptureConfig(workload=WorkloadConfig(kind="llama_dp", n_kv_heads=3)).validate()
 
 
-def test_llama_8b_preset_takes_seconds_and_little_memory(tmp_path):
-    """An 8B-parameter model, 16 ranks, on this machine: seconds, well under 2 GiB."""
+def test_llama_8b_preset_takes_little_memory(tmp_path):
+    """An 8B-parameter model, 16 ranks, on this machine: well under 2 GiB (its time is
+    scripts/bench_predict_speed.py's)."""
     register_configs()
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = OmegaConf.to_object(compose("capture", overrides=[
             "workload=llama_8b", "world_size=16", f"out_dir={tmp_path}"]))
-    start = time.perf_counter()
     meta = run_capture_job(cfg)
-    wall_s = time.perf_counter() - start
     assert 8.0e9 < meta["num_params"] < 8.1e9
-    assert wall_s < 60, wall_s
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 2 * 2**20  # KiB
     trace = load_trace(tmp_path / trace_file_name(15))
     assert sum(s[1] for s in _signatures(trace)) == meta["num_params"]

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from actors.time_limit import TimeLimitError, time_limit
+from tests.support.bounds import LOAD_MARGIN_S
 
 
 def _spin():
@@ -25,7 +26,7 @@ def test_a_block_that_never_returns_is_stopped_at_its_bound():
                                              r"in _spin\); raise capture_timeout_s"):
         with time_limit(0.5, "capture_timeout_s"):
             _spin()
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 0.5 + LOAD_MARGIN_S
 
 
 def test_a_block_that_ends_in_time_is_left_alone_and_the_timer_is_disarmed():

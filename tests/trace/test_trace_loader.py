@@ -322,6 +322,9 @@ def test_tensor_range_parsed(tmp_path):
     assert emb.tensor_ranges == {1: (2, 9)} and relu.tensor_ranges is None
 
 
+# ~40 s of CPU on an idle 2-core machine, ten times that beside other jobs: a hang guard, not
+# a speed target (the load's speed is scripts/bench_load.py's)
+@pytest.mark.timeout(1800)
 def test_two_hundred_thousand_nodes(tmp_path):
     """A 200,000-op chain loads whole and right (its speed is scripts/bench_load.py's)."""
     num_ops = 200_000

@@ -11,6 +11,7 @@ import pytest
 import ray
 import torch.distributed as dist
 from ray.exceptions import RayActorError
+from tests.support.bounds import LOAD_MARGIN_S
 from tests.support.ray_nodes import GlooProbe
 
 from actors.errors import ConfigError
@@ -117,7 +118,7 @@ def test_raising_rank_is_error_and_hanging_rank_is_timeout(cluster_cfg):
                              poll_s=0.5, on_progress=lambda *a: calls.append(a))
         assert [r.kind for r in results] == ["ok", "timeout"]
         assert results[1].error == "rank 1 did not finish within 3.0 s"
-        assert 3 <= time.monotonic() - start < 6
+        assert 3 <= time.monotonic() - start < 3 + LOAD_MARGIN_S
         assert calls[-1][:2] == (1, 2)
         group.shutdown(graceful_timeout_s=1)
 
@@ -131,19 +132,19 @@ def test_dead_actor_is_died_and_its_blocked_peer_aborted(cluster_cfg):
         assert [r.kind for r in results] == ["aborted", "died"]
         assert results[1].error.startswith("rank 1 actor died")
         assert "1.0 s after rank 1 failed (died)" in results[0].error
-        assert time.monotonic() - start < 15
+        assert time.monotonic() - start < 1 + LOAD_MARGIN_S  # failure_grace_s=1
         group.shutdown(graceful_timeout_s=1)
 
 
 def test_unsatisfiable_placement_raises_cluster_error_at_once(cluster_cfg):
     """Bundles larger than the alive nodes fail as soon as that is seen, not at the timeout."""
-    cfg = dataclasses.replace(cluster_cfg, cpus_per_rank=float(NUM_CPUS), timeout_s=30.0)
+    cfg = dataclasses.replace(cluster_cfg, cpus_per_rank=float(NUM_CPUS), timeout_s=600.0)
     start = time.monotonic()
     with pytest.raises(ClusterError, match=r"2 bundles of \{'CPU': 4.0\}.*cannot fit on the "
                                            r"alive node\(s\) \(\S+ \{'CPU': 4.0\}\).*of "
-                                           r"cluster.timeout_s=30.0 s"):
+                                           r"cluster.timeout_s=600.0 s"):
         WorkerGroup(GlooProbe, 2, cfg).start()
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < LOAD_MARGIN_S  # at once: far below the 600 s bound
     states = {pg["state"] for pg in ray.util.placement_group_table().values()}
     assert states <= {"REMOVED"}
 
@@ -156,7 +157,7 @@ def test_placement_that_fits_but_is_busy_waits_out_the_timeout(cluster_cfg):
         with pytest.raises(ClusterError, match=r"1 bundles of \{'CPU': 1.0\}.*within 3.0 s: "
                                                r"the cluster has \{'CPU': 4.0\} in total"):
             WorkerGroup(GlooProbe, 1, cfg).start()
-        assert 3.0 <= time.monotonic() - start < 15
+        assert 3.0 <= time.monotonic() - start < 3.0 + LOAD_MARGIN_S
 
 
 def test_rank_order_puts_driver_node_first_then_ip_then_gpu():
