@@ -69,14 +69,33 @@ def hf_overrides(target: list[str]) -> list[str]:
             "world_size=1", *target]
 
 
-def target_overrides(total_memory: int, compute_major: int) -> list[str]:
+def target_overrides(total_memory: int, compute_major: int, compute_minor: int = 0
+                     ) -> list[str]:
     """A target that is this GPU's caching allocator alone: the CUDA context and NCCL's
     buffers are outside it (and outside max_memory_reserved), cuBLAS's workspace is PyTorch's
-    default for the architecture (Hopper and later: 32 MiB)."""
+    default for the architecture (Hopper and later: 32 MiB), its kernels this GPU's (where
+    ``GpuArch`` names the architecture; sm90 otherwise)."""
+    from actors.gpu_arch import GpuArch
+
     workspace = os.environ.get("CUBLAS_WORKSPACE_CONFIG") or \
         (":4096:8" if compute_major >= 9 else ":4096:2:16:8")
+    arch = f"sm{compute_major}{compute_minor}"
+    kernels = [f"target.arch={arch}"] if arch in {a.value for a in GpuArch} else []
     return ["target=custom", f"target.device_memory={total_memory}", "target.cuda_context=0",
-            "target.nccl_num_peers=0", f"target.cublas_workspace_config='{workspace}'"]
+            "target.nccl_num_peers=0", f"target.cublas_workspace_config='{workspace}'", *kernels]
+
+
+# the encoder case's sizes (examples/fsdp2_transformer_encoder_step.py reads them)
+ENCODER = {"EXAMPLE_DIM": "1024", "EXAMPLE_LAYERS": "4", "EXAMPLE_HEADS": "16",
+           "EXAMPLE_SEQ": "2048", "EXAMPLE_BATCH": "4", "EXAMPLE_VOCAB": "32000",
+           "EXAMPLE_DROPOUT": "0.1"}
+ENCODER_STEP = REPO / "examples" / "fsdp2_transformer_encoder_step.py"
+
+
+def encoder_overrides(target: list[str]) -> list[str]:
+    """tracefleet-predict's overrides for the encoder case: the example step at world 1."""
+    return ["workload=custom", f"workload.entrypoint={ENCODER_STEP}:build", "world_size=1",
+            *target]
 
 
 def predict_case(overrides: list[str], out_dir: Path, cache_dir: Path) -> dict:
@@ -339,6 +358,34 @@ def transformers_case(out: Path, target: list[str], cache: Path) -> dict:
             **against(measured, prediction, recorded, out / "transformers_predicted")}
 
 
+def encoder_case(out: Path, target: list[str], cache: Path) -> dict:
+    """nn.TransformerEncoder with torch's default dropout 0.1 trained on the GPU (flash
+    attention with dropout, fused dropout masks) against its prediction, whose capture on fake
+    runs the same kernels (docs/capture.md, "CPU and CUDA paths")."""
+    import torch
+
+    from actors.capture.context import CaptureContext, world_mesh
+    from actors.capture.custom import load_build
+
+    os.environ.update(ENCODER)
+    _init_world_one()
+    device = torch.device("cuda", 0)
+    ctx = CaptureContext(device, 0, 1, world_mesh("cuda", 1))
+    recorded = out / "encoder_recorded.pickle"
+
+    def run():
+        from types import SimpleNamespace
+        model, make_batch, step = load_build(f"{ENCODER_STEP}:build")(ctx)
+        return _steps(SimpleNamespace(step=step, next_batch=make_batch), device)
+
+    measured = _measure(run, recorded)
+    torch.cuda.empty_cache()
+    prediction = predict_case(encoder_overrides(target), out / "encoder_predicted", cache)
+    return {"original_step_s": measured["step_s"],
+            "kernels": [(r["op"], r["kernel"]) for r in prediction["kernel_dispatch"]],
+            **against(measured, prediction, recorded, out / "encoder_predicted")}
+
+
 def cuda_tests(timeout_s: float) -> dict:
     """The CUDA-marked tests (pytest -m cuda), bounded."""
     import subprocess
@@ -373,13 +420,14 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     cache = out / "cache"
     props = torch.cuda.get_device_properties(0)
-    target = target_overrides(props.total_memory, props.major)
+    target = target_overrides(props.total_memory, props.major, props.minor)
     tests = None if args.skip_tests else cuda_tests(min(150.0, budget.left() / 2))
     cases = [("demo_trace", lambda: demo_case(out, target))]
     cases += [(f"fsdp2_llama_{ac}", lambda ac=ac: fsdp2_case(ac, out, target, cache))
               for ac in AC_MODES]
     if importlib.util.find_spec("transformers") is not None:
         cases.append(("transformers_llama", lambda: transformers_case(out, target, cache)))
+    cases.append(("encoder_dropout", lambda: encoder_case(out, target, cache)))
     results = []
     for name, run in cases:
         if budget.left() < 20:

@@ -107,3 +107,16 @@ def test_the_transformers_entrypoint_trains_a_step(monkeypatch):
     before = [p.detach().clone() for p in model.parameters()]
     step(make_batch())
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_the_encoder_case_is_predicted_with_the_gpus_kernels(tmp_path, monkeypatch):
+    """The dropout case's prediction (small sizes here) runs this GPU's kernels on fake."""
+    for name in gv.ENCODER:  # the example's tiny defaults
+        monkeypatch.delenv(name, raising=False)
+    target = gv.target_overrides(80 * GiB, 8, 6)
+    assert "target.arch=sm86" in target and not any(
+        o.startswith("target.arch") for o in gv.target_overrides(80 * GiB, 7, 5))
+    p = gv.predict_case(gv.encoder_overrides(target), tmp_path / "enc", tmp_path / "cache")
+    assert p["capture"]["gpu_kernels"] == "sm86"
+    assert {(r["op"], r["kernel"]) for r in p["kernel_dispatch"]} == {
+        ("aten::scaled_dot_product_attention", "flash"), ("aten::dropout", "native_dropout")}

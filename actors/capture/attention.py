@@ -6,8 +6,10 @@
 * meta and fake tensors (FakeTensorMode), which stand for a GPU run: the kernel CUDA's SDPA
   picks, called directly with its backward: ``_scaled_dot_product_flash_attention`` for
   bf16/fp16, ``_scaled_dot_product_efficient_attention`` for fp32 (flash takes half precision
-  only), each with its logsumexp and philox seed/offset. On meta, SDPA itself would fall back
-  to the unfused math path (``bmm``, softmax, a seq x seq score matrix kept for backward). The
+  only), each with its logsumexp and philox seed/offset (actors/capture/cuda_attention.py;
+  a user's own ``F.scaled_dot_product_attention`` goes there too on a GPU target: see
+  actors/capture/cuda_dispatch.py). On meta, SDPA itself would fall back to the unfused math
+  path (``bmm``, softmax, a seq x seq score matrix kept for backward). The
   trace then replays natively on CUDA; elsewhere the replay translates it to the CPU kernel
   (actors/replay/ops/translate_attention.py);
 * cpu: CPU's flash kernel ``_scaled_dot_product_flash_attention_for_cpu``, directly.
@@ -22,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import is_fake
 
+from actors.capture.cuda_attention import EfficientAttention, FlashAttention
 from actors.choices import Choice
 
 
@@ -49,35 +52,6 @@ class _CpuFlashAttention(torch.autograd.Function):
             grad_out.contiguous(), q, k, v, out, logsumexp, 0.0, True))
 
 
-class _GpuFusedAttention(torch.autograd.Function):
-    """Causal attention through the GPU kernel CUDA's SDPA picks for the dtype, on meta or fake
-    tensors (both kernels have meta implementations)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v):
-        ctx.flash = q.dtype in (torch.bfloat16, torch.float16)
-        if ctx.flash:
-            out, lse, _, _, max_q, max_k, seed, offset, _ = \
-                torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)
-            ctx.max_qk = (max_q, max_k)
-        else:
-            out, lse, seed, offset = torch.ops.aten._scaled_dot_product_efficient_attention(
-                q, k, v, None, True, 0.0, True)
-        ctx.save_for_backward(q, k, v, out, lse, seed, offset)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, out, lse, seed, offset = ctx.saved_tensors
-        if ctx.flash:
-            return tuple(torch.ops.aten._scaled_dot_product_flash_attention_backward(
-                grad_out.contiguous(), q, k, v, out, lse, None, None, *ctx.max_qk, 0.0, True,
-                seed, offset))
-        return tuple(torch.ops.aten._scaled_dot_product_efficient_attention_backward(
-            grad_out.contiguous(), q, k, v, None, out, lse, seed, offset, 0.0,
-            [True, True, True, False], True)[:3])
-
-
 def causal_attention(q, k, v, attention: Attention):
     """Causal attention of (b, heads, t, head_dim) tensors, heads already repeated."""
     if attention == Attention.math:
@@ -88,6 +62,8 @@ def causal_attention(q, k, v, attention: Attention):
         return torch.matmul(scores, v)
     if q.device.type == "cuda" and not is_fake(q):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    if q.device.type == "meta" or is_fake(q):
-        return _GpuFusedAttention.apply(q, k, v)
+    if q.device.type == "meta" or is_fake(q):  # the kernel CUDA's SDPA picks for the dtype
+        if q.dtype in (torch.bfloat16, torch.float16):
+            return FlashAttention.apply(q, k, v, 0.0, True, None)
+        return EfficientAttention.apply(q, k, v, None, 0.0, True, None)
     return _CpuFlashAttention.apply(q, k, v)

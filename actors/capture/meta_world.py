@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from actors.trace.conventions import trace_file_name
 from actors.capture import free_markers
+from actors.capture.cuda_dispatch import cuda_kernels
 from actors.capture.fake_ddp import ddp_on_fake
 from actors.capture.fake_idioms import fake_step_error, torch_idioms_on_fake
 from actors.capture.fake_mode import (CaptureFakeMode, ranges_outside_fake_mode,
@@ -94,16 +95,23 @@ def record_workload(workload: Workload, cfg: dict, path: str, mode: CaptureFakeM
     (``mode``) with the libraries' fakeness predicates answered where values are known, the
     run's frees written and the trace rewritten (``rewrite``, default
     strip_dispatch_mode_nodes); ``step`` replaces the workload's step for the recorded
-    iteration only. Call after build(): the user's code has imported its libraries."""
+    iteration only. With ``workload.gpu_kernels`` set, SDPA runs the GPU's kernels
+    (actors/capture/cuda_dispatch.py) and ``workload.info["kernel_dispatch"]`` says which. Call
+    after build(): the user's code has imported its libraries."""
     fake = mode is not None
-    with known_values_look_real() if fake else nullcontext():
+    with known_values_look_real() if fake else nullcontext(), \
+            cuda_kernels(workload_config(cfg).gpu_kernels) as dispatched:
         num_warmup = settle(workload)
+        if dispatched is not None:  # the recorded iteration's calls only
+            dispatched.clear()
         record_iteration(step or workload.step, workload.next_batch(), workload.model,
                          step_index=num_warmup, out_path=path,
                          module_backward=bool(cfg.get("module_backward_ranges", True)),
                          tensor_ranges=False,
                          rewrite=(rewrite or strip_dispatch_mode_nodes) if fake else None,
                          around_step=partial(free_markers.recording, mode) if fake else None)
+    if dispatched is not None:
+        workload.info["kernel_dispatch"] = dispatched.summary()
 
 
 def settle(workload: Workload) -> int:

@@ -15,6 +15,7 @@ from actors.capture.moe import MoeRouter, MoeSpec, max_skew
 from actors.choices import Choice
 from actors.config_fields import setting
 from actors.errors import ConfigError
+from actors.gpu_arch import GpuArch
 from actors.zero3.config import OffloadDevice, Zero3Config
 
 
@@ -128,6 +129,11 @@ class WorkloadConfig:
     device: WorkloadDevice = setting(WorkloadDevice.cpu, help=(
         "cpu, cuda (one GPU per rank), meta (shapes only; 70B-class models in seconds) or fake "
         "(shapes only on fake cpu tensors, any world size; see actors/capture/fake_mode.py)."))
+    gpu_kernels: Optional[GpuArch] = setting(None, help=(
+        "meta/fake: dispatch ops whose CPU and CUDA kernels allocate differently (scaled dot "
+        "product attention) as CUDA does on this architecture (sm80, sm86, sm89, sm90, sm100, "
+        "sm120; actors/capture/cuda_dispatch.py); null: the CPU's kernels. tracefleet-predict "
+        "sets it from target.arch."))
     check_fake: bool = setting(False, help=(
         "device=fake, tracefleet-capture: also run the same workload for real on cpu at world 2 "
         "and compare its op sequence and output sizes with a fake capture at world 2, naming "
@@ -213,6 +219,8 @@ class WorkloadConfig:
         self.activation_checkpointing = ActivationCheckpointing.coerce(
             self.activation_checkpointing, "workload.activation_checkpointing")
         self.device = WorkloadDevice.coerce(self.device, "workload.device")
+        if self.gpu_kernels is not None:
+            self.gpu_kernels = GpuArch.coerce(self.gpu_kernels, "workload.gpu_kernels")
         self.attention = Attention.coerce(self.attention, "workload.attention")
         self.moe_router = MoeRouter.coerce(self.moe_router, "workload.moe_router")
         for name in ("zero3_offload_optimizer", "zero3_offload_param"):
@@ -252,6 +260,11 @@ def validate(cfg: WorkloadConfig) -> None:
     if cfg.check_fake and cfg.device != WorkloadDevice.fake:
         raise ConfigError(f"workload.check_fake=true compares a fake capture with a real one; "
                           f"it needs workload.device=fake (got {cfg.device})")
+    if cfg.gpu_kernels is not None and cfg.device not in (WorkloadDevice.meta,
+                                                          WorkloadDevice.fake):
+        raise ConfigError(f"workload.gpu_kernels={cfg.gpu_kernels} dispatches shapes-only "
+                          f"tensors as a GPU would; workload.device={cfg.device} runs its own "
+                          "kernels (use device=fake, or leave gpu_kernels null)")
     if cfg.model == ModelName.custom:
         if not cfg.entrypoint:
             raise ConfigError("workload.model=custom needs workload.entrypoint=PATH.py:FUNCTION "

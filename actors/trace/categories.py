@@ -26,6 +26,18 @@ CATEGORIES = ("parameters", "gradients", "optimizer_state", "buffers", "communic
               "activations", "made_inside", "temporaries")
 (PARAMETERS, GRADIENTS, OPTIMIZER_STATE, BUFFERS, COMMUNICATION, ACTIVATIONS, MADE_INSIDE,
  TEMPORARIES) = range(len(CATEGORIES))
+# What each category means, in the words a prediction shows beside its bytes.
+CATEGORY_HELP = {
+    "parameters": "the model's parameters (or this rank's shards of them)",
+    "gradients": "gradients made in backward and read by the optimizer step",
+    "optimizer_state": "the optimizer's state (e.g. Adam's moments), used only by its step",
+    "buffers": "other tensors held from before the iteration (rotary tables, DDP buckets)",
+    "communication": "collective buffers (all-gathered parameters, reduce-scatter inputs)",
+    "activations": "tensors made in forward and kept for backward",
+    "made_inside": "temporaries a composite op (attention, a loss, a norm's backward) "
+                   "allocated and freed inside itself, never seen by the next op",
+    "temporaries": "tensors made and freed within one phase (forward, backward or step)",
+}
 # Ops that only exist to feed or unpack a collective (FSDP2's copy-in and split-out).
 _COMM_OPS = frozenset({"fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy",
                        "fsdp::chunk_cat"})

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from orchestrator.reports.not_run import not_run_lines
+from orchestrator.reports.predict_notes import breakdown_help, kernel_lines
 from orchestrator.units import human_bytes
 
 
@@ -68,8 +69,10 @@ def prediction_table(p: dict) -> str:
               f"verdict: {p['verdict']} (oom: headroom < 0; too_close: headroom < error band "
               f"{100 * p['error_band']:g}% ({p['error_band_source']}) of the reserved peak)",
               "* predicted by the caching allocator model; the breakdown is of the accounted "
-              "peak (tensor bytes by category)",
-              "target: " + "; ".join(f"{k} {v}" for k, v in t["defaults"].items())]
+              "peak (tensor bytes by category):"]
+    lines += [f"  {name}: {text}" for name, text in breakdown_help(p["breakdown"]).items()]
+    lines += kernel_lines(p.get("kernel_dispatch"))
+    lines.append("target: " + "; ".join(f"{k} {v}" for k, v in t["defaults"].items()))
     if p["num_predicted_ooms"]:
         lines.append(f"the allocator model ran out {p['num_predicted_ooms']} time(s) after "
                      f"{p['num_alloc_retries']} cache release(s)")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from orchestrator.reports.predict_notes import breakdown_help, kernel_lines
 from orchestrator.reports.predict_table import prediction_table
 from orchestrator.units import byte_unit, human_bytes
 from orchestrator.reports.html_parts import img, kv_table
@@ -58,9 +59,16 @@ def write_prediction_page(out_dir, prediction: dict, extra_plots=()) -> Path:
         parts.append("<p>No memory timeline in this prediction (made without an output "
                      "folder, or by an older tracefleet).</p>")
     total = sum(p["breakdown"].values()) or 1
+    meaning = breakdown_help(p["breakdown"])
     parts += ["<h2>The accounted peak by category</h2>", kv_table(
-        (name, f"{human_bytes(b)} ({100 * b / total:.0f}%)")
+        (name, f"{human_bytes(b)} ({100 * b / total:.0f}%): {meaning.get(name, '')}")
         for name, b in sorted(p["breakdown"].items(), key=lambda kv: -kv[1]) if b)]
+    kernels = kernel_lines(p.get("kernel_dispatch"))
+    if kernels:
+        parts += ["<h2>Kernels of the target GPU</h2>", "<p>The capture ran on fake CPU tensors; "
+                  "these ops ran the kernels the target GPU picks instead of the CPU's "
+                  "(docs/capture.md, \"CPU and CUDA paths\").</p>",
+                  "<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in kernels) + "</ul>"]
     if p.get("snapshots"):
         parts += ["<h2>Snapshots</h2>", "<p>In the layout of <code>torch.cuda.memory._snapshot()"
                   "</code>: open them in PyTorch's memory_viz page, or compare one with a "

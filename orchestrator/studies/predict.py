@@ -28,11 +28,14 @@ from actors.errors import ConfigError
 from actors.replay.config import AllocationMode, ReplayConfig, dry_run_config, parse_bytes
 from actors.replay.memory.model_recording import TIMELINE_KEY, pop_snapshot
 from actors.replay.memory.snapshot import write_snapshots
+from actors.gpu_arch import GpuArch
 from actors.replay.memory.target import TargetConfig, TargetName
 from actors.replay.report import RankFigures
 from orchestrator.run.dry_run import dry_run
 from orchestrator.reports.predict_timelines import per_role, write_timelines
-from orchestrator.studies.predict_mesh import mesh_facts, ranks_per_trace, roles_of
+from orchestrator.reports.predict_notes import breakdown_help
+from orchestrator.studies.predict_mesh import (kernel_dispatch, mesh_facts, ranks_per_trace,
+                                               roles_of)
 from actors.zero3.config import Zero3Config
 
 log = logging.getLogger("tracefleet")
@@ -147,10 +150,13 @@ class PredictConfig:
         parse_bytes(self.trace.max_decompressed_bytes, "trace.max_decompressed_bytes")
 
 
-def capture_workload(workload: WorkloadConfig) -> WorkloadConfig:
+def capture_workload(workload: WorkloadConfig, gpu_arch: GpuArch | None = None
+                     ) -> WorkloadConfig:
     """The workload on a shapes-only device: meta where the recipe runs there, else fake
-    (FSDP2 refuses meta parameters, autocast has no meta backend, a custom step may use either)."""
+    (FSDP2 refuses meta parameters, autocast has no meta backend, a custom step may use either),
+    dispatching as ``gpu_arch``'s kernels unless ``workload.gpu_kernels`` names others."""
     wl = copy.deepcopy(workload)
+    wl.gpu_kernels = wl.gpu_kernels or gpu_arch
     needs_fake = wl.model == ModelName.custom or wl.parallel == Parallel.fsdp2 \
         or wl.precision == Precision.bf16_mixed
     if wl.device != WorkloadDevice.fake:
@@ -165,7 +171,7 @@ def _capture(cfg: PredictConfig, name: str) -> tuple[Path, dict]:
     """The cached (or new) capture of the workload; ``(folder, facts about it)``."""
     from orchestrator.studies.study_traces import capture_cached
 
-    wl = capture_workload(cfg.workload)
+    wl = capture_workload(cfg.workload, cfg.target.gpu_arch)
     # every rank of a local workload trains alone: its trace does not depend on the world
     world = 1 if wl.parallel == Parallel.local and wl.model != ModelName.custom else cfg.world_size
     start = time.perf_counter()
@@ -178,7 +184,8 @@ def _capture(cfg: PredictConfig, name: str) -> tuple[Path, dict]:
     else:
         log.info("predict: captured on %s in %.1f s into %s", wl.device, took, folder)
     return folder, {"dir": str(folder), "reused": reused, "device": str(wl.device),
-                    "world_size": world, "seconds": took}
+                    "world_size": world, "seconds": took,
+                    "gpu_kernels": str(wl.gpu_kernels) if wl.gpu_kernels else None}
 
 
 def _given_traces(cfg: PredictConfig) -> tuple[dict, int, Zero3Config | None]:
@@ -262,6 +269,7 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
         "error_band_source": cfg.predict.error_band_source,
         "accounted_peak_bytes": core.accounted_peak_bytes,
         "breakdown_of": "the accounted peak (bytes of the storages held, by category)",
+        "breakdown_help": breakdown_help(core.peak_breakdown),
         "num_predicted_ooms": worst["num_predicted_ooms"],
         "num_alloc_retries": worst["num_alloc_retries"],
         # host offload: the peak of what the job keeps in host memory (not in the figures)
@@ -280,6 +288,8 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
         else ranks_per_trace(capture["dir"]) if mesh else {"0": world},
         "mesh": mesh,  # N-D jobs: degrees, ranks per role, the worst rank's role
         "capture": capture,
+        # ops the capture ran as the target GPU's kernels, not the CPU's (cuda_dispatch.py)
+        "kernel_dispatch": kernel_dispatch(capture["dir"]) if capture else [],
         "timings_s": {"capture_s": capture["seconds"] if capture else 0.0, "replay_s": replay_s,
                       "total_s": time.perf_counter() - t0},
         "memory_timeline": worst["cuda_allocator"].get(TIMELINE_KEY),

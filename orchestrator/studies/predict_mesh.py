@@ -1,6 +1,6 @@
-"""What a prediction says about the mesh of a captured job: its degrees and the role of the
-worst rank (actors/capture/mesh.py's roles; a fake mesh capture records one rank per role
-and writes its meta.json ``mesh``)."""
+"""What a prediction reads of a captured job's meta.json: the mesh (its degrees and the role
+of the worst rank: actors/capture/mesh.py's roles; a fake mesh capture records one rank per
+role and writes its ``mesh``), and the ops run as the target GPU's kernels."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -32,3 +32,9 @@ def roles_of(folder) -> dict[str, list[int]] | None:
     """``{role: ranks}`` of a mesh capture folder (None for a 1-D one)."""
     mesh = (read_meta(Path(folder) / META_JSON) or {}).get("mesh")
     return mesh["roles"] if mesh else None
+
+
+def kernel_dispatch(folder) -> list[dict]:
+    """The ops a capture folder's recording ran as a GPU's kernels (meta.json's
+    ``kernel_dispatch``, actors/capture/cuda_dispatch.py); [] when it ran the CPU's."""
+    return (read_meta(Path(folder) / META_JSON) or {}).get("kernel_dispatch") or []

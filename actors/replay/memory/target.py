@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from actors.choices import Choice
 from actors.config_fields import setting
 from actors.errors import ConfigError
+from actors.gpu_arch import GpuArch
 from actors.replay.config import parse_bytes
 from actors.replay.memory.cuda_alloc_conf import AllocatorSettings, parse_alloc_conf
 
@@ -78,6 +79,9 @@ class CudaAllocatorConfig:
 _NOMINAL = {TargetName.a100_40gb: "40GiB", TargetName.a100_80gb: "80GiB",
             TargetName.h100_80gb: "80GiB", TargetName.h100_96gb: "96GiB",
             TargetName.h200_141gb: "141GiB"}
+_ARCH = {TargetName.a100_40gb: GpuArch.sm80, TargetName.a100_80gb: GpuArch.sm80,
+         TargetName.h100_80gb: GpuArch.sm90, TargetName.h100_96gb: GpuArch.sm90,
+         TargetName.h200_141gb: GpuArch.sm90}
 # PyTorch's default CUBLAS_WORKSPACE_CONFIG (aten/src/ATen/cuda/CublasHandlePool.cpp):
 # 32 MiB on Hopper, 4096 KiB x 2 + 16 KiB x 8 before it (and for a custom target).
 _HOPPER = (TargetName.h100_80gb, TargetName.h100_96gb, TargetName.h200_141gb)
@@ -90,6 +94,10 @@ class TargetConfig:
 
     name: TargetName = setting(TargetName.none, help=(
         "none, a100_40gb, a100_80gb, h100_80gb, h100_96gb, h200_141gb or custom."))
+    arch: GpuArch | None = setting(None, help=(
+        "The GPU's architecture (sm80, sm86, sm89, sm90, sm100, sm120): a capture for this "
+        "target runs its kernels where the CPU's allocate otherwise (attention); null: the "
+        "named product's (a100: sm80; h100, h200: sm90), sm90 for custom."))
     device_memory: str | None = setting(None, help=(
         "The device's memory (\"80GiB\" or bytes); null: the named product's nominal capacity."))
     cuda_context: str = setting("512MiB", help=(
@@ -113,10 +121,19 @@ class TargetConfig:
 
     def __post_init__(self):
         self.name = TargetName.coerce(self.name, "target.name")
+        if self.arch is not None:
+            self.arch = GpuArch.coerce(self.arch, "target.arch")
 
     @property
     def enabled(self) -> bool:
         return self.name != TargetName.none
+
+    @property
+    def gpu_arch(self) -> GpuArch | None:
+        """The architecture whose kernels a capture for this target runs (None: no target)."""
+        if not self.enabled:
+            return None
+        return self.arch or _ARCH.get(self.name, GpuArch.sm90)
 
     def validate(self) -> None:
         """ConfigError on a value out of its domain (before any cluster work)."""
@@ -161,7 +178,9 @@ class TargetConfig:
                 "nccl": f"NCCL_BUFFSIZE {self.nccl_buffsize} x {self.nccl_channels_per_peer} "
                         f"channels/peer x {self.nccl_num_peers} peers",
                 "cublas_workspace": f"CUBLAS_WORKSPACE_CONFIG {workspace}{origin}, served by "
-                                    "the caching allocator: in reserved"},
+                                    "the caching allocator: in reserved",
+                "kernels": f"{self.gpu_arch}" + ("" if self.arch else
+                                                 " (the named GPU's; target.arch)")},
         }
 
 

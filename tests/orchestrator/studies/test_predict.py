@@ -313,3 +313,36 @@ def test_a_custom_step_that_hangs_or_raises_leaves_no_temp_capture(tmp_path, bad
     assert list((tmp_path / "cache").iterdir()) == []  # no .<name>.<pid>.tmp left behind
     with pytest.raises(ConfigError, match="predict.capture_timeout_s=0; expected seconds > 0"):
         _compose("world_size=8", "predict.capture_timeout_s=0").validate()
+
+
+def test_a_gpu_target_captures_with_the_gpus_kernels_and_says_so(tmp_path):
+    """nn.TransformerEncoder with torch's default dropout: the prediction for an H100 ran
+    flash attention and CUDA's fused dropout on fake, and names both with their bytes; the
+    breakdown's categories are explained on the console and the page."""
+    step = str(REPO / "examples" / "fsdp2_transformer_encoder_step.py") + ":build"
+    cfg = _compose("workload=custom", f"workload.entrypoint={step}", "world_size=2",
+                   "target=h100_80gb", f"predict.cache_dir={tmp_path / 'cache'}")
+    p = predict(cfg, tmp_path / "out")
+    assert p["capture"]["gpu_kernels"] == "sm90"
+    kernels = {(r["op"], r["kernel"], r["cpu_kernel"]) for r in p["kernel_dispatch"]}
+    assert kernels == {("aten::scaled_dot_product_attention", "flash", "cpu_math"),
+                       ("aten::dropout", "native_dropout", "mul by noise")}
+    assert p["coverage"] == 1.0  # the fused kernels' ops dry-run on meta
+    from orchestrator.studies.study_traces import capture_key
+
+    table = prediction_table(p)
+    assert "ran as CUDA's flash attention on sm90" in table
+    assert "the CPU's math path would have made" in table
+    assert set(p["breakdown_help"]) == {k for k, b in p["breakdown"].items() if b}
+    for name, text in p["breakdown_help"].items():
+        assert f"  {name}: {text}" in table
+    page = (tmp_path / "out" / "prediction.html").read_text()
+    assert "Kernels of the target GPU" in page and "CUDA&#x27;s fused dropout" in page
+    # the user's own choice of architecture wins over the target's, and keys the cache
+    custom = capture_workload(cfg.workload, cfg.target.gpu_arch)
+    a100 = capture_workload(_compose("workload=custom", f"workload.entrypoint={step}",
+                                     "world_size=2", "workload.gpu_kernels=sm80").workload,
+                            cfg.target.gpu_arch)
+    assert (custom.gpu_kernels, a100.gpu_kernels) == ("sm90", "sm80")
+    assert capture_key(custom, 2) != capture_key(a100, 2)
+    assert p["capture"]["dir"].endswith(capture_key(custom, 2, rank0_only=True))
