@@ -11,15 +11,18 @@ the same capture cache, figures and errors (every one a ``TracefleetError``)::
 
 ``workload`` is a preset name (conf/workload/), ``"PATH.py:FUNCTION"`` or a build function
 (actors/capture/custom.py's contract); ``overrides`` are the command line's keys, with ``__``
-for the dots: ``workload__seq_len=4096``, ``predict__error_band=0.05``.
+for the dots: ``workload__seq_len=4096``, ``predict__error_band=0.05``. Calls from several
+threads are safe and run one after another.
 """
 from __future__ import annotations
 
 import importlib.util
 import inspect
+import numbers
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -27,6 +30,9 @@ import orjson
 
 from actors.errors import ConfigError, ReplayError
 
+# A capture uses process-wide state (torch.distributed's default group, the fake tensor mode,
+# patched torch.nn.functional entries): predictions from several threads run one at a time.
+_ONE_AT_A_TIME = threading.Lock()
 _QUOTE = set(",:[]{}()='\" ")  # characters Hydra's override grammar would read as syntax
 
 
@@ -66,6 +72,14 @@ def _importable(module: str) -> bool:
         return False
 
 
+def _world_size(value) -> int:
+    """``value`` as a number of GPUs, as strict as the command line: a whole number >= 1 (not
+    a bool, a fraction or a string)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ConfigError(f"world_size={value!r}: expected a whole number of GPUs >= 1")
+    return int(value)
+
+
 def overrides_for(workload, world_size: int | None, target: str | None,
                   trace_dir: str | None, extra: dict) -> list[str]:
     """The command-line overrides ``predict``'s arguments stand for."""
@@ -82,7 +96,7 @@ def overrides_for(workload, world_size: int | None, target: str | None,
         raise ConfigError(f"workload={workload!r}: expected a preset name, 'PATH.py:FUNCTION' "
                           "or a build function")
     if world_size is not None:
-        out.append(f"world_size={int(world_size)}")
+        out.append(f"world_size={_world_size(world_size)}")
     if target is not None:
         out.append(f"target={target}")
     out += [f"{key.replace('__', '.')}={_value(v)}" for key, v in extra.items()]
@@ -106,7 +120,8 @@ def predict(workload="llama3_8b", world_size: int | None = None,
                           "the command line's)")
     name = workload if isinstance(workload, str) and ":" not in workload and \
         trace_dir is None else None
-    result = run_prediction(cfg, Path(out_dir) if out_dir is not None else None, name=name)
+    with _ONE_AT_A_TIME:
+        result = run_prediction(cfg, Path(out_dir) if out_dir is not None else None, name=name)
     return Prediction(result, cfg, name, Path(out_dir) if out_dir is not None else None)
 
 

@@ -15,6 +15,7 @@ too_close, oom: a verdict is a result), 2 on a user error. Examples::
 from __future__ import annotations
 
 import gc
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -53,13 +54,17 @@ def register_configs() -> None:
     register_fit_search()  # experiment=fit_search's root schema
 
 
+_COMPOSING = threading.Lock()
+
+
 def predict_config(*overrides: str) -> PredictConfig:
     """The ``PredictConfig`` the command line ``overrides`` compose to (for scripts, e.g.
     ``predict(predict_config("workload=llama3_8b", "world_size=8"))``)."""
     from hydra import compose, initialize_config_dir
 
     register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    # Hydra's GlobalHydra is one per process: two threads composing at once would collide
+    with _COMPOSING, initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return OmegaConf.to_object(compose(config_name="predict", overrides=list(overrides)))
 
 

@@ -92,7 +92,10 @@ def test_user_errors_are_tracefleet_errors(tmp_path):
              dict(workload=_nested(), world_size=2),
              dict(workload=lambda ctx: ctx, world_size=2),
              dict(workload=3, world_size=2),
-             dict(workload="missing.py:build", world_size=2)]
+             dict(workload="missing.py:build", world_size=2),
+             # as strict as the command line: a number of GPUs is a whole number >= 1
+             dict(workload="gpt", world_size=2.7), dict(workload="gpt", world_size=True),
+             dict(workload="gpt", world_size="two"), dict(workload="gpt", world_size=0)]
     for kwargs in cases:
         with pytest.raises(TracefleetError) as raised:
             predict(**kwargs)
@@ -119,3 +122,38 @@ def test_build_functions_and_values_become_overrides(tmp_path):
     assert cfg.predict.snapshot is True and cfg.target.device_memory == "24GiB"
     assert cfg.target.allocator.pytorch_cuda_alloc_conf == \
         "max_split_size_mb:128,expandable_segments:True"
+
+
+def test_predictions_from_several_threads(monkeypatch):
+    """Composing in several threads at once works (Hydra's global state is taken in turn), and
+    the predictions themselves run one at a time (the capture's state is process-wide)."""
+    import threading
+    import time
+
+    from orchestrator.cli.predict import predict_config
+    from orchestrator.studies import predict as study
+
+    running, overlaps, errors = [0], [], []
+
+    def slow_prediction(cfg, out_dir=None, name=None):
+        running[0] += 1
+        overlaps.append(running[0])
+        time.sleep(0.2)
+        running[0] -= 1
+        return {"verdict": "fits", "world_size": cfg.world_size}
+
+    monkeypatch.setattr(study, "predict", slow_prediction)
+
+    def call(i):
+        try:
+            assert predict_config("workload=gpt", f"world_size={i + 1}").world_size == i + 1
+            assert predict("gpt", world_size=i + 1).result["world_size"] == i + 1
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == [] and len(overlaps) == 4 and max(overlaps) == 1
