@@ -24,3 +24,19 @@ def setting(default: Any = dataclasses.MISSING, *, help: str,
 def help_of(f: dataclasses.Field) -> str:
     """The help of a dataclass field ("" when it has none)."""
     return f.metadata.get(HELP, "")
+
+
+def check_finite(cfg: Any, prefix: str = "") -> None:
+    """ConfigError naming the key of the first float field under the dataclass ``cfg`` that is
+    nan or infinite (a timeout, a fraction, a threshold): refused where it enters, before it
+    reaches a clock or a comparison that nan always fails."""
+    import math
+
+    from actors.errors import ConfigError
+
+    for f in dataclasses.fields(cfg):
+        value, key = getattr(cfg, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            check_finite(value, f"{key}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key}={value}: expected a finite number")

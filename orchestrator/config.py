@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 
+from actors.config_fields import check_finite
 from actors.choices import Choice
 from actors.config_fields import setting
 from actors.errors import ConfigError
@@ -187,6 +188,7 @@ class RunConfig:
 
     def validate(self) -> None:
         """Raise ConfigError on inconsistent values (before any cluster work)."""
+        check_finite(self)
         self.replay.validate()
         self.target.validate()
         self.zero3.validate(self.replay.mode)

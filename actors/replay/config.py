@@ -170,12 +170,19 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "p
 
 def parse_bytes(text, key: str = "replay.device_memory_capacity") -> int:
     """Parse '16GiB', '512MB', '1e9' or an int into bytes (``key`` names the setting in errors)."""
-    if isinstance(text, (int, float)):
-        return int(text)
-    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
+    if isinstance(text, bool):
         raise ConfigError(f"{key}={text!r}; expected a size like '16GiB' or '512MB'")
-    try:
-        return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    except ValueError:
-        raise ConfigError(f"{key}={text!r}; bad number") from None
+    if isinstance(text, (int, float)):
+        number = float(text)
+    else:
+        m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", str(text))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ConfigError(f"{key}={text!r}; expected a size like '16GiB' or '512MB'")
+        try:
+            number = float(m.group(1)) * _UNITS[m.group(2).lower()]
+        except ValueError:
+            raise ConfigError(f"{key}={text!r}; bad number") from None
+    # a byte count fits an int64 (an exabyte is 2**60): 1e400GiB is a typo, not a device
+    if not 0 <= number < 2 ** 63:
+        raise ConfigError(f"{key}={text!r}; expected a byte count from 0 to 8 EiB")
+    return int(number)

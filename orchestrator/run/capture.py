@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 
 from hydra.core.config_store import ConfigStore
 
+from actors.config_fields import check_finite
 from actors.trace.conventions import kineto_file_name, trace_file_name
 from actors.capture.mesh import validate_parallelism
 from actors.trace.model import MAX_WORLD_SIZE
@@ -72,6 +73,7 @@ class CaptureConfig:
     def validate(self) -> None:
         """Raise ConfigError on inconsistent values (before any cluster work); a custom
         entrypoint is resolved (a file made absolute) and its function looked up here."""
+        check_finite(self)
         check_world_size(self.world_size)
         validate_workload(self.workload)
         validate_parallelism(self.workload, self.world_size)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import orjson
 
+from actors.config_fields import check_finite
 from actors.capture.mesh import validate_parallelism
 from actors.capture.workload_config import (ModelName, Parallel, Precision, WorkloadConfig,
                                             WorkloadDevice, validate as validate_workload)
@@ -121,6 +122,7 @@ class PredictConfig:
 
     def validate(self) -> None:
         """ConfigError on values that cannot give a prediction (before any capture)."""
+        check_finite(self)
         if not self.target.enabled:
             raise ConfigError("target=none: tracefleet-predict needs a GPU, e.g. target=h100_80gb "
                               "or target=custom target.device_memory=100GiB")
