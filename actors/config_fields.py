@@ -6,7 +6,10 @@ fails when the page and the dataclasses drift apart).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
+
+from actors.errors import ConfigError
 
 HELP = "help"  # the metadata key
 
@@ -30,10 +33,6 @@ def check_finite(cfg: Any, prefix: str = "") -> None:
     """ConfigError naming the key of the first float field under the dataclass ``cfg`` that is
     nan or infinite (a timeout, a fraction, a threshold): refused where it enters, before it
     reaches a clock or a comparison that nan always fails."""
-    import math
-
-    from actors.errors import ConfigError
-
     for f in dataclasses.fields(cfg):
         value, key = getattr(cfg, f.name), f"{prefix}{f.name}"
         if dataclasses.is_dataclass(value) and not isinstance(value, type):

@@ -92,13 +92,13 @@ def _efficient_bias(mask: torch.Tensor, q, k) -> torch.Tensor:
     return mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
 
 
-def flash(q, k, v, dropout_p=0.0, is_causal=False, scale=None):
+def flash(q, k, v, dropout_p=0.0, is_causal=False, scale=None, grad=True):
     """The flash branch: head dims padded to a multiple of 8, the scale of the unpadded head
-    dim, the output cut back."""
+    dim, the output cut back; ``grad``: autograd records it (SdpaCall.requires_grad)."""
     head_dim = q.shape[-1]
     og_scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
     padded = [_pad_last(t, 8) for t in (q, k, v)]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    if grad:
         out = FlashAttention.apply(*padded, dropout_p, is_causal, og_scale)
     else:
         out = _aten._scaled_dot_product_flash_attention(*padded, dropout_p, is_causal,
@@ -106,8 +106,9 @@ def flash(q, k, v, dropout_p=0.0, is_causal=False, scale=None):
     return out[..., :head_dim] if out.shape[-1] != head_dim else out
 
 
-def efficient(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
-    """The memory-efficient branch, with the mask made additive and aligned. Grouped-query
+def efficient(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, grad=True):
+    """The memory-efficient branch, with the mask made additive and aligned (``grad`` as for
+    :func:`flash`). Grouped-query
     key and value heads are repeated to the query's (as the math path does): the kernel's
     backward makes key and value gradients of the query's head count (its meta kernel says so),
     so the repeated copies are what the GPU holds too."""
@@ -117,7 +118,7 @@ def efficient(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
     bias = additive_mask(attn_mask, q.dtype)
     if bias is not None:
         bias = _efficient_bias(bias, q, k)
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+    if grad:
         return EfficientAttention.apply(q, k, v, bias, dropout_p, is_causal, scale)
     return _aten._scaled_dot_product_efficient_attention(q, k, v, bias, False, dropout_p,
                                                          is_causal, **_scale_kw(scale))[0]
@@ -130,9 +131,10 @@ def sdpa_as_cuda(arch: GpuArch, query, key, value, attn_mask=None, dropout_p=0.0
     call = SdpaCall.of(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     backend = choose_cuda_backend(call, arch).backend
     if backend == FLASH:
-        out = flash(query, key, value, dropout_p, is_causal, scale)
+        out = flash(query, key, value, dropout_p, is_causal, scale, call.requires_grad)
     elif backend == EFFICIENT:
-        out = efficient(query, key, value, attn_mask, dropout_p, is_causal, scale)
+        out = efficient(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                        call.requires_grad)
     else:
         out = _aten._scaled_dot_product_attention_math(
             query, key, value, additive_mask(attn_mask, query.dtype), dropout_p, is_causal,

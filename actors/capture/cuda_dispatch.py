@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from actors.capture.cuda_attention import sdpa_as_cuda
 from actors.capture.sdpa_choice import CPU_MATH, MATH, SdpaCall, cpu_backend
 from actors.gpu_arch import GpuArch
+from actors.trace.dtypes import dtype_name
 
 SDPA, DROPOUT = "aten::scaled_dot_product_attention", "aten::dropout"
 
@@ -93,7 +94,7 @@ def _sdpa(log: DispatchLog, cpu_sdpa):
         out, call, backend = sdpa_as_cuda(log.arch, query, key, value, attn_mask, dropout_p,
                                           is_causal, scale, enable_gqa)
         cpu = cpu_backend(call)
-        detail = f"{str(call.dtype).replace('torch.', '')}, dropout {call.dropout_p:g}" + \
+        detail = f"{dtype_name(str(call.dtype))}, dropout {call.dropout_p:g}" + \
             (", attn_mask" if call.has_mask else "")
         log.add(SDPA, backend, cpu, detail, _sdpa_kept_bytes(call, backend),
                 _score_bytes(call) if cpu == CPU_MATH and backend != MATH else 0)
@@ -109,7 +110,7 @@ def _dropout(log: DispatchLog, cpu_dropout):
         out, mask = torch.native_dropout(input, p, True)
         grad = torch.is_grad_enabled() and input.requires_grad
         log.add(DROPOUT, "native_dropout", "mul by noise",
-                str(input.dtype).replace("torch.", ""), mask.numel() if grad else 0,
+                dtype_name(str(input.dtype)), mask.numel() if grad else 0,
                 input.numel() * input.element_size() if grad else 0)
         return out
     return dropout

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from actors.gpu_arch import GpuArch
+from actors.trace.dtypes import dtype_name
 
 FLASH, EFFICIENT, MATH = "flash", "efficient", "math"
 CPU_FLASH, CPU_MATH = "cpu_flash", "cpu_math"
@@ -107,7 +108,7 @@ def flash_refusal(call: SdpaCall, arch: GpuArch) -> str | None:
     if call.is_causal and call.q_shape[2] != call.k_shape[2]:  # ..._causal_non_square_seqlens
         return "is_causal with seqlen_q != seqlen_k"
     if call.dtype not in _HALF:  # check_dtypes_low_precision
-        return f"dtype {str(call.dtype).replace('torch.', '')}: fp16 or bf16 only"
+        return f"dtype {dtype_name(str(call.dtype))}: fp16 or bf16 only"
     if any(s != 1 for s, n in zip(call.last_strides, (dq, dk, dv)) if n != 1):
         return "the last dimension is not contiguous"
     return None
@@ -130,7 +131,7 @@ def efficient_refusal(call: SdpaCall, arch: GpuArch) -> str | None:
     if any(s != 1 for s in call.last_strides):  # check_last_dim_stride_equals_1_dense
         return "the last dimension is not contiguous"
     if call.dtype not in (*_HALF, torch.float32):
-        return f"dtype {str(call.dtype).replace('torch.', '')}: fp16, bf16 or fp32 only"
+        return f"dtype {dtype_name(str(call.dtype))}: fp16, bf16 or fp32 only"
     return None
 
 
