@@ -61,7 +61,9 @@ _RANK_FIELDS = {
     "iteration_times_s": (lambda v: isinstance(v, list) and all(map(_seconds, v)),
                           "a list of seconds (numbers > 0)"),
     "iteration_time_s": (lambda v: _seconds(v), "seconds (a number > 0)"),
-    "profiler_op_cost_s": (lambda v: _seconds(v), "seconds (a number > 0)"),
+    # 0 is a measurement: capture's profiled loop was no slower than its bare one (the cost
+    # lost in a loaded machine's noise), so nothing is taken off
+    "profiler_op_cost_s": (lambda v: _seconds(v, zero=True), "seconds (a number >= 0)"),
     "num_threads": (lambda v: type(v) is int and v >= 0, "an integer >= 0"),
     "machine": (lambda v: isinstance(v, dict), "an object (cpu_model, num_cpus, ...)"),
 }
@@ -81,15 +83,17 @@ def check_ranks(path, meta: dict) -> None:
 
 
 def rank_seconds(path, meta: dict, rank: int, key: str) -> float | None:
-    """``ranks[i].<key>`` of the entry with ``rank`` as seconds (a number > 0); None when the
-    rank has no entry or the field is absent or null (not measured)."""
+    """``ranks[i].<key>`` of the entry with ``rank`` as seconds (a number > 0, or the form
+    ``_RANK_FIELDS`` gives the key); None when the rank has no entry or the field is absent or
+    null (not measured)."""
     found = rank_entry(path, meta, rank)
     value = found[1].get(key) if found else None
     if value is None:
         return None
-    if not _seconds(value):
+    ok, expected = _RANK_FIELDS.get(key, (_seconds, "seconds (a number > 0)"))
+    if not ok(value):
         raise TraceError(path, f"field ranks[{found[0]}].{key} is {_show(value)}; expected "
-                               "seconds (a number > 0)")
+                               f"{expected}")
     return float(value)
 
 
@@ -112,8 +116,9 @@ def _field(path, meta: dict, key: str, kind: type, expected: str):
     return value
 
 
-def _seconds(t) -> bool:
-    return isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < math.inf
+def _seconds(t, zero: bool = False) -> bool:
+    return isinstance(t, (int, float)) and not isinstance(t, bool) \
+        and (0 <= t if zero else 0 < t) and t < math.inf
 
 
 def _show(value) -> str:

@@ -139,6 +139,16 @@ def test_demo_zero3_gaps_are_paced_and_calibrated(tmp_path):
     assert sum(windows.values()) == pytest.approx(ext.scale * recorded, rel=0.02)
 
 
+def test_a_profiler_cost_measured_as_zero_takes_nothing_off(tmp_path):
+    """On a loaded machine capture's profiled loop can be no slower than its bare one and
+    meta.json holds 0.0 (CI's bench_distributed once refused its own capture for that): a
+    measurement, calibrated with nothing taken off."""
+    (tmp_path / "meta.json").write_text('{"ranks": [{"rank": 0, "profiler_op_cost_s": 0.0}]}')
+    host = HostTimes(gaps_s=[0.010], op_s=[0.005], step_s=0.050, num_events=40)
+    cal = profiler_calibration(host, set(), tmp_path / "rank-0.et.json.gz", 0)
+    assert cal.calibrated and cal.scale == 1.0 and cal.profiler_op_cost_s == 0.0
+
+
 @pytest.mark.parametrize("text, field", [
     ("{\"ranks\": [", "invalid JSON"),
     ("[1, 2]", "expected a JSON object"),

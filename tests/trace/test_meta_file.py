@@ -43,7 +43,8 @@ def test_a_ranks_seconds_are_checked_and_absent_means_not_measured(tmp_path):
     ({"iteration_times_s": "fast"}, r'ranks\[1\]\.iteration_times_s is "fast"; expected a list '
                                     r"of seconds \(numbers > 0\)"),
     ({"iteration_times_s": [0.1, -1]}, r"ranks\[1\]\.iteration_times_s is \[0.1,-1\]"),
-    ({"profiler_op_cost_s": 0}, r"ranks\[1\]\.profiler_op_cost_s is 0; expected seconds"),
+    ({"profiler_op_cost_s": -1e-7}, r"ranks\[1\]\.profiler_op_cost_s is -1e-7; expected "
+                                    r"seconds \(a number >= 0\)"),
     ({"num_threads": "4"}, r'ranks\[1\]\.num_threads is "4"; expected an integer >= 0'),
     ({"machine": "epyc"}, r'ranks\[1\]\.machine is "epyc"; expected an object'),
 ])

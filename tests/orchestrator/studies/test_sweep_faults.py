@@ -22,6 +22,7 @@ import orjson
 import pandas as pd
 import psutil
 import pytest
+from tests.support.bounds import LOAD_MARGIN_S
 from tests.support.ray_nodes import WORKER_IP, kill_node, ray_two_node_cluster, wait_for_title
 
 from orchestrator.config import DEMO_TRACES, REPO_ROOT
@@ -99,25 +100,29 @@ def test_worker_node_killed_mid_point(tmp_path, cpus_per_rank, after):
         assert nxt["point_s"] < 60
 
 
+@pytest.mark.timeout(1200)  # two sweeps of two points, each bounded by point_s below
 def test_driver_killed_mid_point_resumes_losing_only_that_point(tmp_path, ray_temp):  # noqa: F811
     """SIGKILL the driver (alone, as the OOM killer would) while the second point replays; the
     tables hold the first point whole; the same command skips it, re-runs the second, and
     stops the processes the killed driver's Ray left behind."""
     # one rank, operators only: the cheapest replay that still lasts seconds at 200 iterations
+    start_s, replay_s = 180, 120  # the sweep's own bounds: cluster and actors, one replay
     cmd = [*ENTRY, "--multirun", "trace.ranks=[0]", "replay.mode=compute",
            "replay.iters=1,200", "replay.warmup_iters=0",
-           f"cluster.temp_dir={ray_temp}", "cluster.timeout_s=180",
-           "experiment.replay_timeout_s=120", "experiment.report=false",
+           f"cluster.temp_dir={ray_temp}", f"cluster.timeout_s={start_s}",
+           f"experiment.replay_timeout_s={replay_s}", "experiment.report=false",
            "cluster.log_to_driver=false"]
+    point_s = start_s + replay_s + LOAD_MARGIN_S  # one point, start to row, on a loaded machine
     with open(tmp_path / "first.log", "wb") as log:
         driver = subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=log,
                                   stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + point_s
         while not list(tmp_path.glob(f"multirun/*/{CSV_NAME}")):  # the first point's row
             assert driver.poll() is None and time.monotonic() < deadline, "no first row"
             time.sleep(0.2)
-        wait_for_title(driver.pid, REPLAYING, timeout_s=60, alive=lambda: driver.poll() is None)
+        wait_for_title(driver.pid, REPLAYING, timeout_s=start_s + LOAD_MARGIN_S,
+                       alive=lambda: driver.poll() is None)
         (root,) = (tmp_path / "multirun").iterdir()
         record = orjson.loads((root / RECORD_NAME).read_bytes())
     finally:
@@ -132,7 +137,7 @@ def test_driver_killed_mid_point_resumes_losing_only_that_point(tmp_path, ray_te
 
     try:
         resumed = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                                 timeout=120)
+                                 timeout=point_s)
         survivors = [e for e in left if _running(e)]
     finally:  # whatever the resume did, nothing the killed driver started outlives the test
         for entry in record["processes"]:
