@@ -11,7 +11,8 @@ size, one process)::
 Every block, then the whole model, is sharded with ``fully_shard`` over ``ctx.mesh``:
 fp32 shards, parameters all-gathered in bf16, gradients reduce-scattered in fp32. Sizes
 come from the environment (tiny by default): EXAMPLE_DIM, EXAMPLE_LAYERS, EXAMPLE_HEADS,
-EXAMPLE_VOCAB, EXAMPLE_SEQ, EXAMPLE_BATCH.
+EXAMPLE_VOCAB, EXAMPLE_SEQ, EXAMPLE_BATCH. EXAMPLE_COMPILE=1 compiles every block before it
+is sharded, as torchtitan does (``torch.compile(block, fullgraph=True)``, inductor).
 """
 import os
 
@@ -72,6 +73,9 @@ def build(ctx):
     torch.manual_seed(0)  # the same initial weights on every rank
     with torch.device(ctx.device):
         model = Transformer(vocab, dim, _size("LAYERS", 2), _size("HEADS", 4))
+    if _size("COMPILE", 0):
+        for i, layer in enumerate(model.layers):
+            model.layers[i] = torch.compile(layer, fullgraph=True)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for layer in model.layers:
         fully_shard(layer, mesh=ctx.mesh, mp_policy=mp)

@@ -72,6 +72,9 @@ ECOSYSTEM = {
     "hf_gpt2_ddp_autocast_accum": _example("ddp_gpt2_step.py", EXAMPLE_ENV),
     "nn_transformer_encoder_fsdp2_checkpoint": _example(
         "transformer_encoder_checkpoint_step.py", EXAMPLE_ENV),
+    # every block compiled before it is sharded, as torchtitan does (inductor, measured for real)
+    "fsdp2_llama_compiled_per_block_bf16_mixed": _example(
+        "fsdp2_llama_step.py", {**EXAMPLE_ENV, "EXAMPLE_COMPILE": "1"}),
     "torchvision_resnet18_ddp": _example("ddp_resnet_step.py",
                                          {"EXAMPLE_IMAGE": "64", "EXAMPLE_BATCH": "8"}),
 }

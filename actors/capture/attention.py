@@ -60,8 +60,10 @@ def causal_attention(q, k, v, attention: Attention):
         mask = torch.full((t, t), float("-inf"), device=q.device).triu(1)
         scores = F.softmax((scores + mask).float(), dim=-1).type_as(q)
         return torch.matmul(scores, v)
-    if q.device.type == "cuda" and not is_fake(q):
+    if q.device.type == "cuda" and (torch.compiler.is_compiling() or not is_fake(q)):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if torch.compiler.is_compiling():  # inductor lowers the cpu kernel for the fake cpu tensors
+        return _CpuFlashAttention.apply(q, k, v)  # (actors/capture/compiled_on_fake.py)
     if q.device.type == "meta" or is_fake(q):  # the kernel CUDA's SDPA picks for the dtype
         if q.dtype in (torch.bfloat16, torch.float16):
             return FlashAttention.apply(q, k, v, 0.0, True, None)

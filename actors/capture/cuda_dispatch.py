@@ -17,7 +17,8 @@ torchtitan call) run as on the target:
 Every call is logged: the kernel, what the CPU would have run, the bytes each keeps; the
 prediction shows them (docs/capture.md, "CPU and CUDA paths"). A module that bound either
 function under another name at import (``from torch.nn.functional import dropout``) is not
-reached.
+reached. Inside a torch.compile region both run as torch's own: inductor lowers them for the
+device the fake tensors report (actors/capture/compiled_on_fake.py), and they are not logged.
 """
 from __future__ import annotations
 
@@ -88,7 +89,9 @@ class DispatchLog:
 def _sdpa(log: DispatchLog, cpu_sdpa):
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
              enable_gqa=False):
-        if is_causal and attn_mask is not None:  # torch's own error, from its own check
+        # torch's own error from its own check; inside torch.compile, inductor lowers the op
+        # for the device the fake tensors report (actors/capture/compiled_on_fake.py)
+        if is_causal and attn_mask is not None or torch.compiler.is_compiling():
             return cpu_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
                             enable_gqa=enable_gqa)
         out, call, backend = sdpa_as_cuda(log.arch, query, key, value, attn_mask, dropout_p,
@@ -105,7 +108,8 @@ def _sdpa(log: DispatchLog, cpu_sdpa):
 def _dropout(log: DispatchLog, cpu_dropout):
     def dropout(input, p=0.5, training=True, inplace=False):
         # at::dropout's fused path: CUDA, training, 0 < p < 1, not in place
-        if inplace or not training or not 0 < p < 1 or input.numel() == 0:
+        if inplace or not training or not 0 < p < 1 or input.numel() == 0 \
+                or torch.compiler.is_compiling():
             return cpu_dropout(input, p, training, inplace)
         out, mask = torch.native_dropout(input, p, True)
         grad = torch.is_grad_enabled() and input.requires_grad

@@ -40,9 +40,9 @@ stop deep inside torch:
   LBFGS's line search, ASGD's ``mu.item()``, Adafactor's ``param.norm().item()``), an op
   whose output shape depends on values (``nonzero``, ``masked_select``, boolean indexing,
   ``pack_padded_sequence``) or a sparse tensor (its number of stored elements) cannot be
-  answered from shapes, and torch.compile traces with a fake mode of its own:
-  :func:`fake_step_error` turns torch's exception into a ConfigError naming what and the line
-  that asked.
+  answered from shapes, nor can a torch.compile backend that needs real values (inductor
+  itself runs on fake: actors/capture/compiled_on_fake.py): :func:`fake_step_error` turns
+  torch's exception into a ConfigError naming what and the line that asked.
 """
 from __future__ import annotations
 
@@ -285,9 +285,12 @@ def fake_step_error(exc: BaseException) -> ConfigError | None:
                            "fake tensors have shapes, not values: capture this step on "
                            f"workload.device=cpu or cuda, or {instead}")
     if _compiled(exc):
-        return ConfigError(f"workload.device=fake: torch.compile raised {type(exc).__name__} on "
-                           "fake tensors: its default backend, inductor, compiles kernels that "
-                           "take real ones; capture the step with backend='eager' or "
-                           "'aot_eager' (which run on fake), without torch.compile, or on "
+        root = list(_chain(exc))[-1]  # the backend's or kernel's own error
+        first = next((line for line in str(root).splitlines() if line.strip()), "")[:300]
+        return ConfigError(f"workload.device=fake: torch.compile raised {type(root).__name__} on "
+                           f"fake tensors ({first}) at {_asking_frames(root)}; inductor's plan "
+                           "runs on fake (actors/capture/compiled_on_fake.py), a backend or "
+                           "kernel that needs real values does not: capture the step with "
+                           "backend='inductor' or 'aot_eager', without torch.compile, or on "
                            "workload.device=cpu or cuda")
     return None

@@ -35,6 +35,7 @@ from actors.trace.conventions import trace_file_name
 from actors.capture import free_markers
 from actors.capture.cuda_dispatch import cuda_kernels
 from actors.capture.fake_ddp import ddp_on_fake
+from actors.capture.compiled_on_fake import inductor_on_fake, num_compiled_graphs
 from actors.capture.fake_idioms import fake_step_error, torch_idioms_on_fake
 from actors.capture.fake_mode import (CaptureFakeMode, ranges_outside_fake_mode,
                                       strip_dispatch_mode_nodes)
@@ -43,6 +44,7 @@ from actors.capture.fake_values import known_values_look_real
 from actors.capture.memory import MemoryMeter
 from actors.capture.meta_storage import unique_meta_storages
 from actors.capture.recorder import record_iteration
+from actors.errors import ConfigError
 from actors.capture.worker import rank_facts, warm_up, workload_config
 from actors.capture.context import Workload, world_mesh
 from actors.capture.workloads import build_workload
@@ -52,8 +54,9 @@ from actors.hardlink import link_or_copy
 META = torch.device("meta")
 WARMUP_ITERS = 1  # only creates the optimizer state: nothing else warms up on meta or fake
 # ...but DDP's reducer rebuilds its buckets once, at the forward after the first reducing
-# iteration (static_graph: after the second): warm-ups until none is pending, at most these.
-MAX_DDP_SETTLE_ITERS = 3
+# iteration (static_graph: after the second), and torch.compile recompiles when a guard fails
+# (gradients that exist from the second step on): warm-ups until neither happens, at most these.
+MAX_SETTLE_ITERS = 3
 FAKE_MEMORY_METHOD = "not measured: fake tensors allocate nothing"
 
 
@@ -73,7 +76,8 @@ def _shapes_only(device: str, world_size: int):
 def fake_tensors(mode: CaptureFakeMode):
     """Within the block, ``mode`` is entered with what the fake device needs around it:
     ranges below its dispatch, DDP's stand-in reducer, torch's idioms on fake tensors."""
-    with ranges_outside_fake_mode(), ddp_on_fake(), torch_idioms_on_fake(), mode:
+    with inductor_on_fake(), ranges_outside_fake_mode(), ddp_on_fake(), torch_idioms_on_fake(), \
+            mode:
         yield mode
 
 
@@ -104,22 +108,36 @@ def record_workload(workload: Workload, cfg: dict, path: str, mode: CaptureFakeM
         num_warmup = settle(workload)
         if dispatched is not None:  # the recorded iteration's calls only
             dispatched.clear()
+        graphs = num_compiled_graphs()
         record_iteration(step or workload.step, workload.next_batch(), workload.model,
                          step_index=num_warmup, out_path=path,
                          module_backward=bool(cfg.get("module_backward_ranges", True)),
                          tensor_ranges=False,
                          rewrite=(rewrite or strip_dispatch_mode_nodes) if fake else None,
                          around_step=partial(free_markers.recording, mode) if fake else None)
+        if num_compiled_graphs() != graphs:
+            raise ConfigError(
+                f"workload.device={workload_config(cfg).device}: torch.compile compiled again in "
+                f"the recorded iteration, after {num_warmup} warm-up iterations: the step "
+                "recompiles every iteration (a guard fails each time: a Python number or shape "
+                "that changes per step); the trace would hold the compiler's own ops. Make the "
+                "changing value a tensor or mark it dynamic (torch._dynamo.mark_dynamic), or "
+                "capture without torch.compile")
     if dispatched is not None:
         workload.info["kernel_dispatch"] = dispatched.summary()
 
 
 def settle(workload: Workload) -> int:
     """Warm ``workload`` up until the recorded iteration is the steady state a real capture
-    records (the optimizer state exists, DDP's buckets are rebuilt); the number run."""
+    records (the optimizer state exists, DDP's buckets are rebuilt, torch.compile compiled
+    every graph the step runs: a compilation inside the recorded iteration would record the
+    compiler's own ops); the number run."""
+    graphs = num_compiled_graphs()
     warm_up(workload, WARMUP_ITERS)
     num = WARMUP_ITERS
-    while rebuild_pending() and num < WARMUP_ITERS + MAX_DDP_SETTLE_ITERS:
+    while (rebuild_pending() or num_compiled_graphs() != graphs) \
+            and num < WARMUP_ITERS + MAX_SETTLE_ITERS:
+        graphs = num_compiled_graphs()
         warm_up(workload, 1)
         num += 1
     return num

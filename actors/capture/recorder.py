@@ -20,6 +20,7 @@ from typing import Callable, ContextManager
 import orjson
 import torch
 import torch.nn as nn
+from torch._dynamo.eval_frame import OptimizedModule
 from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, record_function
 from torch.utils._python_dispatch import _disable_current_modes
 
@@ -50,6 +51,22 @@ def _outside_dispatch_modes(call, *args):
         return call(*args)
 
 
+def _eager_modules(module: nn.Module, prefix: str = "", seen: set | None = None):
+    """``(qualname, module)`` of ``module`` and its descendants that run eagerly: a module
+    compiled in place (``module.compile()``) or wrapped by ``torch.compile`` runs its
+    submodules (and its own hooks, in place) inside the compiled graph, where a range's hook
+    is traced, not run; the wrapper itself runs outside and keeps its range."""
+    seen = set() if seen is None else seen
+    if id(module) in seen or getattr(module, "_compiled_call_impl", None) is not None:
+        return
+    seen.add(id(module))
+    yield prefix, module
+    if isinstance(module, OptimizedModule):
+        return
+    for name, child in module.named_children():
+        yield from _eager_modules(child, f"{prefix}.{name}" if prefix else name, seen)
+
+
 class ModuleRanges:
     """Context manager: name every module call of ``model`` in the trace.
 
@@ -74,7 +91,7 @@ class ModuleRanges:
             _outside_dispatch_modes(ranges.pop().__exit__, None, None, None)
 
     def __enter__(self):
-        for qualname, module in self.model.named_modules():
+        for qualname, module in _eager_modules(self.model):
             key, name = id(module), module_range_name(qualname)
             self._handles += [
                 module.register_forward_pre_hook(

@@ -116,6 +116,11 @@ class WorkloadConfig:
         "none, full, selective_layer (every ac_every-th block) or selective_op "
         "(docs/capture.md)."))
     ac_every: int = setting(2, help="selective_layer: checkpoint every ac_every-th block.")
+    compile: bool = setting(False, help=(
+        "torch.compile every decoder block (inductor, after activation checkpointing, before "
+        "sharding: torchtitan's compile.enable with model in compile.components). On fake "
+        "inductor's plan of buffers is recorded (actors/capture/compiled_on_fake.py). Built-in "
+        "models on a 1-D mesh (local, ddp, fsdp2); not zero3, float8 or N-D meshes yet."))
     grad_accum_steps: int = setting(1, help=(
         "Micro-batches per optimizer step; gradients are communicated once, after the last "
         "(ddp: no_sync, fsdp2: set_requires_gradient_sync(False) before; zero3: DeepSpeed's "
@@ -355,6 +360,16 @@ def _validate_recipe(cfg: WorkloadConfig) -> None:
                           f"device={cfg.device}: float8 training is torchtitan's bf16_mixed "
                           "FSDP2 recipe with float8 linears, on fake (or cuda: _scaled_mm has "
                           "no cpu kernel for it here)")
+    if cfg.compile and (cfg.model == ModelName.custom or cfg.parallel == Parallel.zero3
+                        or cfg.float8 or cfg.device == WorkloadDevice.meta
+                        or not cfg.parallelism.is_one_dim()):
+        mesh = "1-D" if cfg.parallelism.is_one_dim() else "N-D (workload.parallelism)"
+        raise ConfigError(f"workload.compile=true with {where}, model={cfg.model}, "
+                          f"device={cfg.device}, float8={cfg.float8}, a {mesh} mesh: "
+                          "compiled blocks are built for the "
+                          "built-in models on a 1-D mesh (parallel local, ddp or fsdp2) on fake, "
+                          "cpu or cuda; a custom step compiles itself (torch.compile in its "
+                          "build)")
     if cfg.cpu_offload and cfg.parallel != Parallel.fsdp2:
         raise ConfigError(f"workload.cpu_offload=true is FSDP2's CPUOffloadPolicy; {where} "
                           "(DeepSpeed's: workload.zero3_offload_optimizer / zero3_offload_param "

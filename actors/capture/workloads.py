@@ -70,6 +70,9 @@ def build_workload(cfg: WorkloadConfig, rank: int, world_size: int,
 
         apply_float8(model, fsdp=cfg.parallel == Parallel.fsdp2)
     apply_activation_checkpointing(blocks_of(model), cfg.activation_checkpointing, cfg.ac_every)
+    if cfg.compile:  # each block in place: module names stay, and so do FSDP2's units
+        for block in blocks_of(model):
+            block.compile()
     info = {}
     # ranks that split one model replica's work (tp, cp, pp peers) read the same data
     gen = torch.Generator().manual_seed(cfg.seed + 1 + dp_index(cfg.parallelism, world_size,

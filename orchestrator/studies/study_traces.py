@@ -62,8 +62,9 @@ def capture_key(workload, world_size: int, rank0_only: bool = False) -> str:
     fields.pop("zero3_emulation", None)
     if workload.parallelism.is_one_dim():  # keys of 1-D jobs stay what they were
         fields.pop("parallelism", None)
-    if workload.gpu_kernels is None:  # so do keys of captures on the CPU's kernels
-        fields.pop("gpu_kernels", None)
+    for name in ("gpu_kernels", "compile"):  # so do keys of eager captures on the CPU's kernels
+        if not fields.get(name):
+            fields.pop(name, None)
     entry = _entrypoint_file(workload.entrypoint) if workload.entrypoint else None
     text = json.dumps({"workload": fields, "world_size": world_size,
                        "torch": torch.__version__, "rank0_only": rank0_only,
