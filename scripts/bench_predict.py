@@ -93,6 +93,10 @@ CONFIGS = {
     "fsdp2_bf16_mixed": _recipe("fsdp2", "bf16_mixed"),
     "fsdp2_bf16_mixed_selective_op": _recipe("fsdp2", "bf16_mixed", "selective_op"),
     "fsdp2_bf16_mixed_full_ac": _recipe("fsdp2", "bf16_mixed", "full"),
+    # workload.compile: every block compiled in place (inductor), measured for real on cpu
+    "ddp_bf16_mixed_full_ac_compiled": {**_recipe("ddp", "bf16_mixed", "full"), "compile": True},
+    "fsdp2_bf16_mixed_selective_op_compiled": {**_recipe("fsdp2", "bf16_mixed", "selective_op"),
+                                               "compile": True},
     "deepspeed_zero3_fp32": _recipe("zero3", "fp32"),
     "deepspeed_zero3_bf16_mixed": _recipe("zero3", "bf16_mixed"),
     # DeepSpeed's offload_optimizer (device cpu): on a CPU host and device are one memory,

@@ -26,9 +26,11 @@ import torch.nn as nn
 
 from actors.capture import user_code
 from actors.capture.context import CaptureContext, Workload
+from actors.capture.environment_reads import environment_of, environment_reads, note_reads
 from actors.errors import ConfigError
 
 KEY = "workload.entrypoint"
+_LOADED = "__tracefleet_loaded__"  # a loaded file's (sha256, {variable its import read: value})
 FORM = "PATH.py:FUNCTION or package.module:FUNCTION"
 
 
@@ -58,19 +60,13 @@ def load_build(spec: str) -> Callable:
         path = os.path.abspath(os.path.expanduser(target))
         if not os.path.isfile(path):
             raise ConfigError(f"{KEY}={spec!r}: no such file {path}")
-        # One module per file, named from its path: the same file loaded twice is one module.
+        # One module per file, named from its path: the same file loaded twice is one module,
+        # loaded again only when the file or a variable its import read has changed since
         name = f"tracefleet_entrypoint_{hashlib.sha256(path.encode()).hexdigest()[:12]}"
         module = sys.modules.get(name)
-        if module is None:
-            loader_spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(loader_spec)
-            sys.modules[name] = module
-            try:
-                loader_spec.loader.exec_module(module)
-            except (Exception, SystemExit) as e:
-                del sys.modules[name]
-                raise ConfigError(f"{KEY}={spec!r}: loading {path} "
-                                  f"{user_code.failure_text(e, path)}") from e
+        if module is None or _stale(module, path):
+            module = _load_file(name, path, spec)
+        note_reads(getattr(module, _LOADED)[1])  # its import's reads belong to this capture
     else:
         try:
             module = importlib.import_module(target)
@@ -82,6 +78,34 @@ def load_build(spec: str) -> Callable:
         raise ConfigError(f"{KEY}={spec!r}: {target} has no function {attr!r}"
                           + ("" if build is None else f" (found a {type(build).__name__})"))
     return build
+
+
+def _file_sha(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _stale(module, path: str) -> bool:
+    """Whether the file or a variable its import read changed since it was loaded."""
+    sha, environment = getattr(module, _LOADED, (None, {}))
+    return sha != _file_sha(path) or environment_of(environment) != environment
+
+
+def _load_file(name: str, path: str, spec: str):
+    """The file executed as module ``name`` (in sys.modules), with what it was loaded from."""
+    loader_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[name] = module
+    sha = _file_sha(path)
+    try:
+        with environment_reads() as names:
+            loader_spec.loader.exec_module(module)
+    except (Exception, SystemExit) as e:
+        del sys.modules[name]
+        raise ConfigError(f"{KEY}={spec!r}: loading {path} "
+                          f"{user_code.failure_text(e, path)}") from e
+    setattr(module, _LOADED, (sha, environment_of(names)))
+    return module
 
 
 def build_custom(spec: str, ctx: CaptureContext) -> Workload:

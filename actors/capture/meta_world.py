@@ -35,6 +35,7 @@ from actors.trace.conventions import trace_file_name
 from actors.capture import free_markers
 from actors.capture.cuda_dispatch import cuda_kernels
 from actors.capture.fake_ddp import ddp_on_fake
+from actors.capture.environment_reads import environment_of, environment_reads
 from actors.capture.compiled_on_fake import inductor_on_fake, num_compiled_graphs
 from actors.capture.fake_idioms import fake_step_error, torch_idioms_on_fake
 from actors.capture.fake_mode import (CaptureFakeMode, ranges_outside_fake_mode,
@@ -171,7 +172,15 @@ def run_meta_capture(cfg: dict, out_dir: str, world_size: int, num_files: int | 
     N-D mesh records one rank per role instead (actors/capture/mesh_world.py). ``bound(what)``
     makes the context each recorded rank runs in (the caller's time limit: per recording, so
     a 3-D job's eight pipeline stages get eight times a 1-D job's bound)."""
-    bound = bound or (lambda _what: nullcontext())
+    with environment_reads() as names:
+        facts = _capture_world(cfg, out_dir, world_size, num_files,
+                               bound or (lambda _what: nullcontext()))
+    environment = environment_of(names)  # what the user's code read: the capture cache's too
+    return [{**f, "environment": environment} for f in facts]
+
+
+def _capture_world(cfg: dict, out_dir: str, world_size: int, num_files: int | None,
+                   bound: Callable[[str], ContextManager]) -> list[dict]:
     wl = workload_config(cfg)
     if not wl.parallelism.is_one_dim() or wl.float8:  # tensor subclasses: see mesh_world
         from actors.capture.mesh_world import run_mesh_capture

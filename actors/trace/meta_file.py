@@ -10,6 +10,7 @@ folder without ``meta.json`` is no error (traces from elsewhere have none).
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import orjson
@@ -95,6 +96,19 @@ def rank_seconds(path, meta: dict, rank: int, key: str) -> float | None:
         raise TraceError(path, f"field ranks[{found[0]}].{key} is {_show(value)}; expected "
                                f"{expected}")
     return float(value)
+
+
+def environment_changes(path, meta: dict) -> list[str]:
+    """``NAME (was 'a', now 'b')`` for each variable of ``environment`` (the ones the user's
+    code read at capture, actors/capture/environment_reads.py) whose value is not the same in
+    this process's environment now; [] without the field."""
+    recorded = meta.get("environment") or {}
+    if not isinstance(recorded, dict) or not all(
+            isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in recorded.items()):
+        raise TraceError(path, f"field 'environment' is {_show(recorded)}; expected an object "
+                               "of variable names to their values (strings or null)")
+    return [f"{name} (was {value!r}, now {os.environ.get(name)!r})"
+            for name, value in sorted(recorded.items()) if os.environ.get(name) != value]
 
 
 def workload(path, meta: dict) -> tuple[dict, int]:

@@ -264,9 +264,10 @@ def build_meta(cfg: CaptureConfig, ranks: list[dict], out_dir: str, wall_s: floa
                    "profiler_op_cost_s": (r.get("profiler_cost") or {}).get("profiler_op_cost_s"),
                    "profiler_cost": r.get("profiler_cost")} for r in ranks],
     }
-    # kernel_dispatch: ops run as the GPU of workload.gpu_kernels would (cuda_dispatch.py)
+    # kernel_dispatch: ops run as the GPU of workload.gpu_kernels would (cuda_dispatch.py);
+    # environment: the variables the user's code read, with their values (environment_reads.py)
     for key in ("deepspeed_version", "shm_comm_op", "ds_config", "entrypoint", "mesh",
-                "kernel_dispatch"):
+                "kernel_dispatch", "environment"):
         if key in first:
             meta[key] = first[key]
     if "recorded_as_rank" in first:  # meta/fake: one rank recorded, its trace written for all

@@ -20,8 +20,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from actors.errors import ConfigError
-from actors.trace.meta_file import META_JSON, meta_path_of, read_meta
+from actors.errors import ConfigError, TraceError
+from actors.trace.meta_file import META_JSON, environment_changes, meta_path_of, read_meta
 from actors.trace.meta_file import workload as meta_workload
 from orchestrator.config import WORKLOAD_CONF_DIR
 
@@ -90,11 +90,20 @@ def capture_cached(workload, world_size: int, cache_dir: str, label: str,
     capture that fails or is stopped leaves no temporary folder behind."""
     root = Path(os.path.expanduser(cache_dir))
     key = capture_key(workload, world_size, rank0_only)
-    # the label only names the folder: the same capture under another label is reused
-    for done in sorted(root.glob(f"*-{key}")):
-        if (done / META_JSON).is_file():
+    # the label only names the folder: the same capture under another label is reused, when
+    # the environment variables the user's code read then still have their values
+    read: set[str] = set()
+    for done in sorted(root.glob(f"*-{key}")) + sorted(root.glob(f"*-{key}-env*")):
+        changed = _changed_environment(done)
+        if changed is None:  # not a finished capture, or not one of ours
+            continue
+        if not changed:
             return done, True
-    folder = root / f"{label}-{key}"
+        read.update(read_meta(done / META_JSON)["environment"])
+    # a capture for other values of those variables lives beside, named by them
+    values = json.dumps({name: os.environ.get(name) for name in sorted(read)}).encode()
+    folder = root / (f"{label}-{key}" if not read else
+                     f"{label}-{key}-env{hashlib.sha1(values).hexdigest()[:8]}")
     from orchestrator.run.capture import CaptureConfig, run_capture_job  # ray: only to capture
 
     root.mkdir(parents=True, exist_ok=True)
@@ -113,6 +122,16 @@ def capture_cached(workload, world_size: int, cache_dir: str, label: str,
     except OSError:  # another run captured the same workload meanwhile: theirs is complete
         shutil.rmtree(tmp, ignore_errors=True)
     return folder, False
+
+
+def _changed_environment(folder: Path) -> list[str] | None:
+    """The variables a cached capture's user code read whose values changed since
+    (``environment_changes``); None for a folder without a well-formed meta.json."""
+    try:
+        meta = read_meta(folder / META_JSON)
+        return None if meta is None else environment_changes(folder / META_JSON, meta)
+    except TraceError:
+        return None
 
 
 def traced_model(trace_dir):
