@@ -48,6 +48,8 @@ import threading
 from contextlib import contextmanager
 
 import torch
+from torch._higher_order_ops.utils import registered_hop_fake_fns
+from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConverter, FakeTensorMode
 
 from actors.capture import free_markers
@@ -89,6 +91,25 @@ class CaptureFakeMode(FakeTensorMode):
     their values (actors/capture/fake_values.py), that writes the run's frees into the trace
     while recording (actors/capture/free_markers.py) and refuses sparse tensors
     (SparseOnFake)."""
+
+    # torch looks a higher-order op's rule up by the mode's exact type: FakeTensorMode's rules
+    # (run_and_save_rng_state in inductor's wrappers, checkpoint's tags) reach this subclass
+    # through __torch_dispatch__
+    supports_higher_order_operators = True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if isinstance(func, HigherOrderOperator):
+            # a real tensor among a higher-order op's inputs is the host's RNG state
+            # (run_and_save_rng_state returns torch.get_rng_state() on cpu): made fake here
+            args = tuple(self.from_tensor(a) if type(a) is torch.Tensor else a for a in args)
+        if isinstance(func, HigherOrderOperator) and func not in registered_hop_fake_fns:
+            # a rule given as py_impl(FakeTensorMode); register_fake's go through dispatch
+            rule = func.python_key_table.get(FakeTensorMode)
+            if rule is None:
+                raise NotImplementedError(f"the fake device has no rule for the higher-order "
+                                          f"op {func.name()} (nor has torch's FakeTensorMode)")
+            return rule(self, *args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
     def __init__(self):
         super().__init__()

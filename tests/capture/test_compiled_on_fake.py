@@ -126,12 +126,13 @@ def test_a_real_capture_still_compiles_kernels_after_a_fake_one(tmp_path):
     assert torch.allclose(torch.compile(net)(x), net(x), atol=1e-5)
 
 
-@pytest.mark.parametrize("ac", ["none", "selective_op"])
+@pytest.mark.parametrize("ac", ["none", "selective_op", "full"])
 def test_workload_compile_compiles_every_block_of_the_built_in_model(tmp_path, ac):
     """workload.compile=true: each block compiled in place (module names kept), FSDP2 over it;
-    inductor's buffers in the trace and the fused ops gone, with or without op-level AC (the
-    built-in attention used to break the graph on fake, which left a checkpointed block
-    eager)."""
+    inductor's buffers in the trace and the fused ops gone, with or without AC (the built-in
+    attention used to break the graph on fake, which left a checkpointed block eager; full AC's
+    recompute replays attention under inductor's run_with_rng_state, a higher-order op whose
+    fake rule torch keys by FakeTensorMode's exact type and whose RNG state is a real tensor)."""
     from actors.capture.meta_world import record_meta_rank
 
     def capture(compiled: bool):
