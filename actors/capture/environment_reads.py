@@ -39,8 +39,10 @@ def _users_read() -> bool:
         # os and collections.abc are frozen modules ("<frozen os>")
         if not name.startswith("<frozen "):
             path = os.path.realpath(name)
+            if path.startswith(_NOT_USERS):  # first: a venv's site-packages is in its stdlib
+                return False
             if not path.startswith(_STDLIB):
-                return not path.startswith(_NOT_USERS)
+                return True
         frame = frame.f_back
     return False
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sysconfig
 import textwrap
 
 import pytest
@@ -44,6 +45,15 @@ def test_only_the_users_reads_are_recorded(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     import reader
     import torch
+
+    # an installed package's read (torch, sympy read plenty at import): code whose file is in
+    # site-packages, which a virtual environment keeps inside its own standard library folder
+    package_code = compile("import os\nos.environ.get('TF_PACKAGES_OWN')",
+                           os.path.join(sysconfig.get_paths()["purelib"], "somepkg", "x.py"),
+                           "exec")
+    with environment_reads() as names:
+        exec(package_code, {})  # noqa: S102 (a test's own code, not a trace's)
+    assert names == set()
 
     with environment_reads() as names:
         reader.read()
