@@ -13,6 +13,16 @@ starts a new generation at its first use in that copy-out (the views FSDP2 makes
 before the copy), which lives until its last use, as the unsharded parameter does between one
 all-gather and its reshard.
 
+FSDP1 does the same with a unit's padded flat parameter (``_free_storage`` / ``_alloc_storage``
+resize it): after the forward (FULL_SHARD, HYBRID_SHARD) and after the backward, and before each
+all-gather that fills it, which is the first use of each of its lives; with MixedPrecision, also
+with the low-precision shard it gathers from (``_mp_shard``: filled by a ``copy_`` from the
+full-precision shard before each all-gather, freed after it). Every output storage of an
+all-gather inside FSDP1's ``FullyShardedDataParallel.*`` ranges starts a new generation there:
+the unsharded parameters live from their all-gather to their last use (FULL_SHARD: the block's
+forward, then again in backward), and are made in the iteration, not held from before it.
+SHARD_GRAD_OP gathers once, in forward, and keeps the one generation through backward.
+
 A storage id an op nested inside another allocated again after its last top-level use (as an
 input) also starts a new generation there: the composite op made a new tensor on the reused
 storage (actors/trace/made_inside.py), which the next top-level op reads; without the split,
@@ -131,21 +141,47 @@ class TensorIdAssigner:
 
 # Ops writing whole storages their caller has just re-allocated in place (see the docstring).
 _REFILLING = frozenset({"fsdp::split_with_sizes_copy"})
+# FSDP1's all-gathers (within its FullyShardedDataParallel.* ranges) write a unit's whole padded
+# flat parameter, re-allocated in place (see the docstring).
+FSDP1_RANGE = "FullyShardedDataParallel."
+_GATHERS = frozenset({"all_gather", "all_gather_into_tensor"})
+
+
+def _copied_into(window: list[Op], gather: Op) -> set[int]:
+    """Storages of the gather's inputs that an ``aten::copy_`` in ``window`` (the ops of the
+    gather's range before it) writes as its destination: FSDP1's ``_mp_shard``, re-allocated
+    and filled from the full-precision shard before every all-gather, freed after it. A gather
+    of the parameter's own shard (no MixedPrecision) has no such copy and keeps its storage."""
+    gathered = {t.storage_id for t in gather.input_tensors()} - {
+        t.storage_id for t in gather.output_tensors()}
+    written = set()
+    for op in window:
+        if op.name == "aten::copy_" and op.input_tensors():
+            written.add(op.input_tensors()[0].storage_id)
+    return gathered & written
 
 
 def refill_starts(ops: list[Op]) -> dict[int, frozenset]:
-    """Op index -> storage ids whose new generation starts there: per re-filling op, each
-    storage of its tensor-list arguments at its first use among the ops of the same module
-    range right before it (the copy-out), else at the re-filling op."""
+    """Op index -> storage ids whose new generation starts there: per re-filling op (FSDP2's
+    copy-out, FSDP1's all-gather), each storage it fills (the copy-out's tensor-list arguments,
+    the all-gather's outputs) at its first use among the ops of the same module range right
+    before it (the copy-out's views, the chunks FSDP1 gathers into), else at the op."""
     starts: dict[int, set] = {}
     for op in ops:
-        if op.name not in _REFILLING:
+        if op.collective is not None and op.collective.kind in _GATHERS \
+                and op.module.startswith(FSDP1_RANGE):
+            pending = {t.storage_id for t in op.output_tensors() if t.storage_id}
+        elif op.name in _REFILLING:
+            pending = {t.storage_id for arg in op.inputs if type(arg) is not TensorArg
+                       and arg.kind == "tensor_list" for t in arg.value
+                       if t is not None and t.storage_id}
+        else:
             continue
-        pending = {t.storage_id for arg in op.inputs if type(arg) is not TensorArg
-                   and arg.kind == "tensor_list" for t in arg.value if t is not None and t.storage_id}
-        first = op.index
+        first = op.index  # FSDP1 chunks the padded storage into the gather's outputs first
         while first > 0 and ops[first - 1].module == op.module and ops[first - 1].name not in _REFILLING:
             first -= 1
+        if op.collective is not None:  # FSDP1 with MixedPrecision gathers its low-precision
+            pending |= _copied_into(ops[first:op.index], op)  # shard, made again each time
         for i in range(first, op.index + 1):
             hit = pending & {t.storage_id for t in ops[i].input_tensors()}
             if hit:
