@@ -75,6 +75,15 @@ ECOSYSTEM = {
     # every block compiled before it is sharded, as torchtitan does (inductor, measured for real)
     "fsdp2_llama_compiled_per_block_bf16_mixed": _example(
         "fsdp2_llama_step.py", {**EXAMPLE_ENV, "EXAMPLE_COMPILE": "1"}),
+    # FSDP1 (flat parameters, bf16 MixedPrecision, each block a unit), as HF Trainer wraps
+    "fsdp1_full_shard_bf16_mixed": _example("fsdp1_llama_step.py", EXAMPLE_ENV),
+    "fsdp1_shard_grad_op_bf16_mixed": _example("fsdp1_llama_step.py", {
+        **EXAMPLE_ENV, "EXAMPLE_STRATEGY": "SHARD_GRAD_OP"}),
+    # DeepSpeed's own engine from the user's config (bf16), captured on fake as it runs
+    "deepspeed_engine_zero1_bf16": _example("deepspeed_llama_step.py", {
+        **EXAMPLE_ENV, "EXAMPLE_ZERO_STAGE": "1"}),
+    "deepspeed_engine_zero2_bf16": _example("deepspeed_llama_step.py", {
+        **EXAMPLE_ENV, "EXAMPLE_ZERO_STAGE": "2"}),
     "torchvision_resnet18_ddp": _example("ddp_resnet_step.py",
                                          {"EXAMPLE_IMAGE": "64", "EXAMPLE_BATCH": "8"}),
 }

@@ -36,6 +36,10 @@ stop deep inside torch:
   ``nn.Transformer.generate_square_subsequent_mask`` is known to be causal: the comparison
   runs and is recorded, and its read answers True, as on cpu. Any other mask without a hint is
   refused, naming the hint to pass.
+* **module.to(device) where the parameters already are.** torch swaps every fake parameter
+  with its converted copy (``torch.utils.swap_tensors``), which refuses a tensor something holds
+  a weak reference to (DeepSpeed's engine names every parameter through a weak map, then moves
+  the model to its device). A move that converts nothing keeps the parameter, as on cpu.
 * **Any other value read** (``.item()``, ``float(t)``, ``if t > 0``: the loss for logging,
   LBFGS's line search, ASGD's ``mu.item()``, Adafactor's ``param.norm().item()``), an op
   whose output shape depends on values (``nonzero``, ``masked_select``, boolean indexing,
@@ -196,6 +200,37 @@ def _init_skipped_like_meta():
         init._no_grad_trunc_normal_ = original
 
 
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+            and (a.shape, a.stride(), a.storage_offset(), a.dtype, a.device)
+            == (b.shape, b.stride(), b.storage_offset(), b.dtype, b.device))
+
+
+@contextmanager
+def _no_op_moves_not_swapped():
+    """``module.to(device)`` swaps every fake parameter with its converted copy
+    (``torch.utils.swap_tensors``), which refuses a tensor something holds a weak reference to;
+    DeepSpeed's engine keeps one to every parameter (its debug name map) and then moves the
+    model to its device. A move to where the parameter already is converts nothing (cpu: the
+    copy views the same storage, alike in every respect): that swap is skipped, as cpu's own
+    path keeps the parameter in place."""
+    import torch.utils
+
+    original = torch.utils.swap_tensors
+
+    def swap_tensors(t1, t2):
+        if isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor) and _same_tensor(t1, t2) \
+                and type(t1) is type(t2) and t1.requires_grad == t2.requires_grad:
+            return None
+        return original(t1, t2)
+
+    torch.utils.swap_tensors = swap_tensors
+    try:
+        yield
+    finally:
+        torch.utils.swap_tensors = original
+
+
 @contextmanager
 def torch_idioms_on_fake():
     """Within the block (around a fake capture), torch's idioms take the real cpu branch on
@@ -210,6 +245,7 @@ def torch_idioms_on_fake():
         stack.enter_context(_causal_masks_known())
         stack.enter_context(_deepcopy_by_clone())
         stack.enter_context(_init_skipped_like_meta())
+        stack.enter_context(_no_op_moves_not_swapped())
         yield
 
 

@@ -53,6 +53,7 @@ from torch._ops import HigherOrderOperator
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConverter, FakeTensorMode
 
 from actors.capture import free_markers
+from actors.capture.known_reads import known_answer
 from actors.capture.fake_values import UNANSWERED, KnownValues
 from actors.trace.conventions import FREED_OP
 from actors.trace.tensor_ids import UNIQUE_STORAGES_KEY
@@ -126,8 +127,12 @@ class CaptureFakeMode(FakeTensorMode):
         if depth == 0 and self.emit_frees:  # recorded: before the mode's own work
             free_markers.emit()
         answers = getattr(_ANSWERS, "pending", None)
-        if func is torch.ops.aten._local_scalar_dense.default and answers:
-            return answers.pop(0)
+        if func is torch.ops.aten._local_scalar_dense.default:
+            if answers:
+                return answers.pop(0)
+            known = known_answer()  # a library's overflow flag (actors/capture/known_reads.py)
+            if known is not None:
+                return known
         kwargs = kwargs or {}
         if func is _WAIT_TENSOR:
             # eagerly a wait returns its input's storage; the fake kernel would make another

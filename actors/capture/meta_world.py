@@ -22,10 +22,12 @@ otherwise the last ranks' real shards are smaller than rank 0's (FSDP2 pads them
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from typing import ContextManager
+from unittest import mock
 from functools import partial
 
 import torch
@@ -53,6 +55,7 @@ from actors.gc_pause import gc_paused
 from actors.hardlink import link_or_copy
 
 META = torch.device("meta")
+GPUS_PER_NODE = 8  # a fake world's ranks are placed so (LOCAL_RANK, NODE_RANK)
 WARMUP_ITERS = 1  # only creates the optimizer state: nothing else warms up on meta or fake
 # ...but DDP's reducer rebuilds its buckets once, at the forward after the first reducing
 # iteration (static_graph: after the second), and torch.compile recompiles when a guard fails
@@ -144,6 +147,17 @@ def settle(workload: Workload) -> int:
     return num
 
 
+def rank_environment(rank: int, world_size: int) -> dict[str, str]:
+    """torch's launcher variables as the rank would see them (a user's step or its library may
+    read them: DeepSpeed's engine asserts LOCAL_RANK), ranks placed GPUS_PER_NODE to a node;
+    DeepSpeed's accelerator is the CPU's unless the user chose one."""
+    local_world = min(world_size, GPUS_PER_NODE)
+    return {"RANK": str(rank), "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": str(rank % local_world), "LOCAL_WORLD_SIZE": str(local_world),
+            "NODE_RANK": str(rank // local_world),
+            "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
+
+
 def record_meta_rank(cfg: dict, out_dir: str, rank: int, world_size: int) -> tuple[Workload, str]:
     """Record rank ``rank`` of a meta or fake world into out_dir; ``(workload, trace path)``."""
     # Imported here: importing it registers the "fake" backend with torch.distributed.
@@ -152,7 +166,7 @@ def record_meta_rank(cfg: dict, out_dir: str, rank: int, world_size: int) -> tup
     wl_cfg = workload_config(cfg)
     path = os.path.join(out_dir, trace_file_name(rank))
     # Fake tensors are backed by meta ones: their storages need distinct addresses too.
-    with unique_meta_storages():
+    with unique_meta_storages(), mock.patch.dict(os.environ, rank_environment(rank, world_size)):
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
         try:
             with fake_errors(str(wl_cfg.device)), \
@@ -161,7 +175,23 @@ def record_meta_rank(cfg: dict, out_dir: str, rank: int, world_size: int) -> tup
                 record_workload(workload, cfg, path, mode)
         finally:
             dist.destroy_process_group()
+            _forget_deepspeed_groups()
     return workload, path
+
+
+def _forget_deepspeed_groups() -> None:
+    """DeepSpeed keeps the process groups it adopted in module globals; the next rank's capture
+    in this process brings a new default group, which a kept one would not be registered in
+    (``deepspeed.initialize`` fails: "Group ... is not registered")."""
+    groups = sys.modules.get("deepspeed.utils.groups")
+    if groups is not None:
+        for name, value in list(vars(groups).items()):
+            if name.startswith("_") and "GROUP" in name and not isinstance(value, (str, int)):
+                setattr(groups, name, {} if isinstance(value, dict) else None)
+        groups.mpu = groups.mesh_device = None
+    comm = sys.modules.get("deepspeed.comm.comm")
+    if comm is not None:
+        comm.cdb = None
 
 
 def run_meta_capture(cfg: dict, out_dir: str, world_size: int, num_files: int | None = None,
