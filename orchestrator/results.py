@@ -245,9 +245,14 @@ def read_json(path, what: str):
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``path`` whole or not at all: ``.<name>.<pid>.tmp`` beside it, then a rename."""
+    """Write ``path`` whole or not at all: ``.<name>.<pid>.tmp`` beside it, then a rename. The
+    rename replaces whatever ``path`` is, a planted symlink included (never written through),
+    and the temp file is opened without following a link."""
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
     os.replace(tmp, path)
 
 

@@ -18,17 +18,20 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 
 from actors.config_fields import check_finite
 from actors.trace.conventions import kineto_file_name, trace_file_name
 from actors.capture.mesh import validate_parallelism
+from actors.trace.meta_file import META_JSON
 from actors.trace.model import MAX_WORLD_SIZE
 from actors.capture.workload_config import WorkloadConfig, validate as validate_workload
 from actors.errors import ConfigError, TracefleetError
 from actors.time_limit import time_limit
 from orchestrator.config import ClusterConfig, Transfer
+from orchestrator.results import atomic_write
 
 
 @dataclass
@@ -169,10 +172,11 @@ def run_capture_job(cfg: CaptureConfig, rank0_only: bool = False,
             from orchestrator.run.fake_check import check_fake
 
             meta["check_fake"] = check_fake(cfg, out_dir).to_dict()
-        with open(os.path.join(out_dir, "meta.json"), "w") as f:
-            json.dump(meta, f, indent=2)
+        # replaced, never written through: a symlink planted as meta.json stays pointing at
+        # a file tracefleet does not touch
+        atomic_write(Path(out_dir) / META_JSON, json.dumps(meta, indent=2).encode())
     except BaseException:  # a failed or stopped capture leaves no rank file a rerun refuses
-        for path in _rank_files(out_dir) + [os.path.join(out_dir, "meta.json")]:
+        for path in _rank_files(out_dir) + [os.path.join(out_dir, META_JSON)]:
             if os.path.exists(path):
                 os.remove(path)
         raise

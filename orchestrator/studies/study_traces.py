@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -90,6 +91,8 @@ def capture_cached(workload, world_size: int, cache_dir: str, label: str,
     capture that fails or is stopped leaves no temporary folder behind."""
     root = Path(os.path.expanduser(cache_dir))
     key = capture_key(workload, world_size, rank0_only)
+    # a name, never a path: a preset named by a path (workload=../workload/gpt) stays in root
+    label = re.sub(r"[^\w.-]", "_", label).lstrip(".") or "capture"
     # the label only names the folder: the same capture under another label is reused, when
     # the environment variables the user's code read then still have their values
     read: set[str] = set()
