@@ -79,6 +79,10 @@ ECOSYSTEM = {
     "fsdp1_full_shard_bf16_mixed": _example("fsdp1_llama_step.py", EXAMPLE_ENV),
     "fsdp1_shard_grad_op_bf16_mixed": _example("fsdp1_llama_step.py", {
         **EXAMPLE_ENV, "EXAMPLE_STRATEGY": "SHARD_GRAD_OP"}),
+    "fsdp1_hybrid_shard_bf16_mixed": _example("fsdp1_llama_step.py", {
+        **EXAMPLE_ENV, "EXAMPLE_STRATEGY": "HYBRID_SHARD"}),
+    "fsdp1_full_shard_flat_params_bf16_mixed": _example("fsdp1_llama_step.py", {
+        **EXAMPLE_ENV, "EXAMPLE_ORIG_PARAMS": "0"}),
     # DeepSpeed's own engine from the user's config (bf16), captured on fake as it runs
     "deepspeed_engine_zero1_bf16": _example("deepspeed_llama_step.py", {
         **EXAMPLE_ENV, "EXAMPLE_ZERO_STAGE": "1"}),

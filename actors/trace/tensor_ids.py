@@ -147,6 +147,27 @@ FSDP1_RANGE = "FullyShardedDataParallel."
 _GATHERS = frozenset({"all_gather", "all_gather_into_tensor"})
 
 
+def _storage_extents(ops: list[Op]) -> dict[int, int]:
+    """Storage id -> the furthest element (offset + numel) any tensor on it reaches."""
+    extent: dict[int, int] = {}
+    for op in ops:
+        for t in op.input_tensors() + op.output_tensors():
+            if t.storage_id:
+                end = t.offset + t.numel
+                if end > extent.get(t.storage_id, 0):
+                    extent[t.storage_id] = end
+    return extent
+
+
+def _writes_whole_storage(op: Op, extent: dict[int, int]) -> bool:
+    """Whether a copy_'s destination is its whole storage (everything the trace shows of it)."""
+    inputs = op.input_tensors()
+    if not inputs or not inputs[0].storage_id:
+        return False
+    dest = inputs[0]
+    return dest.offset == 0 and dest.numel == extent.get(dest.storage_id, -1)
+
+
 def _copied_into(window: list[Op], gather: Op) -> set[int]:
     """Storages of the gather's inputs that an ``aten::copy_`` in ``window`` (the ops of the
     gather's range before it) writes as its destination: FSDP1's ``_mp_shard``, re-allocated
@@ -167,7 +188,14 @@ def refill_starts(ops: list[Op]) -> dict[int, frozenset]:
     the all-gather's outputs) at its first use among the ops of the same module range right
     before it (the copy-out's views, the chunks FSDP1 gathers into), else at the op."""
     starts: dict[int, set] = {}
+    extent = _storage_extents(ops)
     for op in ops:
+        if op.name == "aten::copy_" and op.module.startswith(FSDP1_RANGE) \
+                and _writes_whole_storage(op, extent):
+            # FSDP1's low-precision parameter made again with no gather to follow (a shard
+            # group of one: NO_SHARD, HYBRID_SHARD within one rank): the copy is its first use
+            starts.setdefault(op.index, set()).add(op.input_tensors()[0].storage_id)
+            continue
         if op.collective is not None and op.collective.kind in _GATHERS \
                 and op.module.startswith(FSDP1_RANGE):
             pending = {t.storage_id for t in op.output_tensors() if t.storage_id}

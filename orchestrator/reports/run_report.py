@@ -322,6 +322,16 @@ def _zero3_line(z: dict) -> str:
     return line
 
 
+def print_outputs(out_dir: Path, console=None) -> None:
+    """The run's folder and what is in it, and the command that writes its page."""
+    console = console or Console()
+    out_dir = Path(out_dir).resolve()
+    names = [p.name + ("/" if p.is_dir() else "") for p in sorted(out_dir.iterdir())
+             if not p.name.startswith(".")]
+    console.print(f"results: {out_dir} ({', '.join(names)})", markup=False)
+    console.print(f"page: tracefleet-report {out_dir}  (writes report.html there)", markup=False)
+
+
 def print_summary(summary: dict, console: Console | None = None) -> None:
     """Print the per-rank table, the collectives table (if any), a one-line footer, the
     accounted peak's breakdown and the ZeRO-3 line (when emulating)."""

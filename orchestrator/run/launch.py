@@ -131,6 +131,8 @@ def _run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None, console,
     timings["total_s"] = clock.elapsed_s()
     report.write_summary(summary, out_dir)  # again, now with every phase's time
     log.info("timings: %s", ", ".join(f"{k} {v:.2f}" for k, v in timings.items()))
+    if not quiet:  # where it all went, last, where the eye lands
+        report.print_outputs(out_dir, console)
     return summary
 
 

@@ -355,3 +355,16 @@ def test_print_summary_names_the_ops_that_did_not_replay():
     quiet = Console(record=True, width=400)
     print_summary(aggregate([ok_report(0, 0.1)], world_size=1), console=quiet)
     assert "not replayed" not in quiet.export_text()  # full coverage: no line
+
+
+def test_a_run_ends_by_saying_where_its_outputs_are(tmp_path):
+    from orchestrator.reports.run_report import print_outputs
+
+    reports = [ok_report(0, 0.1)]
+    write_run_outputs(aggregate(reports, world_size=1), reports, tmp_path, "a: 1\n")
+    console = Console(record=True, width=400)
+    print_outputs(tmp_path, console)
+    results, page = console.export_text().splitlines()
+    assert results.startswith(f"results: {tmp_path.resolve()} (") and "summary.json" in results \
+        and "ranks.csv" in results
+    assert page.startswith(f"page: tracefleet-report {tmp_path.resolve()}")
