@@ -188,13 +188,14 @@ def refill_starts(ops: list[Op]) -> dict[int, frozenset]:
     the all-gather's outputs) at its first use among the ops of the same module range right
     before it (the copy-out's views, the chunks FSDP1 gathers into), else at the op."""
     starts: dict[int, set] = {}
-    extent = _storage_extents(ops)
+    extent = None  # a pass over every tensor: only for traces with FSDP1's copies
     for op in ops:
-        if op.name == "aten::copy_" and op.module.startswith(FSDP1_RANGE) \
-                and _writes_whole_storage(op, extent):
-            # FSDP1's low-precision parameter made again with no gather to follow (a shard
-            # group of one: NO_SHARD, HYBRID_SHARD within one rank): the copy is its first use
-            starts.setdefault(op.index, set()).add(op.input_tensors()[0].storage_id)
+        if op.name == "aten::copy_" and op.module.startswith(FSDP1_RANGE):
+            extent = _storage_extents(ops) if extent is None else extent
+            if _writes_whole_storage(op, extent):
+                # FSDP1's low-precision parameter made again with no gather to follow (a shard
+                # group of one: NO_SHARD, HYBRID_SHARD within one rank): its first use
+                starts.setdefault(op.index, set()).add(op.input_tensors()[0].storage_id)
             continue
         if op.collective is not None and op.collective.kind in _GATHERS \
                 and op.module.startswith(FSDP1_RANGE):
