@@ -31,13 +31,24 @@ def predicted_file(prediction: Path, rank: int | None) -> Path:
         raise SnapshotError(prediction, "no snapshot_rank<r>.pickle here (predict with "
                                         "predict.snapshot=true)")
     if rank is None:
-        meta = prediction / "prediction.json"
-        rank = orjson.loads(meta.read_bytes()).get("rank") if meta.is_file() else None
+        rank = _rank_of(prediction / "prediction.json")
         rank = rank if rank in found else min(found)
     if rank not in found:
         raise SnapshotError(prediction, f"no snapshot of rank {rank} (there are ranks "
                                         f"{sorted(found)})")
     return found[rank]
+
+
+def _rank_of(meta: Path) -> int | None:
+    """The rank ``prediction.json``'s figures are of (None when there is no such file)."""
+    if not meta.is_file():
+        return None
+    try:
+        rank = orjson.loads(meta.read_bytes()).get("rank")
+    except (orjson.JSONDecodeError, AttributeError):
+        raise SnapshotError(meta, "not a whole prediction.json (cut or not a JSON object): "
+                                  "pass --rank, or the snapshot file itself") from None
+    return rank if type(rank) is int else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         from orchestrator.reports.snapshot_file import read_snapshot
 
         pred_path = predicted_file(Path(args.prediction), args.rank)
-        result = compare(read_snapshot(args.snapshot), read_snapshot(pred_path), args.device)
+        recorded = read_snapshot(args.snapshot)
+        num_devices = len(recorded["device_traces"])
+        if args.device is not None and not 0 <= args.device < num_devices:
+            raise SnapshotError(args.snapshot, f"--device {args.device}: it holds the "
+                                f"histories of {num_devices} device(s), 0..{num_devices - 1}")
+        result = compare(recorded, read_snapshot(pred_path), args.device)
         if args.json:
             print(orjson.dumps({"recorded_file": args.snapshot, "predicted_file": str(pred_path),
                                 **result}).decode())

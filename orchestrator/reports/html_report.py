@@ -22,9 +22,10 @@ from orchestrator.reports import plots
 from orchestrator.reports.oom_study_table import plot_oom_study, study_table
 from orchestrator.errors import ResultsError
 from orchestrator.results import CAPACITY, KIND, MAX_FAILING_CAPACITY, MIN_CAPACITY, MODE, POINT, \
-    REASON, RUN_DIR, STATUS, THRESHOLD, ResultsStore, RowKind, read_json
+    REASON, RUN_DIR, STATUS, THRESHOLD, ResultsStore, RowKind
 from orchestrator.units import human_bytes
 from orchestrator.reports.html_parts import img, kv_table
+from orchestrator.reports.summary_file import read_summary
 
 log = logging.getLogger("tracefleet")
 
@@ -95,10 +96,7 @@ def load_run(run_dir: Path) -> tuple[dict, list[dict]]:
     """A run dir's summary and its rank reports, each with its memory timeline (from the
     summary, else from ``memory/rank-<r>.csv``); the flush threshold from ``config.yaml``
     when the summary lacks it."""
-    summary = read_json(run_dir / "summary.json", "a run summary")
-    if not isinstance(summary, dict):
-        raise ResultsError(f"{run_dir / 'summary.json'}: a run summary is a JSON object; this "
-                           f"file holds a {type(summary).__name__}")
+    summary = read_summary(run_dir)
     config = run_dir / "config.yaml"
     if summary.get("device_memory_threshold") is None and config.is_file():
         alloc = OmegaConf.load(config).get("replay", {}).get("allocation", {})

@@ -4,9 +4,10 @@ predicted) without trusting it.
 A pickle can name any importable callable and have it called. The unpickler here resolves no
 name at all (``find_class`` and ``persistent_load`` refuse), so only what pickle builds by
 itself can come out: containers, strings, numbers, booleans and None. What came out is then
-walked: a set or bytes (which no snapshot holds) is refused too, and the shape is checked
-(``segments`` and ``device_traces`` lists of dicts, each event an ``action`` with a ``size``).
-Every refusal is a SnapshotError naming the file and what was found.
+walked: a set or bytes (which no snapshot holds) is refused too, and every field the comparison
+reads is checked before it is used (``segments`` and ``device_traces`` lists of dicts, byte
+counts integers in int64's range, frames lists of dicts with string file names). Every refusal
+is a SnapshotError naming the file, the field and what was found.
 """
 from __future__ import annotations
 
@@ -88,22 +89,85 @@ def _check_plain(obj, path: str) -> None:
 
 
 def _check_shape(snap, path: str) -> None:
+    """Every field the comparison reads, typed and in range; a refusal names the field
+    (``device_traces[0][3].size: 10**400 is not a byte count``)."""
     if not isinstance(snap, dict) or not isinstance(snap.get("segments"), list) or \
             not isinstance(snap.get("device_traces", []), list):
         raise SnapshotError(path, "not a memory snapshot: expected a dict with 'segments' and "
                                   "'device_traces' lists (torch.cuda.memory._snapshot())")
     snap.setdefault("device_traces", [])
     for i, seg in enumerate(snap["segments"]):
-        if not isinstance(seg, dict) or not isinstance(seg.get("blocks"), list) or \
-                not isinstance(seg.get("total_size"), int):
-            raise SnapshotError(path, f"segment {i}: expected a dict with 'total_size' and "
-                                      "'blocks'")
+        where = f"segments[{i}]"
+        _fields(seg, where, path, total_size=_bytes, device=_index, blocks=list)
+        if "total_size" not in seg or "blocks" not in seg:
+            raise SnapshotError(path, f"{where}: expected a dict with 'total_size' and 'blocks'")
+        for k, block in enumerate(seg["blocks"]):
+            _fields(block, f"{where}.blocks[{k}]", path, size=_bytes, requested_size=_bytes,
+                    state=str, frames=list)
+            _frames(block, f"{where}.blocks[{k}]", path)
     for d, trace in enumerate(snap["device_traces"]):
         if not isinstance(trace, list):
             raise SnapshotError(path, f"device_traces[{d}]: expected a list of events")
         for k, event in enumerate(trace):
-            if not isinstance(event, dict) or not isinstance(event.get("action"), str) or \
-                    not isinstance(event.get("size", 0), int) or \
-                    not isinstance(event.get("addr", 0), int):
-                raise SnapshotError(path, f"device_traces[{d}][{k}]: expected an event dict "
-                                          "with a string 'action' and integer 'size' / 'addr'")
+            where = f"device_traces[{d}][{k}]"
+            _fields(event, where, path, action=str, size=_bytes, addr=_address, frames=list)
+            if "action" not in event:
+                raise SnapshotError(path, f"{where}: expected an event with an 'action'")
+            if event["action"] in _SIZED and "size" not in event:
+                raise SnapshotError(path, f"{where}: a {event['action']!r} event without its "
+                                          "'size'")
+            _frames(event, where, path)
+
+
+# Events whose size the comparison adds up (torch writes a size on every event).
+_SIZED = {"alloc", "free_completed", "segment_alloc", "segment_free", "segment_map",
+          "segment_unmap"}
+_MAX_BYTES = 1 << 63  # an int64 byte count, as the allocator keeps it
+_MAX_ADDRESS = 1 << 64
+_MAX_DEVICE = 1 << 16
+
+
+def _bytes(value) -> str | None:
+    ok = type(value) is int and 0 <= value < _MAX_BYTES
+    return None if ok else "is not a byte count (an integer in [0, 2**63))"
+
+
+def _address(value) -> str | None:
+    ok = type(value) is int and 0 <= value < _MAX_ADDRESS
+    return None if ok else "is not an address (an integer in [0, 2**64))"
+
+
+def _index(value) -> str | None:
+    ok = type(value) is int and 0 <= value < _MAX_DEVICE
+    return None if ok else "is not a device index (an integer >= 0)"
+
+
+def _fields(obj, where: str, path: str, **kinds) -> None:
+    """``obj`` is a dict whose fields named in ``kinds`` (when present) are of that type, or
+    pass that check (a function returning what is wrong, or None)."""
+    if not isinstance(obj, dict):
+        raise SnapshotError(path, f"{where}: expected a dict, found a {type(obj).__name__}")
+    for name, kind in kinds.items():
+        if name not in obj:
+            continue
+        value = obj[name]
+        if isinstance(kind, type):
+            if not isinstance(value, kind):
+                raise SnapshotError(path, f"{where}.{name}: expected a {kind.__name__}, found "
+                                          f"a {type(value).__name__}")
+        elif (wrong := kind(value)) is not None:
+            raise SnapshotError(path, f"{where}.{name}: {_shown(value)} {wrong}")
+
+
+def _frames(obj: dict, where: str, path: str) -> None:
+    for f, frame in enumerate(obj.get("frames") or ()):
+        _fields(frame, f"{where}.frames[{f}]", path, filename=str, name=str, line=int)
+
+
+def _shown(value) -> str:
+    """A value for a message, cut short (a 10**400 or a long string stays one line)."""
+    if type(value) is int and value.bit_length() > 64:
+        return f"an integer of {len(str(abs(value)))} digits"
+    text = repr(value) if isinstance(value, (int, float, str, bool, type(None))) else \
+        f"a {type(value).__name__}"
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -48,6 +48,19 @@ def test_user_errors_exit_2_with_the_file_named(prediction, tmp_path, capsys):
     assert "no snapshot_rank<r>.pickle here" in capsys.readouterr().err
     assert main([str(recorded), str(prediction), "--rank", "9"]) == 2
     assert "no snapshot of rank 9" in capsys.readouterr().err
+    assert main([str(recorded), str(prediction), "--device", "1"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"tracefleet-compare: error: {recorded}: --device 1: it holds the histories of 1 "
+        "device(s), 0..0")
+    # a cut prediction.json (the rank is read from it) is named, not a traceback
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    for f in prediction.glob("snapshot_rank*.pickle"):
+        (cut / f.name).write_bytes(f.read_bytes())
+    (cut / "prediction.json").write_bytes((prediction / "prediction.json").read_bytes()[:40])
+    assert main([str(recorded), str(cut)]) == 2
+    assert f"{cut / 'prediction.json'}: not a whole prediction.json" in capsys.readouterr().err
+    assert main([str(recorded), str(cut), "--rank", "0"]) == 0  # --rank needs no prediction.json
 
     class Evil:
         def __reduce__(self):

@@ -102,7 +102,7 @@ def test_other_refusals_name_the_file_and_what_was_found(tmp_path):
     refused(pickle.dumps({"segments": []})[:-3], "not a readable pickle")
     refused(b"not a pickle at all", "not a readable pickle")
     refused(pickle.dumps({"nodes": []}), "not a memory snapshot")
-    refused(pickle.dumps({"segments": [{"blocks": []}], "device_traces": []}), "segment 0")
+    refused(pickle.dumps({"segments": [{"blocks": []}], "device_traces": []}), r"segments\[0\]")
     refused(pickle.dumps({"segments": [], "device_traces": [[{"size": 1}]]}),
             r"device_traces\[0\]\[0\]")
     with pytest.raises(SnapshotError, match="no such file"):
@@ -113,3 +113,42 @@ def test_other_refusals_name_the_file_and_what_was_found(tmp_path):
         read_snapshot(path, max_bytes=8)
     # a bare list of segments (older snapshots) reads as a snapshot without history
     assert loads_snapshot(pickle.dumps([]))["device_traces"] == []
+
+
+def _with(path: tuple, value) -> bytes:
+    snap = history(STREAM)
+    parent = snap
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = value
+    return pickle.dumps(snap)
+
+
+@pytest.mark.parametrize("path, value, message", [
+    (("device_traces", 0, 3, "size"), 10 ** 400,
+     r"device_traces\[0\]\[3\]\.size: an integer of 401 digits is not a byte count"),
+    (("device_traces", 0, 2, "size"), -4096, r"device_traces\[0\]\[2\]\.size: -4096 is not a"),
+    (("device_traces", 0, 1, "size"), float("nan"), r"\.size: nan is not a byte count"),
+    (("device_traces", 0, 1, "size"), True, r"\.size: True is not a byte count"),
+    (("device_traces", 0, 1, "frames"), 7, r"\[1\]\.frames: expected a list, found a int"),
+    (("device_traces", 0, 1, "frames", 0, "filename"), [[["x"]]],
+     r"frames\[0\]\.filename: expected a str, found a list"),
+    (("segments", 0, "blocks", 0), 5, r"segments\[0\]\.blocks\[0\]: expected a dict"),
+    (("segments", 0, "total_size"), 1 << 63, r"segments\[0\]\.total_size: 92233"),
+    (("segments", 0, "device"), "cuda:0", r"segments\[0\]\.device: 'cuda:0' is not a device"),
+])
+def test_every_field_read_is_checked_before_use_and_named(tmp_path, path, value, message):
+    """A snapshot from elsewhere with one bad field: refused naming the field and the value
+    (a negative size used to be compared, 10**400 and a nested file name were tracebacks)."""
+    with pytest.raises(SnapshotError, match=message):
+        loads_snapshot(_with(path, value), "gpu.pickle")
+
+
+def test_a_huge_frame_name_is_printed_cut(tmp_path):
+    snap = history(STREAM)
+    for event in snap["device_traces"][0]:  # the allocated peak is reached at "add"
+        for frame in event.get("frames", ()):
+            if frame["name"] == "add":
+                frame["name"] = "op" * (1 << 20)
+    text = "\n".join(compare_lines(compare(snap, history(STREAM)), "a", "b"))
+    assert "... (2097152 characters)" in text and max(map(len, text.splitlines())) < 1000
