@@ -115,10 +115,22 @@ def workload(path, meta: dict) -> tuple[dict, int]:
     """``(workload fields, world_size)`` of a capture's meta.json."""
     fields = _field(path, meta, "workload", dict, "an object of tracefleet-capture's workload "
                                                   "settings")
+    return fields, world_size(path, meta)
+
+
+def world_size(path, meta: dict) -> int:
+    """The ``world_size`` a capture's meta.json records."""
     world = _field(path, meta, "world_size", int, "an integer >= 1")
     if isinstance(world, bool) or world < 1:
         raise TraceError(path, f"field 'world_size' is {_show(world)}; expected an integer >= 1")
-    return fields, world
+    return world
+
+
+def recorded_world_size(folder) -> int | None:
+    """The world size of the capture in ``folder`` (its meta.json), None without one."""
+    path = meta_path_of(folder)
+    meta = read_meta(path) if Path(folder).is_dir() else None
+    return world_size(path, meta) if meta is not None and "world_size" in meta else None
 
 
 def _field(path, meta: dict, key: str, kind: type, expected: str):

@@ -20,6 +20,7 @@ A lone trace without a rank in its name is rank 0. Two files of one rank are ref
 from __future__ import annotations
 
 import os
+import stat
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,7 +90,12 @@ def discover(path, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
     path = Path(path)
     limit = max_decompressed_bytes
     if path.is_dir():
-        names = sorted(p.name for p in path.iterdir() if p.is_file() and archive.is_trace_name(p.name))
+        named = [p for p in path.iterdir() if archive.is_trace_name(p.name)]
+        for p in named:  # a link to /dev/zero, a folder: refused by name, never skipped
+            if not p.is_file():
+                raise ConfigError(f"{p}: not a regular file ({_kind_of(p)}); a rank trace is a "
+                                  "file (a link to one is read)")
+        names = sorted(p.name for p in named)
         ranked = [n for n in names if archive.rank_from_name(n) is not None]
         if not ranked and len(names) == 1:
             ranked = names
@@ -114,6 +120,24 @@ def discover(path, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
                                                 "like rank-<r>.json (the integer right before .json, "
                                                 "after 'rank', '-', '_' or '.')")
     return _by_rank(path, [(m, TraceSource(str(path), m, limit)) for m in members])
+
+
+def _kind_of(path: Path) -> str:
+    """What a path that is not a regular file is, for a message."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as e:
+        return f"a link that cannot be followed: {e.strerror or e}"
+    target = f"a link to {os.path.realpath(path)}, " if path.is_symlink() else ""
+    kind = "a folder" if stat.S_ISDIR(mode) else "a character device" if stat.S_ISCHR(mode) \
+        else "a named pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) \
+        else "a block device" if stat.S_ISBLK(mode) else "not a file"
+    return target + kind
+
+
+def missing_ranks(sources: dict, world_size: int) -> list[int]:
+    """The ranks of a ``world_size``-rank job with no trace in ``sources``."""
+    return sorted(set(range(world_size)) - set(sources))
 
 
 def _by_rank(where, named: list[tuple[str, TraceSource]]) -> dict[int, TraceSource]:

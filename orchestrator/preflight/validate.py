@@ -29,7 +29,7 @@ from actors.errors import ConfigError
 from actors.trace import ProcessGroupInfo
 from actors.trace.model import MAX_WORLD_SIZE
 from actors.trace.archive import DEFAULT_MAX_DECOMPRESSED_BYTES, rank_from_name
-from actors.trace.meta_file import check_ranks, meta_path_of, read_meta
+from actors.trace.meta_file import check_ranks, meta_path_of, read_meta, recorded_world_size
 from actors.trace.source import TraceSource, discover
 from orchestrator.preflight.crosscheck import cross_check
 from orchestrator.preflight.signature import RankSignature
@@ -89,12 +89,12 @@ def preflight(trace_dir, world_size_requested: int | None = None,
     (an unreadable trace).
     """
     found = discover(trace_dir, max_decompressed_bytes)
-    _check_meta(trace_dir)
+    meta_world = _check_meta(trace_dir)
     selected = _select(trace_dir, found, ranks)
     sources = {r: found[r] for r in selected}
     groups = identical_groups(sources)
     sigs = _signatures(sources, groups, group_map, executor, num_workers, load_timeout_s)
-    world = _recorded_world(trace_dir, found, sigs)
+    world = _recorded_world(trace_dir, found, sigs, meta_world)
     _check_selection(_describe(trace_dir, found), world, selected, mode)
     _check_requested(trace_dir, len(selected), world_size_requested)
     warnings = []
@@ -113,14 +113,17 @@ def preflight(trace_dir, world_size_requested: int | None = None,
                            group_map, counts, warnings, [index[rep[r]] for r in selected])
 
 
-def _check_meta(trace_dir) -> None:
+def _check_meta(trace_dir) -> int | None:
     """The per-rank figures of the capture's ``meta.json`` beside the traces, when there is
-    one (actors/trace/meta_file.py: TraceError naming the file and field)."""
+    one (actors/trace/meta_file.py: TraceError naming the file and field); the world size it
+    records."""
     if Path(trace_dir).is_dir():
         path = meta_path_of(trace_dir)
         meta = read_meta(path)
         if meta is not None:
             check_ranks(path, meta)
+            return recorded_world_size(trace_dir)
+    return None
 
 
 def _signatures(sources: dict[int, TraceSource], groups: dict[int, list[int]], group_map,
@@ -146,10 +149,14 @@ def _select(where, found: dict[int, TraceSource], ranks) -> list[int]:
     return wanted
 
 
-def _recorded_world(where, found, sigs: dict[int, RankSignature]) -> int:
-    """The world size recorded in the traces (group "0"), else the highest rank + 1."""
+def _recorded_world(where, found, sigs: dict[int, RankSignature],
+                    meta_world: int | None = None) -> int:
+    """The world size recorded in the traces (group "0"), else in the capture's meta.json,
+    else the highest rank + 1."""
     recorded = {r: s.recorded_world_size for r, s in sigs.items() if s.recorded_world_size}
     sizes = sorted(set(recorded.values()))
+    if not sizes and meta_world is not None:
+        sizes = [meta_world]
     if len(sizes) > 1:
         by_size = {size: [r for r, s in recorded.items() if s == size] for size in sizes}
         raise ConfigError(f"{where}: the traces were recorded with different world sizes "

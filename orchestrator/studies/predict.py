@@ -194,9 +194,19 @@ def _given_traces(cfg: PredictConfig) -> tuple[dict, int, Zero3Config | None]:
     """``(rank -> source, world size, ZeRO-3 emulation or None)`` of ``trace.dir``. Without
     the emulation every rank's trace is needed; with it, one plain trace stands for every rank
     of the ``world_size``-rank job (each rank runs the same program on its own shard)."""
-    from actors.trace.source import discover
+    from actors.trace.meta_file import recorded_world_size
+    from actors.trace.source import discover, missing_ranks
 
     sources = discover(cfg.trace.dir, parse_bytes(cfg.trace.max_decompressed_bytes))
+    recorded = recorded_world_size(cfg.trace.dir)
+    # A rank whose file is missing is named, never predicted as a smaller job: its world is
+    # what meta.json records, else up to the highest rank found
+    missing = missing_ranks(sources, recorded or max(sources) + 1)
+    if missing and not (cfg.zero3.enabled and len(sources) == 1):
+        said = f"meta.json records world_size {recorded}" if recorded else \
+            f"it holds rank {max(sources)}"
+        raise ConfigError(f"{cfg.trace.dir}: no trace of rank(s) {missing} ({said}; found "
+                          f"ranks {sorted(sources)}); give every rank's trace file")
     world = cfg.world_size or len(sources)
     if world != len(sources) and not (cfg.zero3.enabled and len(sources) == 1):
         raise ConfigError(f"world_size={world} but {cfg.trace.dir} holds {len(sources)} rank "
@@ -284,6 +294,7 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
         "target": figures,
         "zero3_emulation": _plain(zero3) if zero3 is not None else None,
         "rank": worst["rank"],
+        "ranks": sorted(sources),  # the ranks whose traces were read
         "num_distinct_traces": len(groups),
         "ranks_per_trace": {str(r[0]): len(r) for r in groups.values()}
         if cfg.trace.dir is not None and len(sources) == world

@@ -133,6 +133,22 @@ def test_fewer_files_than_the_recorded_world_is_refused_in_full_mode(good, tmp_p
         preflight(tmp_path, None, executor="inline")
 
 
+def test_without_process_groups_the_world_is_what_meta_json_records(good, tmp_path):
+    """A trace that records no process group (group "0") takes its world from the capture's
+    meta.json: a missing rank is named, not replayed as a smaller job."""
+    copy_ranks(good, tmp_path, {0: "rank-0.et.json"})
+    path = tmp_path / "rank-0.et.json"
+    doc = json.loads(path.read_text())
+    doc["nodes"] = [n for n in doc["nodes"] if n["name"] != "## process_group:init ##"]
+    path.write_text(json.dumps(doc))
+    assert preflight(tmp_path, mode="compute", executor="inline").recorded_world_size == 1
+    (tmp_path / "meta.json").write_text(json.dumps({"world_size": 2, "ranks": [{"rank": 0}]}))
+    assert preflight(tmp_path, mode="compute", executor="inline").recorded_world_size == 2
+    with pytest.raises(ConfigError, match=r"recorded with world size 2, but .* \(missing trace "
+                                          r"files for rank\(s\) \[1\]"):
+        preflight(tmp_path, mode="full", executor="inline")
+
+
 def _grow_all_gather(tmp_path):
     """All_gather input 8 -> 9 elements on rank 1 only."""
     def grow(node):

@@ -177,6 +177,35 @@ def test_a_trace_folder_replays_each_distinct_trace_once(tmp_path):
                          "world_size=8"))
 
 
+def test_a_missing_or_unreadable_rank_is_named_never_left_out(tmp_path):
+    """Ranks 0, 1, 3 of a 4-rank capture used to be predicted as a 3-rank job; a rank file
+    that is a link to /dev/zero was silently dropped."""
+    demo = REPO / "demo" / "traces" / "gpt_dp_4"
+    gap = tmp_path / "gap"
+    gap.mkdir()
+    for rank in (0, 1, 3):
+        shutil.copyfile(demo / f"rank-{rank}.et.json.gz", gap / f"rank-{rank}.et.json.gz")
+    with pytest.raises(ConfigError, match=r"no trace of rank\(s\) \[2\] \(it holds rank 3; "
+                                          r"found ranks \[0, 1, 3\]\)"):
+        predict(_compose(f"trace.dir={gap}"))
+    (gap / "rank-3.et.json.gz").unlink()  # 0, 1 of a capture meta.json says has 4 ranks
+    shutil.copyfile(demo / "meta.json", gap / "meta.json")
+    with pytest.raises(ConfigError, match=r"no trace of rank\(s\) \[2, 3\] \(meta.json "
+                                          r"records world_size 4"):
+        predict(_compose(f"trace.dir={gap}"))
+    zero = tmp_path / "zero"
+    zero.mkdir()
+    for rank in range(4):
+        shutil.copyfile(demo / f"rank-{rank}.et.json.gz", zero / f"rank-{rank}.et.json.gz")
+    p = predict(_compose(f"trace.dir={zero}", "target=a100_40gb"))
+    assert p["ranks"] == [0, 1, 2, 3]  # the prediction says which ranks it read
+    (zero / "rank-2.et.json.gz").unlink()
+    (zero / "rank-2.et.json.gz").symlink_to("/dev/zero")
+    with pytest.raises(ConfigError, match=r"rank-2.et.json.gz: not a regular file \(a link to "
+                                          r"/dev/zero, a character device\)"):
+        predict(_compose(f"trace.dir={zero}"))
+
+
 def test_the_collector_stays_paused_from_the_load_to_the_end_of_the_run(monkeypatch):
     """predict's dry run pauses the cyclic GC once over the load, the engine's build and its
     run (between them it would rescan the trace's objects), and resumes it afterwards."""
