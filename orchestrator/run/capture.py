@@ -65,6 +65,10 @@ class CaptureConfig:
     # on meta and fake on each rank recorded in this process (a mesh job records one per role;
     # a step that never returns is stopped).
     capture_timeout_s: float = 900.0
+    # On meta and fake: stop a capture whose step stays at the very same place (every frame's
+    # line) this long, seconds, with an error naming the place, well before capture_timeout_s
+    # (a wait or a loop that never ends); 0: only the whole bound.
+    capture_stall_s: float = 120.0
     # Folder for the rank traces and meta.json (relative paths are taken from the cwd).
     out_dir: str = "${hydra:runtime.output_dir}/traces"
     # Replace rank traces already in out_dir (otherwise refuse, so no stale rank is mixed in).
@@ -85,6 +89,9 @@ class CaptureConfig:
 
             self.workload.entrypoint = resolve_entrypoint(self.workload.entrypoint)
             load_build(self.workload.entrypoint)
+        if self.capture_stall_s < 0:
+            raise ConfigError(f"capture_stall_s={self.capture_stall_s:g}; expected seconds >= 0 "
+                              "(0: no stall bound)")
         if self.warmup_iters < 1 or self.timing_iters < 1:
             raise ConfigError(f"warmup_iters={self.warmup_iters} and timing_iters="
                               f"{self.timing_iters} must be >= 1 (the last warm-up iteration "
@@ -146,10 +153,12 @@ def prepare_out_dir(out_dir: str, overwrite: bool) -> None:
 
 
 def run_capture_job(cfg: CaptureConfig, rank0_only: bool = False,
-                    timeout_key: str = "capture_timeout_s") -> dict:
+                    timeout_key: str = "capture_timeout_s",
+                    stall_key: str = "capture_stall_s") -> dict:
     """Capture ``cfg.world_size`` rank traces into cfg.out_dir; returns the meta dict.
     ``rank0_only`` (meta and fake: every rank's trace is rank 0's) writes rank 0's alone.
-    ``timeout_key``: the setting a stopped capture names (the caller's own for the bound)."""
+    ``timeout_key``, ``stall_key``: the settings a stopped capture names (the caller's own
+    for the bounds)."""
     cfg.validate()
     out_dir = os.path.abspath(cfg.out_dir)
     prepare_out_dir(out_dir, cfg.overwrite)
@@ -161,7 +170,8 @@ def run_capture_job(cfg: CaptureConfig, rank0_only: bool = False,
             # in this process: each recording is bounded here (on Ray the actors are killed)
             def bound(what: str):
                 return time_limit(cfg.capture_timeout_s, timeout_key,
-                                  f"the {cfg.workload.device} capture's {what}")
+                                  f"the {cfg.workload.device} capture's {what}",
+                                  stall_s=cfg.capture_stall_s, stall_key=stall_key)
 
             ranks = run_meta_capture(cfg.rank_cfg(), out_dir, cfg.world_size,
                                      num_files=1 if rank0_only else None, bound=bound)

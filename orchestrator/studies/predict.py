@@ -92,6 +92,10 @@ class PredictSettings:
         "Bound on recording one rank (on meta or fake, in this process; a mesh job records "
         "one rank per role, each within it), seconds: a custom step that never returns is "
         "stopped with an error naming where it was."))
+    capture_stall_s: float = setting(120.0, help=(
+        "Stop a capture on meta or fake whose step stays at the very same place (every "
+        "frame's line) this long, seconds, with an error naming the place, well before "
+        "capture_timeout_s: a wait or a loop that never ends; 0: only the whole bound."))
 
 
 @dataclass
@@ -140,6 +144,9 @@ class PredictConfig:
         if self.predict.capture_timeout_s <= 0:
             raise ConfigError(f"predict.capture_timeout_s={self.predict.capture_timeout_s:g}; "
                               "expected seconds > 0")
+        if self.predict.capture_stall_s < 0:
+            raise ConfigError(f"predict.capture_stall_s={self.predict.capture_stall_s:g}; "
+                              "expected seconds >= 0 (0: no stall bound)")
         if self.zero3.enabled and self.trace.dir is None:
             raise ConfigError(f"zero3={self.zero3.strategy} emulates ZeRO-3 on traces you give "
                               "with trace.dir; a workload takes workload.zero3_emulation."
@@ -179,7 +186,9 @@ def _capture(cfg: PredictConfig, name: str) -> tuple[Path, dict]:
     start = time.perf_counter()
     folder, reused = capture_cached(wl, world, cfg.predict.cache_dir, name, rank0_only=True,
                                     timeout_s=cfg.predict.capture_timeout_s,
-                                    timeout_key="predict.capture_timeout_s")
+                                    timeout_key="predict.capture_timeout_s",
+                                    stall_s=cfg.predict.capture_stall_s,
+                                    stall_key="predict.capture_stall_s")
     took = time.perf_counter() - start
     if reused:
         log.info("predict: capture reused from the cache: %s", folder)

@@ -82,12 +82,14 @@ def _entrypoint_file(entrypoint: str) -> Path | None:
 
 def capture_cached(workload, world_size: int, cache_dir: str, label: str,
                    rank0_only: bool = False, timeout_s: float | None = None,
-                   timeout_key: str = "capture_timeout_s") -> tuple[Path, bool]:
+                   timeout_key: str = "capture_timeout_s", stall_s: float | None = None,
+                   stall_key: str = "capture_stall_s") -> tuple[Path, bool]:
     """``(folder, reused)``: the workload's traces (a ``WorkloadConfig`` on meta or fake) at
     ``world_size``, captured into ``cache_dir`` unless an earlier run did. ``rank0_only``
     writes rank 0's file alone (on meta and fake it is every rank's: actors/capture/
     meta_world.py), with ``meta.json`` naming the world size. ``timeout_s`` bounds the
-    capture (None: the default ``capture_timeout_s``; ``timeout_key`` names the setting). A
+    capture (None: the default ``capture_timeout_s``; ``timeout_key`` names the setting),
+    ``stall_s`` its time at one place (``capture_stall_s``, named by ``stall_key``). A
     capture that fails or is stopped leaves no temporary folder behind."""
     root = Path(os.path.expanduser(cache_dir))
     key = capture_key(workload, world_size, rank0_only)
@@ -113,10 +115,11 @@ def capture_cached(workload, world_size: int, cache_dir: str, label: str,
     tmp = root / f".{folder.name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     bound = {} if timeout_s is None else {"capture_timeout_s": timeout_s}
+    bound |= {} if stall_s is None else {"capture_stall_s": stall_s}
     try:
         run_capture_job(CaptureConfig(workload=workload, world_size=world_size, out_dir=str(tmp),
                                       overwrite=True, **bound), rank0_only=rank0_only,
-                        timeout_key=timeout_key)
+                        timeout_key=timeout_key, stall_key=stall_key)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -51,3 +51,35 @@ def test_off_the_main_thread_the_block_runs_unbounded():
     thread.start()
     thread.join(10)
     assert seen == ["done"]
+
+
+def _waits():
+    time.sleep(3600)
+
+
+def _moves(seconds: float) -> int:
+    """Compute for ``seconds`` (sampled, always at the loop's line)."""
+    end, done = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        done += sum(range(1000))
+        done += len(str(done))
+    return done
+
+
+def test_a_block_waiting_at_one_place_is_stopped_at_its_stall_bound_a_busy_one_is_not():
+    start = time.monotonic()
+    with pytest.raises(TimeLimitError, match=r"capture_stall_s=0.6: the capture made no progress "
+                                             r"for 0.6 s: it stayed at .*test_time_limit.py:\d+ "
+                                             r"in _waits \(a wait or a loop"):
+        with time_limit(600, "capture_timeout_s", stall_s=0.6):
+            _waits()
+    assert time.monotonic() - start < 600 - LOAD_MARGIN_S  # not the whole bound
+    with pytest.raises(TimeLimitError, match=r"in _spin"):  # a loop of waits, too
+        with time_limit(600, "capture_timeout_s", stall_s=0.6):
+            _spin()
+    with time_limit(600, "capture_timeout_s", stall_s=0.3):
+        assert _moves(1.5) > 0  # 5 stall bounds long at one line, computing
+    with pytest.raises(TimeLimitError, match=r"capture_timeout_s=0.5: the capture did not "
+                                             r"finish"):  # the whole bound still holds
+        with time_limit(0.5, "capture_timeout_s", stall_s=60):
+            _moves(600)

@@ -103,6 +103,20 @@ def test_a_step_that_never_returns_is_stopped_at_capture_timeout_s(tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
 
 
+def test_a_step_that_waits_at_one_place_is_stopped_at_capture_stall_s(tmp_path):
+    """Not after the whole 600 s bound: after 2 s at the same line, with the place named."""
+    start = time.monotonic()
+    with pytest.raises(TimeLimitError, match=r"capture_stall_s=2: the fake capture.s recording of "
+                                             r"rank 0 made no progress for 2 s: it stayed at ") as err:
+        _capture(tmp_path, "hang", capture_timeout_s=600, capture_stall_s=2)
+    step = tmp_path / "my_step.py"
+    assert f"{step}:{_line_of(step, 'time.sleep(0.05)')} in step" in str(err.value)
+    assert time.monotonic() - start < 600 - LOAD_MARGIN_S
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
+    with pytest.raises(ConfigError, match=r"capture_stall_s=-1; expected seconds >= 0"):
+        CaptureConfig(capture_stall_s=-1).validate()
+
+
 def test_the_world_size_bound_is_refused_up_front():
     check_world_size(1 << 20)
     with pytest.raises(ConfigError, match=r"world_size=1,000,000,000 exceeds 1,048,576 ranks, "
