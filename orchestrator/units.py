@@ -1,4 +1,5 @@
-"""Byte counts for people: binary units shared by the run report and tracefleet-inspect."""
+"""Numbers and names for people: binary byte units and one-line names, shared by the reports and
+tracefleet-inspect."""
 from __future__ import annotations
 
 _BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
@@ -18,3 +19,12 @@ def human_bytes(num_bytes: float | None) -> str:
         return "-"
     scale, unit = byte_unit(num_bytes)
     return f"{num_bytes:.0f} B" if scale == 1 else f"{num_bytes / scale:.1f} {unit}"
+
+
+MAX_NAME_CHARS = 160  # a name from a file (an op, a frame) as printed: one readable line
+
+
+def one_line(text: str, limit: int = MAX_NAME_CHARS) -> str:
+    """``text`` cut to ``limit`` characters with its length said (a name of 20 MiB from a
+    trace is printed as one short line, not whole)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"

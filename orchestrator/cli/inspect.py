@@ -13,14 +13,15 @@ import json
 import sys
 from pathlib import Path
 
-from actors.errors import ConfigError
+from actors.errors import ConfigError, TraceError
 from actors.replay.config import parse_bytes
 from actors.trace import load_trace
 from actors.trace.archive import DEFAULT_MAX_DECOMPRESSED_BYTES
+from actors.trace.node_check import implausible_nodes
 from actors.trace.source import discover
 from actors.trace.stats import trace_stats
 from orchestrator.cli.app import guarded
-from orchestrator.units import human_bytes
+from orchestrator.units import human_bytes, one_line
 
 _EPILOG = ("Parameters: storages that exist before the trace, are floating point, are read "
            "before anything writes them and are later updated in place by an op other than "
@@ -37,8 +38,8 @@ def inspect_path(path, top: int = 10,
     sources = discover(path, max_decompressed_bytes)
     ranked = path.is_dir() or len(sources) > 1
     # one trace at a time: a folder of large traces need not fit in memory at once
-    per_file = [trace_stats(load_trace(src, rank=rank if ranked else None), top)
-                for rank, src in sources.items()]
+    per_file = [{**trace_stats(load_trace(src, rank=rank if ranked else None), top),
+                 "implausible_nodes": implausible_nodes(src)} for rank, src in sources.items()]
     return {"path": str(path), "files": per_file,
             "cross_rank": cross_rank(per_file) if ranked else None}
 
@@ -83,7 +84,7 @@ def _print_human(report: dict) -> None:
         console.print(summary)
         ops = Table("op", "count", title=f"top {len(s['op_histogram'])} ops", title_justify="left")
         for row in s["op_histogram"]:
-            ops.add_row(row["name"], f"{row['count']:,}")
+            ops.add_row(one_line(row["name"]), f"{row['count']:,}")
         console.print(ops)
         if s["collectives"]:
             colls = Table("group", "kind", "calls", "sent", "received",
@@ -104,6 +105,15 @@ def _print_human(report: dict) -> None:
             console.print(groups)
         else:
             console.print("process groups: none recorded")
+        bad = s["implausible_nodes"]
+        if bad["num_nodes"]:
+            console.print(f"[yellow]warning: {bad['num_nodes']:,} node(s) hold arguments the "
+                          "replay would refuse in an op it replays (it does not read these: "
+                          "nested nodes); the trace may be damaged:[/yellow]")
+            for line in bad["examples"]:
+                console.print(f"  {line}", markup=False)
+            if bad["num_nodes"] > len(bad["examples"]):
+                console.print(f"  ... {bad['num_nodes'] - len(bad['examples']):,} more (--json)")
     x = report["cross_rank"]
     if x is not None:
         def span(pair, fmt=str):
@@ -126,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=10, metavar="N", help="ops in the histogram (default 10)")
     parser.add_argument("--max-decompressed-bytes", default="4GiB", metavar="SIZE",
                         help="refuse gzip data or archive members expanding past SIZE (default 4GiB)")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit 2 when a node the replay does not read holds implausible "
+                             "arguments (an impossible shape, a retyped input); else a warning")
     parser.add_argument("--debug", action="store_true", help="show the traceback of errors")
     args = parser.parse_args(argv)
 
@@ -138,6 +151,12 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(json.dumps(report) + "\n")
         else:
             _print_human(report)
+        damaged = [(f["path"], f["implausible_nodes"]) for f in report["files"]
+                   if f["implausible_nodes"]["num_nodes"]]
+        if args.strict and damaged:
+            path, bad = damaged[0]
+            raise TraceError(path, f"--strict: {bad['num_nodes']:,} node(s) the replay does not "
+                                   f"read hold implausible arguments, first {bad['examples'][0]}")
         return 0
 
     # OSError: an unreadable folder, a permission

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.units import human_bytes
+from orchestrator.units import human_bytes, one_line
 
-MAX_NAME_CHARS = 160  # a frame's file or function name as printed (a recorded one can be huge)
 RESYNC_WINDOW = 16  # events skipped on either side to re-align the streams
 _GROW = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
 
@@ -93,13 +92,10 @@ def where(event: dict | None, num_frames: int = 2) -> str:
     shown = []
     for f in frames[:num_frames]:
         filename = "/".join(str(f.get("filename", "?")).split("/")[-2:])
-        shown.append(f"{_cut(filename)}:{_cut(str(f.get('line', 0)))}:{_cut(f.get('name', '?'))}")
+        line, name = str(f.get("line", 0)), f.get("name", "?")
+        shown.append(f"{one_line(filename)}:{one_line(line)}:{one_line(name)}")
     return " < ".join(shown)
 
-
-def _cut(text: str, limit: int = MAX_NAME_CHARS) -> str:
-    """A file or function name from a recorded snapshot, cut to one readable line."""
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _match(a: list, b: list, i: int, j: int) -> bool:

@@ -188,3 +188,39 @@ def test_error_in_a_subprocess(tmp_path):
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith(f"tracefleet-inspect: error: {path}: truncated JSON")
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def _nested_tensor_node(nodes: list) -> dict:
+    """A node inside an aten op (the replay never reads its arguments) with a tensor input."""
+    by_id = {n["id"]: n for n in nodes}
+    return next(n for n in nodes if by_id.get(n["ctrl_deps"], {}).get("name", "").startswith("aten::")
+                and n["inputs"]["types"] and n["inputs"]["types"][0].startswith("Tensor("))
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda n: n["inputs"]["shapes"].__setitem__(0, [-3, 2]), "shape"),
+    (lambda n: n["inputs"]["types"].__setitem__(0, 17), "type #0 is 17"),
+    (lambda n: n["inputs"]["values"].pop(), "different lengths"),
+])
+def test_implausible_nested_nodes_are_named_and_strict_refuses(capsys, tmp_path, damage, message):
+    """A damaged node the replay does not read changes nothing it does (it loads the same),
+    so it used to pass without a word: inspect names it, --strict refuses the trace."""
+    doc = read_json(DEMO_DP / "rank-0.et.json.gz")
+    node = _nested_tensor_node(doc["nodes"])
+    damage(node)
+    path = tmp_path / "rank-0.et.json"
+    path.write_text(json.dumps(doc))
+    assert len(load_trace(path).ops) == len(load_trace(DEMO_DP / "rank-0.et.json.gz").ops)
+    report = _run_json(capsys, path)
+    bad = report["files"][0]["implausible_nodes"]
+    assert bad["num_nodes"] == 1 and bad["examples"][0].startswith(f"node {node['id']} ")
+    assert message in bad["examples"][0]
+    assert main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "warning: 1 node(s) hold arguments the replay would refuse" in out
+    assert f"node {node['id']} ({node['name']})" in out
+    assert main([str(path), "--strict"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"tracefleet-inspect: error: {path}: --strict: 1 ")
+    assert main([str(DEMO_DP), "--strict"]) == 0  # an undamaged capture: no warning
+    assert "warning" not in capsys.readouterr().out

@@ -151,4 +151,4 @@ def test_a_huge_frame_name_is_printed_cut(tmp_path):
             if frame["name"] == "add":
                 frame["name"] = "op" * (1 << 20)
     text = "\n".join(compare_lines(compare(snap, history(STREAM)), "a", "b"))
-    assert "... (2097152 characters)" in text and max(map(len, text.splitlines())) < 1000
+    assert "... (2,097,152 characters)" in text and max(map(len, text.splitlines())) < 1000
