@@ -1,5 +1,6 @@
 """Project exceptions. User errors carry a precise message; the CLIs print it without a traceback."""
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -60,3 +61,16 @@ def describe(error: BaseException, phase: str | None = None, op=None) -> str:
         frame = traceback.extract_tb(error.__traceback__)[-1]
         out += f" [{'/'.join(Path(frame.filename).parts[-2:])}:{frame.lineno} in {frame.name}]"
     return out
+
+
+@contextmanager
+def writing(path, what: str):
+    """Name ``path`` and ``what`` is written there in an OSError raised inside without a file
+    name: a full disk fails a ``write`` with ``ENOSPC`` and no name, so the one-line error a
+    user sees would not say which folder filled up."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        raise OSError(e.errno, f"{e.strerror or e} (writing {what})", str(path)) from None

@@ -30,6 +30,7 @@ import orjson
 import psutil
 
 from actors.choices import Choice
+from actors.errors import writing
 from orchestrator.errors import ResultsError
 from orchestrator.status import RunStatus
 
@@ -251,8 +252,12 @@ def atomic_write(path: Path, data: bytes) -> None:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
+    try:
+        with writing(path, path.name), os.fdopen(fd, "wb") as f:
+            f.write(data)
+    except BaseException:  # a full disk: no half-written temp file left beside
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
 
 

@@ -24,6 +24,7 @@ from torch._dynamo.eval_frame import OptimizedModule
 from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, record_function
 from torch.utils._python_dispatch import _disable_current_modes
 
+from actors.errors import writing
 from actors.trace.conventions import BWD_BEGIN, BWD_END, STEP_PREFIX, module_range_name
 from actors.capture.host_profile import write_relabeled
 from actors.capture.backward_markers import register_backward_markers
@@ -212,7 +213,8 @@ def _partial_path(out_path: str) -> str:
 
 
 def _gzip_to(raw_path: str, out_path: str) -> None:
-    with open(raw_path, "rb") as src, gzip.open(out_path, "wb", compresslevel=6) as dst:
+    with writing(out_path, "a rank trace"), open(raw_path, "rb") as src, \
+            gzip.open(out_path, "wb", compresslevel=6) as dst:
         shutil.copyfileobj(src, dst)
     os.remove(raw_path)
 
@@ -226,7 +228,7 @@ def _rewrite_to(raw_path: str, out_path: str, rewrite: Callable[[dict], object])
         with open(raw_path, "rb") as src:
             doc = orjson.loads(src.read())
         rewrite(doc)
-        with gzip.open(out_path, "wb", compresslevel=6) as dst:
+        with writing(out_path, "a rank trace"), gzip.open(out_path, "wb", compresslevel=6) as dst:
             dst.write(orjson.dumps(doc))
         del doc
     os.remove(raw_path)

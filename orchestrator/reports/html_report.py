@@ -22,7 +22,7 @@ from orchestrator.reports import plots
 from orchestrator.reports.oom_study_table import plot_oom_study, study_table
 from orchestrator.errors import ResultsError
 from orchestrator.results import CAPACITY, KIND, MAX_FAILING_CAPACITY, MIN_CAPACITY, MODE, POINT, \
-    REASON, RUN_DIR, STATUS, THRESHOLD, ResultsStore, RowKind
+    REASON, RUN_DIR, STATUS, THRESHOLD, ResultsStore, RowKind, atomic_write
 from orchestrator.units import human_bytes
 from orchestrator.reports.html_parts import img, kv_table
 from orchestrator.reports.summary_file import read_summary
@@ -86,9 +86,10 @@ def write_report(directory) -> Path:
         raise ConfigError(f"{root}: no results table (rows/*.json) and no summary.json; expected "
                           f"a tracefleet run dir, sweep root or min_memory run dir")
     page = root / REPORT_NAME
-    page.write_text(f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}"
-                    f"</title><style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>\n"
-                    f"{body}\n</body></html>\n")
+    # whole or not at all: a full disk leaves no half page
+    atomic_write(page, (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>"
+                        f"{html.escape(title)}</title><style>{_CSS}</style></head><body><h1>"
+                        f"{html.escape(title)}</h1>\n{body}\n</body></html>\n").encode())
     return page
 
 

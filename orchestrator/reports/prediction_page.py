@@ -19,6 +19,7 @@ from orchestrator.reports.predict_notes import breakdown_help, kernel_lines
 from orchestrator.reports.predict_table import prediction_table
 from orchestrator.units import byte_unit, human_bytes
 from orchestrator.reports.html_parts import img, kv_table
+from orchestrator.results import atomic_write
 
 PAGE_NAME = "prediction.html"
 PLOTS_DIR = "prediction"
@@ -77,9 +78,11 @@ def write_prediction_page(out_dir, prediction: dict, extra_plots=()) -> Path:
     for label, path in extra_plots:
         parts += [f"<h2>{html.escape(label)}</h2>", img(Path(path), label)]
     page = out / PAGE_NAME
-    page.write_text(f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>"
-                    f"{html.escape(title)}</title><style>{_CSS}</style></head><body><h1>"
-                    f"{html.escape(title)}</h1>\n" + "\n".join(parts) + "\n</body></html>\n")
+    # whole or not at all: a full disk leaves no half page
+    atomic_write(page, (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>"
+                        f"{html.escape(title)}</title><style>{_CSS}</style></head><body><h1>"
+                        f"{html.escape(title)}</h1>\n" + "\n".join(parts)
+                        + "\n</body></html>\n").encode())
     return page
 
 

@@ -24,6 +24,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from actors.errors import writing
 from actors.hardlink import link_or_copy
 from orchestrator.reports.plots import plot_iteration_times, plot_memory_timeline, timeline_points
 from orchestrator.reports.plots import timeline_scale  # noqa: F401 (re-exported)
@@ -142,6 +143,12 @@ def write_run_outputs(summary: dict, rank_reports: list[dict], out_dir: Path,
     orchestrator/preflight/dedup.py), and copies' memory timelines are hard links of their original's.
     """
     out_dir = Path(out_dir)
+    with writing(out_dir, "the run's outputs"):  # a full disk: the folder is named
+        return _write_run_outputs(summary, rank_reports, out_dir, config_yaml, plots)
+
+
+def _write_run_outputs(summary: dict, rank_reports: list[dict], out_dir: Path,
+                       config_yaml: str | None, plots: bool) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path] = {}
 

@@ -25,7 +25,7 @@ from actors.capture.workload_config import (ModelName, Parallel, Precision, Work
                                             WorkloadDevice, validate as validate_workload)
 from actors.choices import Choice
 from actors.config_fields import setting
-from actors.errors import ConfigError
+from actors.errors import ConfigError, writing
 from actors.replay.config import AllocationMode, ReplayConfig, dry_run_config, parse_bytes
 from actors.replay.memory.model_recording import TIMELINE_KEY, pop_snapshot
 from actors.replay.memory.snapshot import write_snapshots
@@ -320,16 +320,25 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
     # each distinct trace's figures, by its role on a mesh (docs/prediction.md)
     result["per_role"] = per_role(reports, roles_of(capture["dir"]) if mesh else None, mesh)
     if out_dir is not None:
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        _write_outputs(Path(out_dir), result, snapshots, reports)
+    return result
+
+
+def _write_outputs(out_dir: Path, result: dict, snapshots: dict, reports: dict) -> None:
+    """prediction.json, its page, the snapshots and timelines into ``out_dir``. A write that
+    fails (a full disk) names the folder, and leaves no prediction.json: one is there only
+    when everything it lists was written (it is written last, whole or not at all)."""
+    from orchestrator.reports.prediction_page import write_prediction_page  # matplotlib
+    from orchestrator.results import atomic_write
+
+    with writing(out_dir, "the prediction's files"):
+        out_dir.mkdir(parents=True, exist_ok=True)
         result["snapshots"] = write_snapshots(out_dir, snapshots)
         result["timings_s"]["snapshot_s"] = sum(
             r["cuda_allocator"].get("snapshot_s", 0.0) for r in reports.values())
         result["memory_timelines"] = write_timelines(out_dir, reports, result["per_role"])
-        (Path(out_dir) / PREDICTION_JSON).write_bytes(
-            orjson.dumps(result, option=orjson.OPT_INDENT_2))
-        from orchestrator.reports.prediction_page import write_prediction_page  # matplotlib
         write_prediction_page(out_dir, result)
-    return result
+        atomic_write(out_dir / PREDICTION_JSON, orjson.dumps(result, option=orjson.OPT_INDENT_2))
 
 
 def _plain(obj) -> dict:
