@@ -6,7 +6,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
 status=0
 tracefleet "$@" || status=$?
 # The other commands (tracefleet-predict, -report, -compare, -capture, -inspect) and the Python
-# API live in the venv this script made: say how to reach them.
-echo "[tracefleet] the other commands and the Python API are in $VENV/bin:" \
-     "run 'source $VENV/bin/activate' first (or call $VENV/bin/tracefleet-predict ...)" >&2
+# API live in the venv this script made: say how to reach them (env.sh's path as you typed ours).
+echo "[tracefleet] next, in your shell: source $(dirname "${BASH_SOURCE[0]}")/env.sh" \
+     "(the venv's commands and 'import tracefleet'), then e.g." >&2
+echo "[tracefleet]   tracefleet-predict workload=llama3_8b world_size=8" >&2
+echo "[tracefleet]   tracefleet-report <run dir>" >&2
 exit "$status"
