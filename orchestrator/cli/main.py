@@ -16,6 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.cli.app import debugging, print_user_error, run_app, user_errors
+from orchestrator.cli.usage import before_hydra
 from orchestrator.config import CONF_DIR, Search, register_configs
 from orchestrator.status import RunStatus
 from orchestrator.studies import sweep
@@ -50,7 +51,11 @@ def _app(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    """Console-script entry point (``--debug`` shows tracebacks of user errors)."""
+    """Console-script entry point (``--debug`` shows tracebacks of user errors). ``--help``
+    and a tracefleet-predict experiment are answered before Hydra starts (usage.py)."""
+    code = before_hydra("tracefleet", sys.argv[1:])
+    if code is not None:
+        sys.exit(code)
     sys.argv[1:] = sweep.with_sweep_dir(sys.argv[1:])
     try:
         run_app(_app, "tracefleet")

@@ -15,6 +15,7 @@ too_close, oom: a verdict is a result), 2 on a user error. Examples::
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from actors.gc_pause import gc_paused
 from orchestrator.cli.app import run_app, user_errors
+from orchestrator.cli.usage import before_hydra
 from orchestrator.config import CONF_DIR
 
 if TYPE_CHECKING:
@@ -92,7 +94,11 @@ def _app(cfg: DictConfig) -> None:
 def main() -> None:
     """Console-script entry point (``--debug`` shows tracebacks of user errors). The cyclic GC
     stays off for the whole command: a short-lived process whose capture and dry run already
-    pause it (actors/gc_pause.py), and whose imports it would slow."""
+    pause it (actors/gc_pause.py), and whose imports it would slow. ``--help`` and a
+    tracefleet experiment are answered first, before torch is imported (usage.py)."""
+    code = before_hydra("tracefleet-predict", sys.argv[1:])
+    if code is not None:
+        sys.exit(code)
     try:
         with gc_paused():
             register_configs()
