@@ -5,7 +5,8 @@ and exit ``128 + signal``.
 ``stop_on_signals()`` is entered by the console scripts (orchestrator/cli/app.py). Inside it
 the first signal raises `Interrupted` (a ``KeyboardInterrupt``, so ``except Exception`` in
 library code does not swallow it) in the main thread; a second one while the first is being
-cleaned up ends the process at once. Ray's driver start-up installs its own SIGTERM handler
+cleaned up ends the process at once, every process it started killed first (by pid, the
+whole tree listed before any is killed). Ray's driver start-up installs its own SIGTERM handler
 (Ray 2.60's aborts the process with a stack dump, rc -6): `reassert()` puts ours back, and
 orchestrator/cluster/connect.py calls it after ``ray.init``.
 """
@@ -16,6 +17,8 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
+
+import psutil
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _active = False  # inside stop_on_signals()
@@ -47,11 +50,31 @@ def name_of(exc: KeyboardInterrupt) -> str:
 def _handle(signum, frame) -> None:
     global _stopping
     if _stopping is not None:  # the first one is being cleaned up: the user insists
+        killed = kill_descendants()
         print(f"{os.path.basename(sys.argv[0])}: {signal.Signals(signum).name} again while "
-              "stopping: exiting now", file=sys.stderr, flush=True)
+              f"stopping: exiting now ({killed} process(es) it started killed)",
+              file=sys.stderr, flush=True)
         os._exit(128 + signum)
     _stopping = signum
     raise Interrupted(signum)
+
+
+def kill_descendants() -> int:
+    """SIGKILL every process this one started, and theirs (Ray's GCS, raylet, dashboard and
+    runtime-env agents, actors, pool workers), by pid; the number killed. The whole tree is
+    listed before any is killed: a parent killed first would orphan its children out of it."""
+    try:
+        tree = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return 0
+    killed = 0
+    for proc in tree:
+        try:
+            proc.kill()
+            killed += 1
+        except psutil.Error:  # gone already
+            pass
+    return killed
 
 
 def reassert() -> None:

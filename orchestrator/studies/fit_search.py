@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import copy
 import logging
-import multiprocessing
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable, Sequence
 
 from actors.errors import ConfigError
 from orchestrator.studies.fit_search_config import AC_ORDER, Axis, FitSearchRunConfig
+from orchestrator.studies.worker_pool import in_workers
 from orchestrator.studies.predict import PredictConfig, Verdict, predict
 
 log = logging.getLogger("tracefleet")
@@ -208,16 +207,12 @@ def fit_search(cfg: FitSearchRunConfig, name: str | None = None,
     if workers <= 1:
         return [search_axis(cfg, axis, prober) for axis in axes]
     prober.predict_job()
-    spawn = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=spawn) as pool:
-        futures = [pool.submit(_search_in_worker, cfg, name, axis, prober.done, i == 0)
-                   for i, axis in enumerate(axes)]
-        answers = []
-        for future in futures:  # in axis order; each reported when its search ends
-            answer = future.result()
-            for record in answer.probes:
-                on_probe(record)
-            answers.append(answer)
+    answers = []
+    tasks = [(cfg, name, axis, prober.done, i == 0) for i, axis in enumerate(axes)]
+    for answer in in_workers(_search_in_worker, tasks, workers):  # in axis order
+        for record in answer.probes:  # each reported when its axis' search ends
+            on_probe(record)
+        answers.append(answer)
     return answers
 
 

@@ -1,0 +1,109 @@
+"""The pool fit_search's axes run in (orchestrator/studies/worker_pool.py) and a second signal
+(orchestrator/interrupts.py): no process a command started outlives it."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+
+from orchestrator.studies.worker_pool import in_workers
+from tests.support.bounds import LOAD_MARGIN_S
+
+START_TIMEOUT_S = 120  # spawned workers import this project on a loaded machine
+
+
+def test_results_come_in_the_tasks_order():
+    assert list(in_workers(divmod, [(7, 2), (9, 4), (1, 1)], 2)) == [(3, 1), (2, 1), (1, 0)]
+
+
+def _start(tmp_path, body: str) -> tuple[subprocess.Popen, list[psutil.Process]]:
+    """A command (stop_on_signals, one line and 128 + signal, as the console scripts) running
+    ``body``; returns it and the processes it started, once it says ``ready``."""
+    script = tmp_path / "command.py"
+    script.write_text(textwrap.dedent('''
+        import subprocess, sys, time
+        from orchestrator.cli.app import guarded
+
+        def body():
+        ''') + textwrap.indent(textwrap.dedent(body), "    ") +
+        '\nif __name__ == "__main__":  # spawned workers import this file too\n'
+        '    sys.exit(guarded("command", body, False))\n')
+    log = open(tmp_path / "out.log", "w")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=log, stderr=subprocess.STDOUT,
+                            cwd=os.getcwd(), env={**os.environ, "PYTHONPATH": os.getcwd()})
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while "ready" not in (tmp_path / "out.log").read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, \
+            (tmp_path / "out.log").read_text()
+        time.sleep(0.2)
+    return proc, psutil.Process(proc.pid).children(recursive=True)
+
+
+def _gone(procs: list[psutil.Process]) -> bool:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if not [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_sigterm_kills_the_workers_instead_of_waiting_for_their_searches(tmp_path):
+    proc, started = _start(tmp_path, '''
+        import time
+        from orchestrator.studies.worker_pool import in_workers
+        results = in_workers(time.sleep, [(0,), (600,), (600,)], 2)
+        next(results)  # both workers are up: the first task is done, two sleep 600 s
+        print("ready", flush=True)
+        return sum(1 for _ in results)
+    ''')
+    try:
+        assert len(started) >= 2
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(LOAD_MARGIN_S) == 143  # not after the workers' 600 s
+        assert time.monotonic() - t0 < LOAD_MARGIN_S
+        assert _gone(started), [(p.pid, p.name()) for p in started if p.is_running()]
+        assert "command: interrupted by SIGTERM" in (tmp_path / "out.log").read_text()
+    finally:
+        proc.kill()
+        for p in started:
+            if p.is_running():
+                p.kill()
+
+
+def test_a_second_signal_during_a_slow_cleanup_kills_what_the_command_started(tmp_path):
+    proc, started = _start(tmp_path, '''
+        children = [subprocess.Popen(["sleep", "600"]) for _ in range(2)]
+        children.append(subprocess.Popen(["bash", "-c", "sleep 600 & wait"]))
+        time.sleep(1)  # bash has started its own sleep: a grandchild
+        try:
+            print("ready", flush=True)
+            time.sleep(600)
+        finally:
+            print("cleaning up", flush=True)
+            time.sleep(600)  # a cleanup that hangs (a Ray shutdown that does not return)
+    ''')
+    try:
+        assert len(started) == 4  # two sleeps, bash and bash's sleep
+        proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + LOAD_MARGIN_S
+        while "cleaning up" not in (tmp_path / "out.log").read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(LOAD_MARGIN_S) == 130
+        assert _gone(started), [(p.pid, p.name()) for p in started if p.is_running()]
+        out = (tmp_path / "out.log").read_text()
+        assert "command.py: SIGINT again while stopping: exiting now (4 process(es) it started " \
+               "killed)" in out
+    finally:
+        proc.kill()
+        for p in started:
+            if p.is_running():
+                p.kill()
