@@ -1,7 +1,8 @@
-"""Fuzz campaign for the files tracefleet reads that were written elsewhere (issue 33 item 8):
-memory snapshots (``tracefleet-compare``), a prediction dir's ``prediction.json`` and a run
-dir's ``summary.json`` (``tracefleet-report``). Traces have their own campaign
-(scripts/fuzz_traces.py).
+"""Fuzz campaign for what tracefleet takes from elsewhere (issue 33 item 8): memory snapshots
+(``tracefleet-compare``), a prediction dir's ``prediction.json``, a run dir's ``summary.json``
+(``tracefleet-report``), a capture's ``meta.json`` (pre-flight's and the predictor's reads),
+numbers and choices on the command line, and the Python API's arguments. Traces have their own
+campaign (scripts/fuzz_traces.py).
 
 Each case mutates one field of a whole, valid input (deleted, retyped, negative, 10**400, NaN,
 nested 200,000 lists deep, 1 MiB long) or the file itself (cut, not a pickle, a planted type),
@@ -14,7 +15,10 @@ then runs the console script in this process, as a user would call it. Outcomes:
 
 Prints one JSON line ``{num_cases, clear, accepted, wrong, tracebacks, examples}``.
 
-    python scripts/fuzz_inputs.py [--only snapshot|prediction|run_dir]
+    python scripts/fuzz_inputs.py [--only snapshot|prediction|run_dir|meta|config|api]
+
+The config and API cases must all be refused before any capture (every one is a bad value);
+the meta.json cases are each refused or read as a capture's world and figures.
 """
 from __future__ import annotations
 
@@ -211,6 +215,112 @@ def run_dir_cases():
         yield f"run_dir:file:{label}", {"run/summary.json": data}, True
 
 
+def base_meta() -> dict:
+    """A capture's meta.json as tracefleet-capture writes it (the fields tracefleet reads)."""
+    return {"world_size": 2, "workload": {"model": "gpt"},
+            "environment": {"EXAMPLE_COMPILE": "0"},
+            "ranks": [{"rank": r, "iteration_times_s": [0.5, 0.4], "iteration_time_s": 0.4,
+                       "profiler_op_cost_s": 1e-5, "num_threads": 2,
+                       "machine": {"num_cpus": 2}} for r in range(2)]}
+
+
+def meta_cases():
+    """meta.json's fields and rank 0's, each retyped; read as pre-flight and predict do."""
+    base = base_meta()
+    for path in [(k,) for k in base] + [("ranks", 0, k) for k in base["ranks"][0]]:
+        for mutation in ("deleted", "string", "negative", "huge", "nan", "bool", "list", "dict"):
+            try:
+                data = orjson.dumps(_mutated(base, path, mutation))
+            except TypeError:  # 10**400 and NaN are not JSON: written by hand
+                value = {"huge": "1" + "0" * 400, "nan": "NaN"}[mutation]
+                doc = orjson.dumps(_mutated(base, path, "string")).decode()
+                data = doc.replace('"12"', value, 1).encode()
+            yield f"meta:{'.'.join(map(str, path))}:{mutation}", {"meta.json": data}, False
+    for label, data in {"cut": orjson.dumps(base)[:50], "list": b"[]", "deep": b"[" * 100_000,
+                        "huge": b" " * (65 << 20)}.items():
+        yield f"meta:file:{label}", {"meta.json": data}, True
+
+
+# Overrides that are each wrong: refused (ConfigError) before any capture or cluster.
+CONFIG_CASES = [
+    "predict.capture_timeout_s=nan", "predict.capture_timeout_s=-5", "predict.capture_stall_s=-1",
+    "predict.capture_timeout_s=inf", "predict.error_band=1.5", "predict.error_band=nan",
+    "target.device_memory=1e400GiB", "target.device_memory=-1GiB", "target.device_memory=abc",
+    "target.device_memory=true", "replay.collective_timeout_s=nan", "replay.iters=-1",
+    "world_size=0", "world_size=-3", "world_size=2.7", "world_size=abc", "world_size=true",
+    "world_size=1000000000", "workload=no_such_preset", "workload.no_such_field=1",
+    "workload.seq_len=-1", "workload.batch_size=0", "workload.precision=fp7",
+    "workload.parallel=nope", "target=none", "replay.mode=sideways",
+    "workload.activation_checkpointing=sometimes",
+    "trace.dir=/no/such/dir", "zero3=per_module",
+]
+
+
+def config_cases():
+    for override in CONFIG_CASES:
+        yield f"config:{override}", {}, True
+
+
+# predict()'s arguments that are each wrong (the API must be as strict as the command line).
+API_CASES = {
+    "world_size_float": dict(workload="gpt", world_size=2.7),
+    "world_size_bool": dict(workload="gpt", world_size=True),
+    "world_size_str": dict(workload="gpt", world_size="two"),
+    "world_size_zero": dict(workload="gpt", world_size=0),
+    "workload_int": dict(workload=3, world_size=2),
+    "workload_lambda": dict(workload=lambda ctx: ctx, world_size=2),
+    "workload_missing_file": dict(workload="/no/such/step.py:build", world_size=2),
+    "unknown_preset": dict(workload="no_such_preset", world_size=2),
+    "unknown_key": dict(workload="gpt", world_size=2, workload__no_such_field=1),
+    "bad_target": dict(workload="gpt", world_size=2, target="h900"),
+    "nan_band": dict(workload="gpt", world_size=2, predict__error_band=float("nan")),
+    "quote_injection": dict(workload="gpt", world_size=2, workload__seq_len="1,world_size=9"),
+}
+
+
+def api_cases():
+    for label in API_CASES:
+        yield f"api:{label}", {}, True
+
+
+def _meta_read(folder: Path) -> None:
+    """What pre-flight and the predictor read of a meta.json beside traces."""
+    from actors.trace.meta_file import (check_ranks, environment_changes, meta_path_of,
+                                        rank_seconds, read_meta, recorded_world_size, workload)
+
+    path = meta_path_of(folder)
+    meta = read_meta(path)
+    check_ranks(path, meta)
+    recorded_world_size(folder)
+    rank_seconds(path, meta, 0, "iteration_time_s")
+    rank_seconds(path, meta, 1, "profiler_op_cost_s")
+    environment_changes(path, meta)
+    workload(path, meta)
+
+
+def _in_process(name: str, folder: Path) -> str | None:
+    """Run one meta/config/api case; the project error's message, None when accepted."""
+    from actors.errors import TracefleetError
+
+    try:
+        if name.startswith("meta:"):
+            _meta_read(folder)
+        elif name.startswith("config:"):
+            from orchestrator.cli.predict import predict_config
+            from tracefleet.api import _compose
+
+            override = name[len("config:"):]
+            job = [] if override.startswith("world_size=") else ["world_size=2"]
+            _compose(predict_config, [*job, override]).validate()
+        else:
+            from tracefleet import predict
+
+            predict(**API_CASES[name[len("api:"):]])
+    except TracefleetError as e:
+        return str(e).splitlines()[0][:300] or type(e).__name__
+    return None
+
+
 def run_case(name: str, files: dict, must_refuse: bool, folder: Path) -> dict:
     """Write ``files`` into a fresh ``folder``, run the command; the case's outcome."""
     from orchestrator.cli.compare import main as compare_main
@@ -220,6 +330,14 @@ def run_case(name: str, files: dict, must_refuse: bool, folder: Path) -> dict:
         target = folder / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data)
+    if name.split(":")[0] in ("meta", "config", "api"):
+        try:
+            message = _in_process(name, folder)
+        except BaseException as e:  # noqa: BLE001 (the campaign counts what escapes)
+            return {"case": name, "outcome": "tracebacks",
+                    "message": f"{type(e).__name__}: {e}"[:300]}
+        outcome = "clear" if message else "wrong" if must_refuse else "accepted"
+        return {"case": name, "outcome": outcome, "message": message or ""}
     if name.startswith("run_dir"):
         prog, call = "tracefleet-report", lambda: report_main([str(folder / "run")])
     else:
@@ -239,18 +357,20 @@ def run_case(name: str, files: dict, must_refuse: bool, folder: Path) -> dict:
             "message": f"exit {status}: " + " | ".join(lines[-3:])[:300]}
 
 
+FAMILIES = {"snapshot": snapshot_cases, "prediction": prediction_cases, "run_dir": run_dir_cases,
+            "meta": meta_cases, "config": config_cases, "api": api_cases}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", choices=("snapshot", "prediction", "run_dir"))
+    parser.add_argument("--only", choices=tuple(FAMILIES))
     parser.add_argument("--show", action="store_true", help="print every case's outcome")
     args = parser.parse_args()
     sys.setrecursionlimit(10_000)  # as the console scripts run
-    families = {"snapshot": snapshot_cases, "prediction": prediction_cases,
-                "run_dir": run_dir_cases}
     counts = {k: 0 for k in ("clear", "accepted") + BAD}
     examples: list[dict] = []
     num = 0
-    for family, cases in families.items():
+    for family, cases in FAMILIES.items():
         if args.only and family != args.only:
             continue
         for name, files, must_refuse in cases():

@@ -50,9 +50,9 @@ def rank_entry(path, meta: dict, rank: int) -> tuple[int, dict] | None:
     ranks = _field(path, meta, "ranks", list, "a list with one object per rank")
     for i, r in enumerate(ranks):
         if not isinstance(r, dict) or isinstance(r.get("rank"), bool) \
-                or not isinstance(r.get("rank"), int):
+                or not isinstance(r.get("rank"), int) or r["rank"] < 0:
             raise TraceError(path, f"field ranks[{i}] is {_show(r)}; expected an object "
-                                   "with an integer 'rank'")
+                                   "with an integer 'rank' >= 0")
     return next(((i, r) for i, r in enumerate(ranks) if r["rank"] == rank), None)
 
 

@@ -138,6 +138,9 @@ class PredictConfig:
         if not 0 <= self.predict.error_band < 1:
             raise ConfigError(f"predict.error_band={self.predict.error_band}; expected a fraction "
                               "in [0, 1), e.g. 0.03 for 3%")
+        if self.trace.dir is not None and not Path(self.trace.dir).exists():
+            raise ConfigError(f"trace.dir={self.trace.dir} does not exist; expected a folder of "
+                              "rank traces, a .tar[.gz] archive of them, or one trace file")
         if self.world_size is not None:
             from orchestrator.run.capture import check_world_size  # refused before any capture
             check_world_size(self.world_size)
