@@ -85,10 +85,12 @@ def _app(cfg: DictConfig) -> None:
             from orchestrator.studies.fit_search import run_fit_search
             run_fit_search(run_cfg, out_dir, name)
             print(f"fit_search: {out_dir / 'fit_search.json'}")
+            print(f"page: tracefleet-report {out_dir}  (writes report.html there)")
             return
         result = predict(run_cfg, out_dir, name=name)
     print(prediction_table(result))
     print(f"prediction: {out_dir / 'prediction.json'}")
+    print(f"page: {out_dir / 'prediction.html'}")
 
 
 def main() -> None:

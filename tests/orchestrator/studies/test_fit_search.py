@@ -155,6 +155,9 @@ def test_cli_prints_a_line_per_probe_and_the_table_and_predicts_the_job_once(cac
     assert len(ResultsStore(tmp_path).rows()) == 5
     assert "fit_search: 5 probes (4 predictions)" in proc.stdout
     assert "best that fits" in proc.stdout and (tmp_path / FIT_SEARCH_JSON).is_file()
+    assert proc.stdout.splitlines()[-2:] == [f"fit_search: {tmp_path / FIT_SEARCH_JSON}",
+                                             f"page: tracefleet-report {tmp_path}  (writes "
+                                             "report.html there)"]
 
 
 def test_axes_searched_side_by_side_answer_as_one_after_another(cache):

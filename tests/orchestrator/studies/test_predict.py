@@ -300,6 +300,11 @@ def test_cli_on_a_custom_step_writes_prediction_json_and_reuses_its_capture(tmp_
         assert p["num_dropped_ops"] == 0 and "warning" not in proc.stdout
         assert {(r["op"], r["kind"], r["bytes"]) for r in p["not_run_ops"]} == {
             ("aten::item", "stand-in", 0)}
+        # it ends by saying where its files are: the last lines, where the eye lands
+        assert proc.stdout.splitlines()[-2:] == [
+            f"prediction: {tmp_path / f'run{i}' / 'prediction.json'}",
+            f"page: {tmp_path / f'run{i}' / 'prediction.html'}"]
+        assert (tmp_path / f"run{i}" / "prediction.html").is_file()
     assert "captured on fake" in runs[0].stdout + runs[0].stderr
     assert "capture reused from the cache" in runs[1].stdout + runs[1].stderr
     assert len(list((tmp_path / "cache").iterdir())) == 1
