@@ -85,7 +85,7 @@ def _app(cfg: DictConfig) -> None:
             from orchestrator.studies.fit_search import run_fit_search
             run_fit_search(run_cfg, out_dir, name)
             print(f"fit_search: {out_dir / 'fit_search.json'}")
-            print(f"page: tracefleet-report {out_dir}  (writes report.html there)")
+            print(f"page: {out_dir / 'prediction.html'}  (the job's prediction and the answers)")
             return
         result = predict(run_cfg, out_dir, name=name)
     print(prediction_table(result))

@@ -13,6 +13,14 @@ def kv_table(pairs) -> str:
                                for k, v in pairs) + "</table>"
 
 
+def grid(header: list[str], rows) -> str:
+    """A table with a header row and rows of strings, escaped."""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+                   for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
 def img(path: Path, alt: str) -> str:
     """The PNG at ``path`` inlined as a data URI (the page carries its plots)."""
     data = base64.b64encode(path.read_bytes()).decode()

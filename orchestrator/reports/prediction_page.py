@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from orchestrator.reports.predict_notes import breakdown_help, kernel_lines
 from orchestrator.reports.predict_table import prediction_table
 from orchestrator.units import byte_unit, human_bytes
-from orchestrator.reports.html_parts import img, kv_table
+from orchestrator.reports.html_parts import grid, img, kv_table
 from orchestrator.results import atomic_write
 
 PAGE_NAME = "prediction.html"
@@ -35,10 +35,11 @@ td:first-child,th:first-child{text-align:left}img{max-width:100%;border:1px soli
 .verdict{font-size:22px;font-weight:bold;padding:6px 12px;display:inline-block;color:#fff}"""
 
 
-def write_prediction_page(out_dir, prediction: dict, extra_plots=()) -> Path:
+def write_prediction_page(out_dir, prediction: dict, extra_plots=(), extra_tables=()) -> Path:
     """Write ``prediction.html`` (and its PNGs under ``prediction/``) into ``out_dir`` for
-    ``prediction`` (what ``prediction.json`` holds); ``extra_plots``: ``(title, png path)``
-    pairs shown after it (fit_search's). Returns the page's path."""
+    ``prediction`` (what ``prediction.json`` holds); ``extra_tables``: ``(title, header,
+    rows)`` and ``extra_plots``: ``(title, png path)`` shown after it (fit_search's answers
+    and plots). Returns the page's path."""
     out = Path(out_dir)
     plots = out / PLOTS_DIR
     plots.mkdir(parents=True, exist_ok=True)
@@ -75,6 +76,8 @@ def write_prediction_page(out_dir, prediction: dict, extra_plots=()) -> Path:
                   "</code>: open them in PyTorch's memory_viz page, or compare one with a "
                   "snapshot recorded on a GPU (<code>tracefleet-compare</code>).</p>", kv_table(
                       (f"rank {rank}", name) for rank, name in p["snapshots"].items())]
+    for label, header, rows in extra_tables:
+        parts += [f"<h2>{html.escape(label)}</h2>", grid(header, rows)]
     for label, path in extra_plots:
         parts += [f"<h2>{html.escape(label)}</h2>", img(Path(path), label)]
     page = out / PAGE_NAME

@@ -239,7 +239,9 @@ def run_fit_search(cfg: FitSearchRunConfig, out_dir: Path, name: str | None = No
     # the job's own prediction.json and prediction.html (its capture is cached by now), the
     # page with the search's plots
     from orchestrator.reports.prediction_page import write_prediction_page
+    from orchestrator.studies.fit_search_report import ANSWER_COLUMNS, answer_rows, answers_title
     job = predict(_as_predict_config(cfg), Path(out_dir), name=name)
     write_prediction_page(out_dir, job, [(f"fit_search: {axis}", Path(out_dir) / a["plot"])
-                                         for axis, a in summary["answers"].items() if a["plot"]])
+                                         for axis, a in summary["answers"].items() if a["plot"]],
+                          [(answers_title(summary), ANSWER_COLUMNS, answer_rows(summary))])
     return summary

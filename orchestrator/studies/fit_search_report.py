@@ -84,19 +84,31 @@ def _plot_name(axis: str) -> str:
     return f"fit_search_{axis}.png"
 
 
+ANSWER_COLUMNS = ["axis", "job", "best that fits", "first that does not", "probes", "note"]
+
+
+def answers_title(summary: dict) -> str:
+    return f"fit_search: best value that fits with the {summary['error_band']:.0%} error band"
+
+
+def answer_rows(summary: dict) -> list[list[str]]:
+    """The answer per axis (the job's own value beside it), as ``ANSWER_COLUMNS``' strings:
+    the console's table and the page's."""
+    return [[axis, str(summary["job"][axis]), "-" if a["best"] is None else str(a["best"]),
+             "-" if a["first_failing"] is None else str(a["first_failing"]),
+             str(a["num_probes"]), a["reason"] or ""] for axis, a in summary["answers"].items()]
+
+
 def print_answers(summary: dict) -> None:
-    """The answer per axis as a rich table (the job's own value beside it)."""
+    """The answers as a rich table."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"fit_search: best value that fits with the {summary['error_band']:.0%} "
-                        "error band")
-    for col in ("axis", "job", "best that fits", "first that does not", "probes", "note"):
+    table = Table(title=answers_title(summary))
+    for col in ANSWER_COLUMNS:
         table.add_column(col)
-    for axis, a in summary["answers"].items():
-        table.add_row(axis, str(summary["job"][axis]), "-" if a["best"] is None else str(a["best"]),
-                      "-" if a["first_failing"] is None else str(a["first_failing"]),
-                      str(a["num_probes"]), a["reason"] or "")
+    for row in answer_rows(summary):
+        table.add_row(*row)
     Console(width=120).print(table)
     for other in summary["answers"].get("layout", {}).get("others", ()):
         print(f"fit_search layout {other['layout']}: {other['verdict']}: {other['reason']}")

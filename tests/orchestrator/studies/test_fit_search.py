@@ -91,6 +91,9 @@ def test_each_axis_finds_the_boundary(cache, tmp_path, axis, answer, beyond, ove
     # the job's own prediction beside it, its page with the search's plot
     page = (tmp_path / "prediction.html").read_text()
     assert f"<h2>fit_search: {axis}</h2>" in page and page.count("<img ") == 3
+    # and the answers as a table: the answer and the first value beyond it, per axis
+    assert "<h2>fit_search: best value that fits with the " in page
+    assert f"<tr><td>{axis}</td>" in page and f"<td>{answer}</td><td>{beyond}</td>" in page
     assert json.loads((tmp_path / "prediction.json").read_text())["world_size"] == 4
 
 
@@ -156,8 +159,8 @@ def test_cli_prints_a_line_per_probe_and_the_table_and_predicts_the_job_once(cac
     assert "fit_search: 5 probes (4 predictions)" in proc.stdout
     assert "best that fits" in proc.stdout and (tmp_path / FIT_SEARCH_JSON).is_file()
     assert proc.stdout.splitlines()[-2:] == [f"fit_search: {tmp_path / FIT_SEARCH_JSON}",
-                                             f"page: tracefleet-report {tmp_path}  (writes "
-                                             "report.html there)"]
+                                             f"page: {tmp_path / 'prediction.html'}  (the job's "
+                                             "prediction and the answers)"]
 
 
 def test_axes_searched_side_by_side_answer_as_one_after_another(cache):
