@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 
 from actors.errors import ConfigError
 from orchestrator.studies.fit_search_config import AC_ORDER, Axis, FitSearchRunConfig
-from orchestrator.studies.worker_pool import in_workers
+from orchestrator.studies.worker_pool import in_workers, tell_parent
 from orchestrator.studies.predict import PredictConfig, Verdict, predict
 
 log = logging.getLogger("tracefleet")
@@ -207,20 +207,16 @@ def fit_search(cfg: FitSearchRunConfig, name: str | None = None,
     if workers <= 1:
         return [search_axis(cfg, axis, prober) for axis in axes]
     prober.predict_job()
-    answers = []
     tasks = [(cfg, name, axis, prober.done, i == 0) for i, axis in enumerate(axes)]
-    for answer in in_workers(_search_in_worker, tasks, workers):  # in axis order
-        for record in answer.probes:  # each reported when its axis' search ends
-            on_probe(record)
-        answers.append(answer)
-    return answers
+    # each probe reported the moment a worker finishes it (axes interleave), answers in order
+    return list(in_workers(_search_in_worker, tasks, workers, on_message=on_probe))
 
 
 def _search_in_worker(cfg: FitSearchRunConfig, name: str, axis: Axis, done: dict[tuple, dict],
                       first: bool) -> AxisAnswer:
     """One axis' search in a worker process (the probes come back in the answer); the first
     axis' probe of the job stands for the job's prediction (made by the parent)."""
-    prober = _Prober(cfg, name, lambda record: None, done)
+    prober = _Prober(cfg, name, tell_parent, done)
     if first:
         prober.made_for_me = set(done)
     return search_axis(cfg, axis, prober)

@@ -107,3 +107,22 @@ def test_a_second_signal_during_a_slow_cleanup_kills_what_the_command_started(tm
         for p in started:
             if p.is_running():
                 p.kill()
+
+
+def _report_then_wait(label: str, wait_s: float) -> str:
+    from orchestrator.studies.worker_pool import tell_parent
+
+    tell_parent(f"{label} started")
+    time.sleep(wait_s)
+    tell_parent(f"{label} done")
+    return label
+
+
+def test_messages_reach_the_parent_while_the_first_task_still_runs():
+    """Task b (quick) reports while task a (slow) is still running: the parent sees b's
+    messages before a's result, though results come in the tasks' order."""
+    seen = []
+    results = in_workers(_report_then_wait, [("a", 3.0), ("b", 0.0)], 2, on_message=seen.append)
+    assert next(results) == "a"
+    assert seen.index("b done") < seen.index("a done") and "a started" in seen
+    assert list(results) == ["b"]
