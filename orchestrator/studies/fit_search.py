@@ -12,11 +12,14 @@ safest to the most ambitious (batch and sequence ascending, GPU counts descendin
 that whatever fits, every safer candidate fits too: a gallop from the job's own value (index
 ``i`` -> ``2i + 1``: the value doubles for batch and sequence; downwards ``i`` ->
 ``(i - 1) // 2``), then bisection between the last candidate seen to fit and the first seen
-not to. Activation checkpointing is walked from the cheapest level up, no assumption made.
+not to, until the two ends' reserved peaks are within the verdict's error band of each other
+(what lies between is a difference the prediction cannot resolve: probing it would only
+spend probes inside the too_close zone). Activation checkpointing is walked from the cheapest
+level up, no assumption made.
 
 With ``fit_search.num_workers`` > 1 the axes are searched side by side in worker processes
 (spawned: no torch state forked); the job's own prediction is made first, here, and handed to
-them, and each axis' probes are reported when its search ends.
+them, and each probe is reported the moment its worker finishes it.
 """
 from __future__ import annotations
 
@@ -52,13 +55,18 @@ class AxisAnswer:
 
 
 def gallop_bisect(values: Sequence, start: int, fits: Callable[[object], bool],
-                  max_probes: int) -> tuple[int | None, int | None, str | None]:
+                  max_probes: int, indistinct: Callable[[int, int], bool] = lambda a, b: False
+                  ) -> tuple[int | None, int | None, str | None]:
     """``(last index seen to fit, first index seen not to, reason)`` over ``values`` ordered
     safest first (assumed: whatever fits, every earlier value fits). Probes ``start`` first,
     then gallops and bisects (see the module doc); ``reason`` says why the pair is not adjacent
-    (None when it is, or when an end of ``values`` was reached)."""
+    (None when it is, or when an end of ``values`` was reached). Bisection stops early when
+    ``indistinct(ok, fail)``: what lies between cannot be told apart (fit_search: their peaks
+    are within the prediction's error band)."""
     ok = fail = None
     for _ in range(max_probes):
+        if ok is not None and fail is not None and fail - ok > 1 and indistinct(ok, fail):
+            return ok, fail, INDISTINCT
         if ok is None and fail is None:
             i = start
         elif fail is None:
@@ -80,6 +88,10 @@ def gallop_bisect(values: Sequence, start: int, fits: Callable[[object], bool],
     done = (ok is not None and fail is not None and fail - ok <= 1) or ok == len(values) - 1 \
         or fail == 0
     return ok, fail, None if done else f"stopped after fit_search.max_probes={max_probes}"
+
+
+INDISTINCT = ("the values between have peaks within the error band of both ends: the "
+              "prediction cannot tell them apart, so they were not probed")
 
 
 class _Prober:
@@ -188,8 +200,14 @@ def search_axis(cfg: FitSearchRunConfig, axis: Axis, prober: _Prober) -> AxisAns
         return AxisAnswer(str(axis), None, str(AC_ORDER[len(probes) - 1]), len(probes), reason,
                           probes)
     values, start = _candidates(cfg, axis)
+
+    def indistinct(a: int, b: int) -> bool:  # two probed values' peaks within the band
+        peak = {p["value"]: p["predicted_reserved_peak_bytes"] for p in probes}
+        low, high = peak[values[a]], peak[values[b]]
+        return high - low <= probes[-1]["error_band"] * high
+
     ok, fail, reason = gallop_bisect(values, start, lambda v: prober.fits(axis, v, probes),
-                                     max_probes)
+                                     max_probes, indistinct)
     return AxisAnswer(str(axis), None if ok is None else values[ok],
                       None if fail is None else values[fail], len(probes), reason, probes)
 

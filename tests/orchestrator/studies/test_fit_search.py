@@ -112,6 +112,12 @@ def test_gallop_then_bisect_on_a_known_boundary():
     ok, fail, reason = gallop_bisect(values, 0, fits, 3)
     assert (ok, fail) == (3, None) and "max_probes=3" in reason
     assert gallop_bisect(values, 0, lambda v: False, 5) == (None, 0, None)  # nothing fits
+
+    # ends whose peaks the prediction cannot tell apart: no probe spent between them
+    probed.clear()
+    ok, fail, reason = gallop_bisect(values, 0, fits, 20, lambda a, b: b - a < 10)
+    assert (values[ok], values[fail]) == (32, 40) and "within the error band" in reason
+    assert probed == [1, 2, 4, 8, 16, 32, 64, 48, 40]  # bisection stopped at 32 | 40
     assert gallop_bisect(values, 0, lambda v: True, 20) == (99, None, None)  # all fits
 
 
