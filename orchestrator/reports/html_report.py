@@ -118,8 +118,10 @@ def load_run(run_dir: Path) -> tuple[dict, list[dict]]:
 def _run_report(run_dir: Path) -> str:
     summary, ranks = load_run(run_dir)
     out = _plots_dir(run_dir)
-    figures = [(label, fmt(summary[key])) for key, label, fmt in _RUN_FIGURES
-               if summary.get(key) is not None]
+    why_not = plots.not_a_bound(summary)
+    figures = [(f"{label} (not a bound here: {why_not})" if why_not and
+                key == "liveness_lower_bound_bytes" else label, fmt(summary[key]))
+               for key, label, fmt in _RUN_FIGURES if summary.get(key) is not None]
     parts = ["<h2>Summary</h2>", kv_table(figures)]
     if summary.get("zero3"):
         parts += ["<h3>ZeRO-3</h3>", kv_table(sorted(

@@ -50,15 +50,28 @@ def _held_at(timeline, tick: int) -> int:
     return timeline[max(i, 0)][1]
 
 
+def not_a_bound(summary: dict) -> str | None:
+    """Why the liveness lower bound does not bound this run's peak (None when it does): it is
+    the peak if every storage lived exactly from its first to its last use, which a replay
+    that runs every op and holds what it made until its last use cannot go below. A comms
+    replay runs no compute op, and a lazy replay that flushed let go of live storages early."""
+    if summary.get("mode") == "comms":
+        return "replay.mode=comms runs no compute op"
+    if summary.get("allocation_mode") == "lazy" and summary.get("num_flushes"):
+        return "the lazy replay flushed live storages"
+    return None
+
+
 def plot_memory_timeline(summary: dict, rank_reports: list[dict], path: Path) -> bool:
     """Bytes held over op index, one line per rank: the most held in each downsampled bucket,
     shaded down to the fewest, so no extreme is lost; the peak marked; flushes marked on each
-    rank's line; the liveness bound, the capacity and the flush threshold (threshold x
-    capacity)."""
+    rank's line; the liveness bound (where it bounds: ``not_a_bound``), the capacity and the
+    flush threshold (threshold x capacity)."""
     ranks = sorted((r for r in rank_reports if r.get("memory_timeline")), key=lambda r: r["rank"])
     if not ranks:
         return False
-    bound = summary.get("liveness_lower_bound_bytes")
+    # drawn only where it bounds (a line above the peak would read as a broken bound)
+    bound = None if not_a_bound(summary) else summary.get("liveness_lower_bound_bytes")
     capacity = summary.get(DEVICE_CAPACITY_BYTES)
     threshold = summary.get(DEVICE_THRESHOLD)
     points = {r["rank"]: timeline_points(r["memory_timeline"]) for r in ranks}

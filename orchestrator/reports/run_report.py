@@ -26,7 +26,8 @@ from rich.table import Table
 
 from actors.errors import writing
 from actors.hardlink import link_or_copy
-from orchestrator.reports.plots import plot_iteration_times, plot_memory_timeline, timeline_points
+from orchestrator.reports.plots import not_a_bound, plot_iteration_times, plot_memory_timeline, \
+    timeline_points
 from orchestrator.reports.plots import timeline_scale  # noqa: F401 (re-exported)
 from orchestrator.reports.not_run import not_run_lines
 from orchestrator.results import atomic_write
@@ -252,9 +253,12 @@ def _footer(summary: dict) -> str:
     if summary.get("straggler_rank") is not None and summary.get("skew") is not None:
         parts.append(f"straggler rank {summary['straggler_rank']} (skew {summary['skew']:.2f}x)")
     measured = summary.get("measured_peak_bytes")
+    why_not = not_a_bound(summary)
     more = [(f"peak {human_bytes(measured)} measured, " if measured is not None else "")
             + f"{human_bytes(summary.get('accounted_peak_bytes'))} accounted, "
-            f"bound {human_bytes(summary.get('liveness_lower_bound_bytes'))}"]
+            + (f"liveness {human_bytes(summary.get('liveness_lower_bound_bytes'))} (not a "
+               f"bound: {why_not})" if why_not else
+               f"bound {human_bytes(summary.get('liveness_lower_bound_bytes'))}")]
     if summary.get("predicted_reserved_peak_bytes") is not None:
         more.append(_target_part(summary))
     if summary.get("coverage") is not None:

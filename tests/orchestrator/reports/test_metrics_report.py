@@ -274,6 +274,25 @@ def test_print_summary_rows_footer_and_error():
     assert "rank 2 oom at node 9 aten::cat: needs [1 GiB] more" in text
 
 
+def test_the_liveness_bound_is_called_a_bound_only_where_it_bounds():
+    """It is drawn and named a bound in full and compute replays; a comms replay (no compute
+    op) and a lazy one that flushed hold less, so there it is a figure with the reason."""
+    from orchestrator.reports.plots import not_a_bound
+
+    full = aggregate([ok_report(0, 0.1)], world_size=1)
+    assert not_a_bound({**full, "mode": "full"}) is None
+    assert not_a_bound({**full, "mode": "compute", "allocation_mode": "lazy",
+                        "num_flushes": 0}) is None
+    assert "comms runs no compute op" in not_a_bound({**full, "mode": "comms"})
+    assert "flushed" in not_a_bound({**full, "allocation_mode": "lazy", "num_flushes": 3})
+    for summary, said in (({**full, "mode": "full"}, "accounted, bound 80.0 MiB"),
+                          ({**full, "mode": "comms"}, "accounted, liveness 80.0 MiB (not a "
+                                                      "bound: replay.mode=comms runs no")):
+        console = Console(record=True, width=300)
+        print_summary(summary, console=console)
+        assert said in console.export_text()
+
+
 def test_print_summary_names_the_zero3_figures():
     summary = aggregate([ok_report(0, 0.1)], world_size=1, extra={"zero3": {
         "strategy": "leaf_coalesced", "world_size": 4, "num_allgathers_per_iteration": 12,
