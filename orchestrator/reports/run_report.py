@@ -233,6 +233,9 @@ def _collectives_table(collectives: dict) -> Table:
     return table
 
 
+MIN_ITERATIONS_TO_COMPARE = 6  # as the headline's 95% interval (actors/replay/timed_iterations.py)
+
+
 def interval_text(summary: dict) -> str:
     """``95% CI 54.1-58.3 ms over 20 iters`` (or why there is none) for the headline time."""
     n = summary.get("num_timed_iterations")
@@ -245,13 +248,21 @@ def interval_text(summary: dict) -> str:
 def _footer(summary: dict) -> str:
     """Two lines: status and time (with the headline's interval), then memory and coverage."""
     stats = summary.get("iteration_time_stats_s") or {}
+    # the step ends when its slowest rank does: per iteration the slowest rank's time, then
+    # the median over iterations, which is above every rank's own median when ranks take
+    # turns being slowest
     parts = [f"status {_status(summary.get('status'))}",
-             f"iter {_ms(summary.get('iteration_time_s'))} ms slowest rank "
-             f"({interval_text(summary)}; "
-             f"median rank {_ms(summary.get('iteration_time_median_s'))}, "
-             f"min rank {_ms(stats.get('min'))})"]
+             f"iter {_ms(summary.get('iteration_time_s'))} ms (slowest rank per iteration; "
+             f"{interval_text(summary)}; rank medians {_ms(stats.get('min'))}-"
+             f"{_ms(stats.get('max'))} ms)"]
+    num_timed = summary.get("num_timed_iterations") or 0
     if summary.get("straggler_rank") is not None and summary.get("skew") is not None:
-        parts.append(f"straggler rank {summary['straggler_rank']} (skew {summary['skew']:.2f}x)")
+        if num_timed >= MIN_ITERATIONS_TO_COMPARE:
+            parts.append(f"straggler rank {summary['straggler_rank']} (skew "
+                         f"{summary['skew']:.2f}x)")
+        else:  # one iteration's noise is no straggler
+            parts.append(f"ranks not compared ({num_timed} timed iteration(s), "
+                         f"{MIN_ITERATIONS_TO_COMPARE} needed)")
     measured = summary.get("measured_peak_bytes")
     why_not = not_a_bound(summary)
     more = [(f"peak {human_bytes(measured)} measured, " if measured is not None else "")

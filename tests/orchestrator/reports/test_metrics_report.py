@@ -254,8 +254,13 @@ def test_plots_are_quick_for_8_ranks_10k_points(tmp_path):
     assert elapsed_s < 3.0, f"writing the run outputs took {elapsed_s:.2f} s of CPU"
 
 
+def _timed(report: dict, num_iterations: int) -> dict:
+    t = report["iteration_time_s"]
+    return {**report, "iteration_times_s": [t * (0.9 + 0.1 * (k % 3)) for k in range(num_iterations)]}
+
+
 def test_print_summary_rows_footer_and_error():
-    reports = [ok_report(0, 0.1), ok_report(1, 0.25),
+    reports = [_timed(ok_report(0, 0.1), 8), _timed(ok_report(1, 0.25), 8),
                {"rank": 2, "status": "oom", "error": "needs [1 GiB] more", "last_op": "node 9 aten::cat"}]
     console = Console(record=True, width=160)
     print_summary(aggregate(reports, world_size=3), console=console)
@@ -268,6 +273,14 @@ def test_print_summary_rows_footer_and_error():
     assert any(" oom " in line and "2" in line for line in lines)
     assert "all_reduce" in text and "all_gather" in text
     assert "straggler rank 1 (skew 2.50x)" in text
+    # the headline is the step's time: each iteration's slowest rank, said so
+    assert "iter 250.0 ms (slowest rank per iteration; 95% CI " in text
+    assert "rank medians 100.0-250.0 ms)" in text
+    # 3 timed iterations: too few to call a rank a straggler
+    console = Console(record=True, width=300)
+    print_summary(aggregate([ok_report(0, 0.1), ok_report(1, 0.25)], world_size=2), console=console)
+    few = console.export_text()
+    assert "straggler" not in few and "ranks not compared (3 timed iteration(s), 6 needed)" in few
     assert "status oom" in text
     assert "peak 100.0 MiB measured, 90.0 MiB accounted" in text
     assert "zero3" not in text  # no emulation, no ZeRO-3 line
