@@ -168,8 +168,15 @@ def plot_threshold_sweep(frame: pd.DataFrame, path: Path) -> bool:
                         color=line.get_color(), markersize=9)
         if "iteration_time_s" in group:
             ax_time.plot(ok[DEVICE_THRESHOLD], ok["iteration_time_s"] * 1e3, "o-", label=label)
+            low, high = _interval_ms(ok)
+            if low is not None:  # each point's 95% interval: load noise is not an effect
+                ax_time.errorbar(ok[DEVICE_THRESHOLD], ok["iteration_time_s"] * 1e3,
+                                 yerr=[low, high], fmt="none", capsize=3, alpha=0.6,
+                                 ecolor=ax_time.lines[-1].get_color())
     if (frame[STATUS] != RunStatus.ok).any():
         ax_mem.plot([], [], "x", color="gray", label="did not finish (peak before it stopped)")
+    if {CI_LOW, CI_HIGH} <= set(frame.columns) and frame[CI_LOW].notna().any():
+        ax_time.plot([], [], "|", color="gray", markersize=9, label="95% interval")
     for ax, ylabel, title in ((ax_mem, f"peak memory ({unit})", "Peak memory"),
                               (ax_time, "iteration time, slowest rank (ms)", "Iteration time")):
         ax.set_xlabel(f"{DEVICE_THRESHOLD} (fraction of capacity)")
@@ -178,6 +185,20 @@ def plot_threshold_sweep(frame: pd.DataFrame, path: Path) -> bool:
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     return _save(fig, path)
+
+
+CI_LOW, CI_HIGH = "iteration_time_ci_low_s", "iteration_time_ci_high_s"
+
+
+def _interval_ms(points: pd.DataFrame) -> tuple[list | None, list | None]:
+    """Below and above each point's time to its 95% interval's ends, ms (0 where a point has
+    none: too few iterations); (None, None) when no point has one."""
+    if not {CI_LOW, CI_HIGH} <= set(points.columns) or points[CI_LOW].isna().all():
+        return None, None
+    t = points["iteration_time_s"]
+    low = ((t - points[CI_LOW]).clip(lower=0) * 1e3).fillna(0).tolist()
+    high = ((points[CI_HIGH] - t).clip(lower=0) * 1e3).fillna(0).tolist()
+    return low, high
 
 
 def plot_status_map(frame: pd.DataFrame, x_key: str, y_key: str | None, path: Path) -> bool:
