@@ -41,3 +41,11 @@ def kernel_lines(records: list[dict] | None) -> list[str]:
             line += f"; the CPU would have run {_KERNEL_NAMES.get(r['cpu_kernel'], 'its own')}"
         lines.append(line)
     return lines
+
+
+def outside_breakdown(p: dict) -> list[tuple[str, str]]:
+    """What the allocated peak holds beyond the trace's tensors, so not in the breakdown (of
+    the accounted peak): the cuBLAS workspace the target's first matmul allocates."""
+    workspace = (p.get("target") or {}).get("cublas_workspace_bytes")
+    return [("of which cuBLAS workspace*", f"{human_bytes(workspace)} (not a tensor of the "
+                                           "trace: not in the breakdown)")] if workspace else []

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from orchestrator.reports.not_run import not_run_lines
-from orchestrator.reports.predict_notes import breakdown_help, kernel_lines
+from orchestrator.reports.predict_notes import breakdown_help, kernel_lines, outside_breakdown
 from orchestrator.units import human_bytes
 
 
@@ -40,6 +40,7 @@ def prediction_table(p: dict) -> str:
     share = f"error band {100 * p['error_band']:g}% of the reserved peak = {human_bytes(band)}"
     rows = [
         ("allocated peak*", human_bytes(p["predicted_allocated_peak_bytes"])),
+        *outside_breakdown(p),
         ("reserved peak*", human_bytes(reserved)),
         ("usable capacity", f"{human_bytes(p['usable_capacity_bytes'])} = "
                             f"{human_bytes(t['device_memory_bytes'])} - CUDA context "

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from orchestrator.reports.predict_notes import breakdown_help, kernel_lines
+from orchestrator.reports.predict_notes import breakdown_help, kernel_lines, outside_breakdown
 from orchestrator.reports.predict_table import prediction_table
 from orchestrator.units import byte_unit, human_bytes
 from orchestrator.reports.html_parts import grid, img, kv_table
@@ -101,6 +101,7 @@ def _verdict(p: dict) -> str:
 def _figures(p: dict) -> list[tuple[str, str]]:
     op = p.get("peak_op")
     rows = [("allocated peak (predicted)", human_bytes(p["predicted_allocated_peak_bytes"])),
+            *outside_breakdown(p),
             ("reserved peak (predicted)", human_bytes(p["predicted_reserved_peak_bytes"])),
             ("usable capacity", human_bytes(p["usable_capacity_bytes"])),
             ("headroom", human_bytes(p["headroom_bytes"])),

@@ -102,3 +102,19 @@ def test_the_page_renders_in_headless_chromium(run, tmp_path):
     colors = region.getcolors(maxcolors=1 << 20) or []
     assert sum(n for n, c in colors if sum(c) < 600) > 0.05 * region.width * region.height
     assert len(colors) > 50
+
+
+def test_the_cublas_workspace_is_said_where_the_peak_is(run):
+    """The allocated peak holds the target's cuBLAS workspace (served first, kept all run);
+    the breakdown is of the trace's tensors, so the table and page name it beside the peak."""
+    from orchestrator.reports.predict_table import prediction_table
+
+    out, p = run
+    workspace = p["target"]["cublas_workspace_bytes"]
+    assert workspace > 0 and p["predicted_allocated_peak_bytes"] >= workspace
+    table = prediction_table(p)
+    rows = table.splitlines()
+    at = next(i for i, line in enumerate(rows) if line.startswith("| allocated peak* |"))
+    assert rows[at + 1].startswith("| of which cuBLAS workspace* | ") and \
+        "not in the breakdown" in rows[at + 1]
+    assert "of which cuBLAS workspace*" in (out / PAGE_NAME).read_text()
