@@ -30,7 +30,7 @@ import orjson
 import psutil
 
 from actors.choices import Choice
-from actors.errors import writing
+from actors.atomic_file import atomic_write
 from orchestrator.errors import ResultsError
 from orchestrator.status import RunStatus
 
@@ -243,22 +243,6 @@ def read_json(path, what: str):
     except orjson.JSONDecodeError as e:
         cut = "cut short" if e.pos >= len(data.rstrip()) else "corrupt"
         raise ResultsError(f"{path}: {what} that is not valid JSON ({cut}: {e})") from None
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``path`` whole or not at all: ``.<name>.<pid>.tmp`` beside it, then a rename. The
-    rename replaces whatever ``path`` is, a planted symlink included (never written through),
-    and the temp file is opened without following a link."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    try:
-        with writing(path, path.name), os.fdopen(fd, "wb") as f:
-            f.write(data)
-    except BaseException:  # a full disk: no half-written temp file left beside
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
 
 
 def _remove_stale_temps(root: Path, rows_dir: Path) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import orjson
 import psutil
 
-from orchestrator.results import atomic_write
+from actors.atomic_file import atomic_write
 
 log = logging.getLogger("tracefleet")
 

@@ -22,7 +22,8 @@ from orchestrator.reports import plots
 from orchestrator.reports.oom_study_table import plot_oom_study, study_table
 from orchestrator.errors import ResultsError
 from orchestrator.results import CAPACITY, KIND, MAX_FAILING_CAPACITY, MIN_CAPACITY, MODE, POINT, \
-    REASON, RUN_DIR, STATUS, THRESHOLD, ResultsStore, RowKind, atomic_write
+    REASON, RUN_DIR, STATUS, THRESHOLD, ResultsStore, RowKind
+from actors.atomic_file import atomic_write
 from orchestrator.units import human_bytes
 from orchestrator.reports.html_parts import img, kv_table
 from orchestrator.reports.summary_file import read_summary

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from orchestrator.reports.plots import STATUS_COLORS
+from orchestrator.reports.plots import STATUS_COLORS, save_png
 from orchestrator.results import CAPACITY, KIND, MIN_CAPACITY, MODE, STATUS, STUDY_PART, \
     THRESHOLD, RowKind, StudyPart
 from orchestrator.status import RunStatus
@@ -101,7 +101,7 @@ def plot_oom_study(frame: pd.DataFrame, path: Path) -> bool:
     ax.grid(alpha=0.3, axis="x")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    save_png(fig, path)
     return True
 
 

@@ -13,6 +13,7 @@ import pandas as pd
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
+from actors.atomic_file import write_with
 from orchestrator.results import ALLOCATION_MODE, DEVICE_CAPACITY_BYTES, DEVICE_THRESHOLD, KIND, \
     MIN_CAPACITY, MODE, STATUS, THRESHOLD, RowKind
 from orchestrator.status import RunStatus
@@ -319,5 +320,10 @@ def _ordered(column: pd.Series) -> list[str]:
 
 def _save(fig: Figure, path: Path) -> bool:
     fig.tight_layout()
-    fig.savefig(path)
+    save_png(fig, path)
     return True
+
+
+def save_png(fig: Figure, path: Path) -> None:
+    """``fig`` as a PNG at ``path``, whole and never through a planted link."""
+    write_with(path, lambda buffer: fig.savefig(buffer, format="png"))

@@ -4,9 +4,10 @@ the cp rank) or by its rank; ``memory/rank-<r>.csv`` (op index, accounted bytes 
 op, the most and fewest held since the previous sample) and one plot of them all."""
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
+from actors.atomic_file import atomic_write
+from orchestrator.reports.plots import save_png
 from orchestrator.units import byte_unit
 
 PLOT = "memory_timelines.png"
@@ -46,10 +47,9 @@ def write_timelines(out_dir: Path, reports: dict[int, dict], roles_by_name: dict
     scale, unit = byte_unit(peak)
     for role, figures in roles_by_name.items():
         points = reports[figures["rank"]]["memory_timeline"]
-        with open(folder / f"rank-{figures['rank']}.csv", "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["op_index", "held_bytes", "high_bytes", "low_bytes"])
-            writer.writerows(points)
+        rows = "".join(",".join(map(str, p)) + "\n" for p in points)
+        atomic_write(folder / f"rank-{figures['rank']}.csv",
+                     ("op_index,held_bytes,high_bytes,low_bytes\n" + rows).encode())
         if points:
             ax.plot([p[0] for p in points], [p[2] / scale for p in points], label=role)
     ax.set_xlabel("op index (first iteration)")
@@ -59,5 +59,5 @@ def write_timelines(out_dir: Path, reports: dict[int, dict], roles_by_name: dict
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(Path(out_dir) / PLOT)
+    save_png(fig, Path(out_dir) / PLOT)
     return PLOT

@@ -15,11 +15,12 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from orchestrator.reports.plots import save_png
 from orchestrator.reports.predict_notes import breakdown_help, kernel_lines, outside_breakdown
 from orchestrator.reports.predict_table import prediction_table
 from orchestrator.units import byte_unit, human_bytes
 from orchestrator.reports.html_parts import grid, img, kv_table
-from orchestrator.results import atomic_write
+from actors.atomic_file import atomic_write
 
 PAGE_NAME = "prediction.html"
 PLOTS_DIR = "prediction"
@@ -167,7 +168,7 @@ def plot_memory(p: dict, path: Path) -> None:
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
+    save_png(fig, path)
 
 
 def plot_streams(peak: dict, path: Path) -> None:
@@ -184,4 +185,4 @@ def plot_streams(peak: dict, path: Path) -> None:
     ax.set_xlim(0, max(values) * 1.25 / scale)
     ax.invert_yaxis()
     fig.tight_layout()
-    fig.savefig(path)
+    save_png(fig, path)

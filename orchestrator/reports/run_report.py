@@ -30,7 +30,7 @@ from orchestrator.reports.plots import not_a_bound, plot_iteration_times, plot_m
     timeline_points
 from orchestrator.reports.plots import timeline_scale  # noqa: F401 (re-exported)
 from orchestrator.reports.not_run import not_run_lines
-from orchestrator.results import atomic_write
+from actors.atomic_file import atomic_write, write_with
 from orchestrator.status import RunStatus
 from orchestrator.units import human_bytes
 
@@ -114,7 +114,7 @@ def _write_memory_timelines(rank_reports: list[dict], memory_dir: Path) -> list[
         else:
             lines = "".join(f"{op},{held},{most},{fewest}\n"
                             for op, held, most, fewest in timeline_points(timeline))
-            path.write_text("op_index,bytes,max_bytes,min_bytes\n" + lines)
+            atomic_write(path, ("op_index,bytes,max_bytes,min_bytes\n" + lines).encode())
             written[id(timeline)] = path
         paths.append(path)
     return paths
@@ -157,13 +157,13 @@ def _write_run_outputs(summary: dict, rank_reports: list[dict], out_dir: Path,
 
     frame = ranks_frame(summary)
     written["ranks_csv"] = out_dir / "ranks.csv"
-    frame.to_csv(written["ranks_csv"], index=False)
+    write_with(written["ranks_csv"], lambda buffer: frame.to_csv(buffer, index=False))
     written["ranks_parquet"] = out_dir / "ranks.parquet"
-    frame.to_parquet(written["ranks_parquet"], index=False)
+    write_with(written["ranks_parquet"], lambda buffer: frame.to_parquet(buffer, index=False))
 
     if config_yaml is not None:
         written["config"] = out_dir / "config.yaml"
-        written["config"].write_text(config_yaml)
+        atomic_write(written["config"], config_yaml.encode())
 
     for path in _write_memory_timelines(rank_reports, out_dir / "memory"):
         written[f"memory_{path.stem}"] = path

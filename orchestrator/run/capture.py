@@ -31,7 +31,7 @@ from actors.capture.workload_config import WorkloadConfig, validate as validate_
 from actors.errors import ConfigError, TracefleetError
 from actors.time_limit import time_limit
 from orchestrator.config import ClusterConfig, Transfer
-from orchestrator.results import atomic_write
+from actors.atomic_file import atomic_write
 
 
 @dataclass

@@ -13,8 +13,10 @@ from pathlib import Path
 import orjson
 from matplotlib.figure import Figure
 
+from orchestrator.reports.plots import save_png
 from orchestrator.studies.fit_search_config import AC_ORDER, FitSearchRunConfig
-from orchestrator.results import ResultsStore, RowKind, atomic_write, make_row
+from actors.atomic_file import atomic_write
+from orchestrator.results import ResultsStore, RowKind, make_row
 from orchestrator.status import RunStatus
 from orchestrator.units import byte_unit, human_bytes
 
@@ -163,5 +165,5 @@ def plot_axis(axis: str, probes: list[dict], path: Path) -> bool:
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
-    fig.savefig(path)
+    save_png(fig, path)
     return True

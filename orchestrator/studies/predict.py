@@ -332,7 +332,7 @@ def _write_outputs(out_dir: Path, result: dict, snapshots: dict, reports: dict) 
     fails (a full disk) names the folder, and leaves no prediction.json: one is there only
     when everything it lists was written (it is written last, whole or not at all)."""
     from orchestrator.reports.prediction_page import write_prediction_page  # matplotlib
-    from orchestrator.results import atomic_write
+    from actors.atomic_file import atomic_write
 
     with writing(out_dir, "the prediction's files"):
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ import gzip
 import pytest
 
 import actors.capture.recorder as recorder
-import orchestrator.results as results
+import actors.atomic_file as atomic_file
 import orchestrator.studies.predict as study_predict
 from actors.errors import writing
 from orchestrator.cli.app import user_error_status
@@ -64,9 +64,9 @@ def test_atomic_write_on_a_full_disk_leaves_the_old_file_and_no_temp(tmp_path, m
             self.f.write(data[:3])  # some bytes got out, then the disk filled
             _full()
 
-    monkeypatch.setattr(results.os, "fdopen", FullFile)
+    monkeypatch.setattr(atomic_file.os, "fdopen", FullFile)
     with pytest.raises(OSError, match="No space left on device") as e:
-        results.atomic_write(path, b'{"new": 2}')
+        atomic_file.atomic_write(path, b'{"new": 2}')
     assert e.value.filename == str(path)
     assert path.read_bytes() == b'{"old": 1}'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
+from actors.atomic_file import atomic_write
 from actors.replay.memory.allocator_events import ACTIONS, ALLOC, NO_CATEGORY, OOM, UNTAGGED
 from actors.trace.categories import CATEGORIES
 from actors.trace.conventions import parse_module_range
@@ -158,6 +159,6 @@ def write_snapshots(out_dir, snapshots: dict) -> dict[str, str]:
     for rank, data in sorted(snapshots.items()):
         if data is not None:
             name = SNAPSHOT_FILE.format(rank=rank)
-            (Path(out_dir) / name).write_bytes(data)
+            atomic_write(Path(out_dir) / name, data)
             written[str(rank)] = name
     return written
