@@ -11,6 +11,8 @@ import socket
 import ray
 import torch.distributed as dist
 
+from actors.launcher_env import launcher_environment
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on ``host`` right now ("" = every interface of this machine)."""
@@ -59,15 +61,8 @@ class RankWorkerBase:
         if cuda_visible_devices is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible_devices
             self.device_index = device_index
-        os.environ.update({
-            "RANK": str(rank),
-            "LOCAL_RANK": str(local_rank),
-            "WORLD_SIZE": str(world_size),
-            "LOCAL_WORLD_SIZE": str(local_world_size),
-            "NODE_RANK": str(node_rank),
-            "MASTER_ADDR": master_addr,
-            "MASTER_PORT": str(master_port),
-        })
+        os.environ.update(launcher_environment(rank, local_rank, world_size, local_world_size,
+                                               node_rank, master_addr, master_port))
 
     def ping(self) -> bool:
         """Health check: True as soon as the actor can run a method."""

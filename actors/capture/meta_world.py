@@ -33,6 +33,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
+from actors.launcher_env import launcher_environment
 from actors.trace.conventions import trace_file_name
 from actors.capture import free_markers
 from actors.capture.cuda_dispatch import cuda_kernels
@@ -152,9 +153,8 @@ def rank_environment(rank: int, world_size: int) -> dict[str, str]:
     read them: DeepSpeed's engine asserts LOCAL_RANK), ranks placed GPUS_PER_NODE to a node;
     DeepSpeed's accelerator is the CPU's unless the user chose one."""
     local_world = min(world_size, GPUS_PER_NODE)
-    return {"RANK": str(rank), "WORLD_SIZE": str(world_size),
-            "LOCAL_RANK": str(rank % local_world), "LOCAL_WORLD_SIZE": str(local_world),
-            "NODE_RANK": str(rank // local_world),
+    return {**launcher_environment(rank, rank % local_world, world_size, local_world,
+                                   rank // local_world),
             "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
 
 
