@@ -155,7 +155,7 @@ class ExperimentConfig:
     resume: bool = setting(True, help=(
         "--multirun: skip the points already recorded in the sweep root's results table."))
     report: bool = setting(True, help=(
-        "Write report.html (plots and tables) at the end of a sweep or a search."))
+        "Write report.html (plots and tables) at the end of a run, a sweep or a search."))
     preflight_only: bool = setting(False, help=(
         "Run pre-flight only (no actors): write preflight.json and summary.json, then stop."))
     dedup_identical_ranks: bool = setting(True, help=(

@@ -29,6 +29,7 @@ from actors.hardlink import link_or_copy
 from orchestrator.reports.plots import not_a_bound, plot_iteration_times, plot_memory_timeline, \
     timeline_points
 from orchestrator.reports.plots import timeline_scale  # noqa: F401 (re-exported)
+from orchestrator.reports.html_report import REPORT_NAME
 from orchestrator.reports.not_run import not_run_lines
 from actors.atomic_file import atomic_write, write_with
 from orchestrator.status import RunStatus
@@ -345,13 +346,15 @@ def _zero3_line(z: dict) -> str:
 
 
 def print_outputs(out_dir: Path, console=None) -> None:
-    """The run's folder and what is in it, and the command that writes its page."""
+    """The run's folder and what is in it, and its page (or the command that writes it)."""
     console = console or Console()
     out_dir = Path(out_dir).resolve()
     names = [p.name + ("/" if p.is_dir() else "") for p in sorted(out_dir.iterdir())
              if not p.name.startswith(".")]
     console.print(f"results: {out_dir} ({', '.join(names)})", markup=False)
-    console.print(f"page: tracefleet-report {out_dir}  (writes report.html there)", markup=False)
+    page = out_dir / REPORT_NAME
+    console.print(f"page: {page}" if page.is_file() else
+                  f"page: tracefleet-report {out_dir}  (writes report.html there)", markup=False)
 
 
 def print_summary(summary: dict, console: Console | None = None) -> None:

@@ -15,6 +15,7 @@ from actors.replay.memory.snapshot import write_snapshots
 from actors.rank_actor import RankActor, ReplayRequest
 from orchestrator.preflight import dedup
 from orchestrator.reports import run_report as report
+from orchestrator.reports.html_report import write_report
 from orchestrator.run.aggregate import aggregate, extension_summaries
 from orchestrator.config import RunConfig
 from orchestrator.cluster.node_state import lost_nodes
@@ -131,7 +132,9 @@ def _run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None, console,
     timings["total_s"] = clock.elapsed_s()
     report.write_summary(summary, out_dir)  # again, now with every phase's time
     log.info("timings: %s", ", ".join(f"{k} {v:.2f}" for k, v in timings.items()))
-    if not quiet:  # where it all went, last, where the eye lands
+    if not quiet:  # the page people look at, then where it all went: last, where the eye lands
+        if cfg.experiment.report:
+            write_report(out_dir)
         report.print_outputs(out_dir, console)
     return summary
 

@@ -71,7 +71,8 @@ def test_two_rank_full_replay_writes_outputs(ray_session, traces2, tmp_path):
     assert kinds["all_reduce"]["num_calls"] > 0
     on_disk = orjson.loads((tmp_path / "summary.json").read_bytes())
     assert on_disk["status"] == "ok" and len(on_disk["ranks"]) == 2
-    for name in ("ranks.csv", "ranks.parquet", "memory/rank-0.csv", "memory/rank-1.csv"):
+    for name in ("ranks.csv", "ranks.parquet", "memory/rank-0.csv", "memory/rank-1.csv",
+                 "report.html"):  # the page too: no tracefleet-report needed to look at it
         assert (tmp_path / name).stat().st_size > 0
     # Phase timings: disjoint intervals of the run, so they add up to at most its total, and
     # the replay phase holds every measured iteration of the slowest rank.

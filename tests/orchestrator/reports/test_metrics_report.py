@@ -400,3 +400,9 @@ def test_a_run_ends_by_saying_where_its_outputs_are(tmp_path):
     assert results.startswith(f"results: {tmp_path.resolve()} (") and "summary.json" in results \
         and "ranks.csv" in results
     assert page.startswith(f"page: tracefleet-report {tmp_path.resolve()}")
+    from orchestrator.reports.html_report import write_report
+
+    write_report(tmp_path)  # what a run does before it prints these lines
+    console = Console(record=True, width=400)
+    print_outputs(tmp_path, console)
+    assert console.export_text().splitlines()[1] == f"page: {tmp_path.resolve() / 'report.html'}"
