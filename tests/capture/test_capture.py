@@ -28,6 +28,7 @@ from actors.trace.stats import trace_stats
 from orchestrator.run.capture import CaptureConfig, prepare_out_dir, run_capture_job
 from orchestrator.config import REPO_ROOT, ClusterConfig
 from tests.capture.test_capture_meta import SMALL_LLAMA, meta_capture
+from tests.support.bounds import CAPTURE_BOUND_S, CLUSTER_START_S
 
 REPO = REPO_ROOT
 DEMO = REPO / "demo" / "traces"
@@ -56,7 +57,7 @@ def ray_cluster(torch_extensions_dir):
 def _capture(out_dir: Path, warmup_iters: int = 1, base: dict = TINY, **workload) -> dict:
     cfg = CaptureConfig(workload=WorkloadConfig(**{**base, **workload}), world_size=2,
                         warmup_iters=warmup_iters, timing_iters=2, out_dir=str(out_dir),
-                        capture_timeout_s=240, cluster=ClusterConfig(timeout_s=180))
+                        capture_timeout_s=CAPTURE_BOUND_S, cluster=ClusterConfig(timeout_s=CLUSTER_START_S))
     return run_capture_job(cfg)
 
 
@@ -334,7 +335,7 @@ def test_llama_on_cpu_and_on_meta_agree(ray_cluster, tmp_path):
     cpu_dir, meta_dir = tmp_path / "cpu", tmp_path / "meta"
     cfg = CaptureConfig(workload=WorkloadConfig(**SMALL_LLAMA), world_size=2, warmup_iters=1,
                         timing_iters=1, num_threads=1, record_kineto=False, out_dir=str(cpu_dir),
-                        capture_timeout_s=240, cluster=ClusterConfig(timeout_s=180))
+                        capture_timeout_s=CAPTURE_BOUND_S, cluster=ClusterConfig(timeout_s=CLUSTER_START_S))
     run_capture_job(cfg)
     meta_capture(meta_dir, 2)
     cpu, meta = (load_trace(d / trace_file_name(1)) for d in (cpu_dir, meta_dir))

@@ -25,6 +25,7 @@ from actors.trace import load_trace
 from orchestrator.run.capture import CaptureConfig, run_capture_job
 from orchestrator.config import REPO_ROOT, ClusterConfig
 from tests.capture.test_capture_fake import DDP_EXAMPLE, FSDP2_EXAMPLE, fake_capture
+from tests.support.bounds import CAPTURE_BOUND_S, CLUSTER_START_S
 
 REPO = REPO_ROOT
 CPU_CTX = CaptureContext(torch.device("cpu"), rank=0, world_size=1, mesh=None)
@@ -43,7 +44,8 @@ def real_captures(tmp_path_factory):
             run_capture_job(CaptureConfig(
                 workload=WorkloadConfig(model="custom", entrypoint=entrypoint), world_size=2,
                 warmup_iters=2, timing_iters=1, num_threads=1, record_kineto=False,
-                out_dir=str(outs[name]), capture_timeout_s=240, cluster=ClusterConfig(timeout_s=180)))
+                out_dir=str(outs[name]), capture_timeout_s=CAPTURE_BOUND_S,
+                cluster=ClusterConfig(timeout_s=CLUSTER_START_S)))
         yield outs
     finally:
         ray.shutdown()

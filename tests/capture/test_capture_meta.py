@@ -25,6 +25,7 @@ from actors.trace.stats import trace_stats
 from orchestrator.config import CONF_DIR
 from orchestrator.run.capture import CaptureConfig, register_configs, run_capture_job
 from orchestrator.preflight.validate import preflight
+from tests.support.bounds import CLUSTER_START_S
 
 SMALL_LLAMA = dict(kind="llama_dp", vocab=96, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
                    ffn_dim=64, seq_len=16, batch_size=2, dp_bucket_numel=3000)
@@ -178,7 +179,7 @@ def test_comms_replay_of_a_meta_capture(tmp_path):
     ray.init(num_cpus=2, include_dashboard=False, _temp_dir=ray_dir, log_to_driver=False)
     try:
         summary = run_replay(RunConfig(
-            cluster=ClusterConfig(timeout_s=180), trace=TraceConfig(dir=str(traces)),
+            cluster=ClusterConfig(timeout_s=CLUSTER_START_S), trace=TraceConfig(dir=str(traces)),
             replay=ReplayConfig(mode="comms", iters=1, warmup_iters=0, collective_timeout_s=60),
             experiment=ExperimentConfig(replay_timeout_s=120, failure_grace_s=3)), tmp_path / "run")
     finally:

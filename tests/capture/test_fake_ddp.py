@@ -26,6 +26,7 @@ from actors.trace.conventions import trace_file_name
 from orchestrator.config import REPO_ROOT, ClusterConfig
 from orchestrator.run.capture import CaptureConfig, run_capture_job
 from tests.capture.test_capture_fake import fake_capture
+from tests.support.bounds import CAPTURE_BOUND_S, CLUSTER_START_S
 
 VARIANTS = str(REPO_ROOT / "tests" / "support" / "ddp_variants.py") + ":build"
 EXAMPLES = REPO_ROOT / "examples"
@@ -43,7 +44,8 @@ def variants(tmp_path_factory):
         run_capture_job(CaptureConfig(
             workload=WorkloadConfig(model="custom", entrypoint=VARIANTS), world_size=2,
             warmup_iters=2, timing_iters=1, num_threads=1, record_kineto=False,
-            out_dir=str(real), capture_timeout_s=240, cluster=ClusterConfig(timeout_s=180)))
+            out_dir=str(real), capture_timeout_s=CAPTURE_BOUND_S,
+            cluster=ClusterConfig(timeout_s=CLUSTER_START_S)))
     finally:
         ray.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)

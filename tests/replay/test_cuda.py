@@ -8,6 +8,7 @@ from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine, pick_device
 from actors.trace import load_trace
 from orchestrator.config import DEMO_TRACES
+from tests.support.bounds import CLUSTER_START_S
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -87,7 +88,7 @@ def test_two_rank_nccl_replay(tmp_path):
     traces = capture_ranks(tmp_path / "tr", 2)
     ray.init(num_cpus=4, num_gpus=2, include_dashboard=False, _temp_dir=str(tmp_path / "ray"))
     try:
-        summary = run_replay(RunConfig(cluster=ClusterConfig(timeout_s=180),
+        summary = run_replay(RunConfig(cluster=ClusterConfig(timeout_s=CLUSTER_START_S),
                                        trace=TraceConfig(dir=str(traces)),
                                        replay=ReplayConfig(device="cuda", iters=2)), tmp_path / "out")
     finally:

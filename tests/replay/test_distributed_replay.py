@@ -21,7 +21,7 @@ from actors.replay.config import AllocationConfig, ReplayConfig
 from orchestrator.config import ClusterConfig, ExperimentConfig, RunConfig, TraceConfig
 from orchestrator.run.launch import run_replay
 from tests.support.trace_factory import capture_ranks
-from tests.support.bounds import LOAD_MARGIN_S
+from tests.support.bounds import CLUSTER_START_S, LOAD_MARGIN_S
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +48,7 @@ def traces4(tmp_path_factory):
 def _cfg(trace_dir, **replay):
     replay.setdefault("iters", 2)
     alloc = replay.pop("alloc", "pre_allocate")
-    return RunConfig(cluster=ClusterConfig(timeout_s=180),
+    return RunConfig(cluster=ClusterConfig(timeout_s=CLUSTER_START_S),
                      trace=TraceConfig(dir=str(trace_dir)),
                      replay=ReplayConfig(allocation=AllocationConfig(mode=alloc),
                                          collective_timeout_s=20, **replay),

@@ -11,6 +11,7 @@ from actors.replay.config import AllocationConfig, ReplayConfig
 from orchestrator.config import ClusterConfig, ExperimentConfig, RunConfig, TraceConfig
 from orchestrator.run.capture import CaptureConfig, run_capture_job
 from orchestrator.run.launch import run_replay
+from tests.support.bounds import CLUSTER_START_S
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +36,7 @@ def test_mesh_traces_replay_on_gloo(ray_session, tmp_path, parallelism, kinds):
     traces = tmp_path / "traces"
     run_capture_job(CaptureConfig(workload=WorkloadConfig(**TINY, parallelism=parallelism),
                                   world_size=4, out_dir=str(traces)))
-    cfg = RunConfig(cluster=ClusterConfig(timeout_s=180), trace=TraceConfig(dir=str(traces)),
+    cfg = RunConfig(cluster=ClusterConfig(timeout_s=CLUSTER_START_S), trace=TraceConfig(dir=str(traces)),
                     replay=ReplayConfig(iters=1, collective_timeout_s=30,
                                         allocation=AllocationConfig(mode="lazy")),
                     experiment=ExperimentConfig(replay_timeout_s=300, failure_grace_s=3))

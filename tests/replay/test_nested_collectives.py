@@ -27,6 +27,7 @@ import os, sys
 from datetime import timedelta
 import torch, torch.distributed as dist, torch.nn as nn
 from torch.profiler import ExecutionTraceObserver
+from tests.support.bounds import CLUSTER_START_S
 
 rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 torch.set_num_threads(1)
@@ -121,7 +122,7 @@ def test_a_real_mismatch_is_still_refused_in_full_mode(ddp_traces, tmp_path):
 
 
 def _cfg(trace_dir, **replay) -> RunConfig:
-    return RunConfig(cluster=ClusterConfig(timeout_s=180, num_cpus=4),
+    return RunConfig(cluster=ClusterConfig(timeout_s=CLUSTER_START_S, num_cpus=4),
                      trace=TraceConfig(dir=str(trace_dir)),
                      replay=ReplayConfig(iters=2, warmup_iters=1, collective_timeout_s=20, **replay),
                      experiment=ExperimentConfig(replay_timeout_s=120, failure_grace_s=3))

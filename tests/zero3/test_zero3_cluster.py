@@ -13,6 +13,7 @@ from actors.replay.config import ReplayConfig
 from actors.zero3.config import Zero3Config
 from orchestrator.config import DEMO_TRACES, ClusterConfig, ExperimentConfig, RunConfig, TraceConfig
 from orchestrator.run.launch import run_replay
+from tests.support.bounds import CLUSTER_START_S
 
 pytestmark = pytest.mark.slow
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -21,7 +22,7 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 def _run(cluster, folder, tmp_path, zero3: Zero3Config):
     cfg = RunConfig(
         cluster=ClusterConfig(address=cluster.address, placement_strategy="SPREAD",
-                              timeout_s=180.0, log_to_driver=False),
+                              timeout_s=CLUSTER_START_S, log_to_driver=False),
         trace=TraceConfig(dir=str(DEMO_TRACES / folder)),
         replay=ReplayConfig(iters=2, warmup_iters=0, collective_timeout_s=30),
         zero3=zero3, experiment=ExperimentConfig(replay_timeout_s=90, failure_grace_s=5))

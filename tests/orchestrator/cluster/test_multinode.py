@@ -16,6 +16,7 @@ from orchestrator.config import DEMO_TRACES, ClusterConfig, ExperimentConfig, Ru
 from orchestrator.cluster.connect import connect
 from orchestrator.run.launch import run_replay
 from orchestrator.cluster.worker_group import WorkerGroup
+from tests.support.bounds import CLUSTER_START_S
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +27,7 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 def test_four_ranks_spread_over_two_nodes_all_reduce(two_node_cluster):
     cfg = ClusterConfig(address=two_node_cluster.address, placement_strategy="SPREAD",
-                        timeout_s=180.0, log_to_driver=False)
+                        timeout_s=CLUSTER_START_S, log_to_driver=False)
     handle = connect(cfg, world_size=4)
     try:
         assert not handle.started_ray
@@ -59,7 +60,7 @@ class BytesOnlyRank(RankActor):
 def test_demo_replay_spread_over_two_nodes(two_node_cluster, tmp_path, transfer, actor_cls):
     cfg = RunConfig(
         cluster=ClusterConfig(address=two_node_cluster.address, placement_strategy="SPREAD",
-                              timeout_s=180.0, log_to_driver=False),
+                              timeout_s=CLUSTER_START_S, log_to_driver=False),
         trace=TraceConfig(dir=str(DEMO_DIR), transfer=transfer),
         replay=ReplayConfig(iters=2, warmup_iters=0, collective_timeout_s=30),
         experiment=ExperimentConfig(replay_timeout_s=60, failure_grace_s=5))

@@ -11,7 +11,7 @@ import pytest
 import ray
 import torch.distributed as dist
 from ray.exceptions import RayActorError
-from tests.support.bounds import LOAD_MARGIN_S
+from tests.support.bounds import CLUSTER_START_S, LOAD_MARGIN_S
 from tests.support.ray_nodes import GlooProbe
 
 from actors.errors import ConfigError
@@ -31,7 +31,7 @@ NUM_CPUS = 4
 @pytest.fixture(scope="module")
 def cluster_cfg():
     temp_dir = tempfile.mkdtemp(prefix="tf-wg-", dir="/tmp")
-    cfg = ClusterConfig(num_cpus=NUM_CPUS, temp_dir=temp_dir, timeout_s=180.0,
+    cfg = ClusterConfig(num_cpus=NUM_CPUS, temp_dir=temp_dir, timeout_s=CLUSTER_START_S,
                         log_to_driver=False)
     handle = connect(cfg, world_size=NUM_CPUS)
     try:

@@ -18,6 +18,7 @@ from orchestrator.config import ClusterConfig, ExperimentConfig, RunConfig, Trac
 from orchestrator.preflight.dedup import expand_reports
 from orchestrator.run.launch import run_replay
 from tests.support.trace_factory import capture_ranks
+from tests.support.bounds import CLUSTER_START_S
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +116,7 @@ def test_copies_are_hard_links(tmp_path, monkeypatch):
 
 
 def _cfg(trace_dir, mode):
-    return RunConfig(cluster=ClusterConfig(timeout_s=180), trace=TraceConfig(dir=str(trace_dir)),
+    return RunConfig(cluster=ClusterConfig(timeout_s=CLUSTER_START_S), trace=TraceConfig(dir=str(trace_dir)),
                      replay=ReplayConfig(mode=mode, iters=2, collective_timeout_s=20,
                                          allocation=AllocationConfig(mode="lazy")),
                      experiment=ExperimentConfig(replay_timeout_s=120, failure_grace_s=3))

@@ -18,6 +18,7 @@ from orchestrator.preflight.signature import rank_signature
 from orchestrator.preflight.signature_pool import collect, pick_executor
 from orchestrator.preflight.validate import preflight
 from scripts.bench_preflight import write_rank_files
+from tests.support.bounds import CLUSTER_START_S
 
 LAYERS = 40
 
@@ -106,7 +107,7 @@ class _Holder:
 
 
 def _cfg(trace_dir, **trace) -> RunConfig:
-    return RunConfig(cluster=ClusterConfig(timeout_s=180, num_cpus=4),
+    return RunConfig(cluster=ClusterConfig(timeout_s=CLUSTER_START_S, num_cpus=4),
                      trace=TraceConfig(dir=str(trace_dir), **trace),
                      replay=ReplayConfig(mode="compute", device="meta", iters=1, warmup_iters=0),
                      experiment=ExperimentConfig(replay_timeout_s=180, failure_grace_s=3))

@@ -20,6 +20,7 @@ import pytest
 from orchestrator.config import REPO_ROOT
 from orchestrator.results import CSV_NAME, PARQUET_NAME, ROWS_DIR
 from tests.support.chain_trace import TENSOR_BYTES, capture_chain
+from tests.support.bounds import CLUSTER_START_S
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +29,7 @@ REPO = REPO_ROOT
 # faithful (the default) holds the demo's 8 MiB of parameters before the first op: 1MiB is an OOM
 # before any collective, 1GiB fits.
 SWEEP = ["--multirun", "replay.device_memory_capacity=1MiB,1GiB", "replay.warmup_iters=0",
-         "cluster.timeout_s=180", "experiment.replay_timeout_s=120"]
+         f"cluster.timeout_s={CLUSTER_START_S:g}", "experiment.replay_timeout_s=120"]
 
 
 @pytest.fixture

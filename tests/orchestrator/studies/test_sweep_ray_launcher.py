@@ -17,6 +17,7 @@ from orchestrator.config import REPO_ROOT
 from orchestrator.results import CSV_NAME
 from tests.support.chain_trace import TENSOR_BYTES, capture_chain
 from tests.support.ray_nodes import ray_two_node_cluster
+from tests.support.bounds import CLUSTER_START_S
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +35,7 @@ def _points(trace_dir, sweep_dir) -> list[str]:
     # lazy needs 3 tensors at once: 2 of them is an OOM, 4 fits
     return ["--multirun", f"trace.dir={trace_dir}", "replay=dry_run", "replay.iters=1",
             f"replay.device_memory_capacity={2 * TENSOR_BYTES},{4 * TENSOR_BYTES}",
-            f"hydra.sweep.dir={sweep_dir}", "experiment.report=false", "cluster.timeout_s=180"]
+            f"hydra.sweep.dir={sweep_dir}", "experiment.report=false", f"cluster.timeout_s={CLUSTER_START_S:g}"]
 
 
 def _check(proc, sweep_dir: Path):
