@@ -189,9 +189,9 @@ def pp_job(tmp_path_factory):
     out = tmp_path_factory.mktemp("pp")
     bounded = []
 
-    def time_limit(seconds, key, what):
+    def time_limit(seconds, key, what, **stall):
         bounded.append((seconds, what))
-        return real_time_limit(seconds, key, what)
+        return real_time_limit(seconds, key, what, **stall)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(capture_module, "time_limit", time_limit)

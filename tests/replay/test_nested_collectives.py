@@ -19,6 +19,7 @@ from actors.replay.config import ReplayConfig
 from actors.trace import load_trace
 from orchestrator.config import ClusterConfig, ExperimentConfig, RunConfig, TraceConfig
 from orchestrator.preflight.validate import preflight
+from tests.support.bounds import CLUSTER_START_S
 from tests.support.trace_factory import et_tail, run_rank_script
 
 CAPTURE_TIMEOUT_S = 180
@@ -27,7 +28,6 @@ import os, sys
 from datetime import timedelta
 import torch, torch.distributed as dist, torch.nn as nn
 from torch.profiler import ExecutionTraceObserver
-from tests.support.bounds import CLUSTER_START_S
 
 rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 torch.set_num_threads(1)
