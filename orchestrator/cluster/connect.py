@@ -50,6 +50,9 @@ class ClusterHandle:
         self.owns_connection = False
 
 
+LOCAL_START_ATTEMPTS = 2  # Ray's node start, missed under load, is tried once more
+
+
 def connect(cfg: ClusterConfig, world_size: int) -> ClusterHandle:
     """Start or join Ray for a run of ``world_size`` ranks.
 
@@ -68,8 +71,27 @@ def connect(cfg: ClusterConfig, world_size: int) -> ClusterHandle:
         if cfg.temp_dir:
             os.makedirs(cfg.temp_dir, exist_ok=True)
         before = frozenset(p.pid for p in stale_cluster.cluster_processes())
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=cfg.log_to_driver,
-                 _temp_dir=cfg.temp_dir, runtime_env=cfg.runtime_env)
+        for attempt in range(LOCAL_START_ATTEMPTS):
+            try:
+                ray.init(num_cpus=num_cpus, include_dashboard=False,
+                         log_to_driver=cfg.log_to_driver, _temp_dir=cfg.temp_dir,
+                         runtime_env=cfg.runtime_env)
+                break
+            except Exception as exc:  # noqa: BLE001 (Ray raises a bare Exception for it)
+                if "timed out during startup" not in str(exc):
+                    raise
+                # Ray's own 30 s bound on its node's start, missed on a loaded machine: what
+                # that attempt started is stopped by pid, then once more
+                ray.shutdown()
+                for proc in stale_cluster.cluster_processes():
+                    if proc.pid not in before:
+                        proc.kill()
+                if attempt == LOCAL_START_ATTEMPTS - 1:
+                    raise ClusterError(f"the local Ray cluster did not start ({exc}) in "
+                                       f"{LOCAL_START_ATTEMPTS} attempts; the machine may be "
+                                       "overloaded: try again, or join a running cluster "
+                                       "with cluster.address") from None
+                log.warning("the local Ray cluster did not start (%s); starting it again", exc)
         interrupts.reassert()  # Ray's driver replaced the SIGTERM handler (it aborts)
         return ClusterHandle(True, True, ray.get_runtime_context().gcs_address, before)
     if cfg.address != "auto" and not cfg.address.startswith("ray://"):
