@@ -112,7 +112,12 @@ def test_cp_ranks_are_roles_and_a_dry_run_needs_one_file_each(cp_job, tmp_path):
             if op.collective.pg_name == _groups(out / trace_file_name(1))["mesh_cp"]]
     assert {op.collective.kind for op in ring} >= {"all_gather_into_tensor", "all_to_all_single"}
     peaks = [_dry_run(out / trace_file_name(r))["accounted_peak_bytes"] for r in range(4)]
-    assert peaks[0] == peaks[2] and peaks[1] == peaks[3] and peaks[0] != peaks[1]
+    assert peaks[0] == peaks[2] and peaks[1] == peaks[3]
+    # the two cp ranks run different programs: their traces differ (by their ops; their
+    # peaks differ by tens of bytes that also vary from one capture to the next, so two
+    # captures' peaks can meet)
+    num_ops = [len(load_trace(out / trace_file_name(r)).ops) for r in range(2)]
+    assert num_ops[0] != num_ops[1]
     few = _capture(tmp_path / "reps", {"cp": 2}, rank0_only=True)
     assert [r["rank"] for r in few["ranks"]] == [0, 1]
     assert sorted(p.name for p in (tmp_path / "reps").glob("rank-*")) == \
