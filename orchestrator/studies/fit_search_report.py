@@ -161,9 +161,34 @@ def plot_axis(axis: str, probes: list[dict], path: Path) -> bool:
     ax.set_xlabel(OVERRIDE_KEYS[axis])
     ax.set_ylabel(f"bytes ({unit})")
     ax.set_ylim(bottom=0)
-    ax.set_title(f"fit_search {axis}: reserved peak (* predicted) against the usable capacity")
+    ax.set_title(f"fit_search {axis}\nreserved peak (* predicted) against the usable capacity",
+                 fontsize="medium")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
+    if axis not in ("activation_checkpointing", "layout"):
+        _label_without_overlap(fig, ax, xs, _answer_values(probes))
     save_png(fig, path)
     return True
+
+
+def _answer_values(probes: list[dict]) -> list:
+    """The best value that fits and the first above it that does not: the labels to keep."""
+    fits = [p["value"] for p in probes if p["verdict"] == "fits"]
+    best = max(fits) if fits else None
+    failing = [p["value"] for p in probes if p["verdict"] != "fits"
+               and (best is None or p["value"] > best)]
+    return [v for v in (best, min(failing) if failing else None) if v is not None]
+
+
+def _label_without_overlap(fig: Figure, ax, xs: list, first: list) -> None:
+    """Every probed value keeps its tick; a bisection's last probes lie pixels apart, so only
+    labels that do not overlap one already kept are written, the answers' first."""
+    fig.draw_without_rendering()
+    boxes = {x: label.get_window_extent().expanded(1.15, 1.0)
+             for x, label in zip(xs, ax.get_xticklabels())}
+    kept: list = []
+    for x in [*first, *sorted(xs)]:
+        if x not in kept and not any(boxes[x].overlaps(boxes[k]) for k in kept):
+            kept.append(x)
+    ax.set_xticks(xs, [str(x) if x in kept else "" for x in xs])
