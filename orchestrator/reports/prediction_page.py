@@ -142,11 +142,14 @@ def plot_memory(p: dict, path: Path) -> None:
     top = reserved if far else max(reserved, usable)
     scale, unit = byte_unit(top)
     fig = Figure(figsize=(12, 5.2), dpi=100)
-    ax = fig.add_subplot()
-    series = [name for name in t["series"] if any(pt[cols.index(name)] for pt in points)]
+    ax, at_peak = fig.subplots(1, 2, sharey=True, width_ratios=[14, 1])
+    at = (t.get("allocated_peak") or {}).get("by_series") or {}
+    series = [name for name in t["series"]
+              if at.get(name) or any(pt[cols.index(name)] for pt in points)]
+    colors = [_SERIES_COLORS.get(s, "#bab0ab") for s in series]
     ax.stackplot(x, *[[pt[cols.index(name)] / scale for pt in points] for name in series],
-                 labels=series, colors=[_SERIES_COLORS.get(s, "#bab0ab") for s in series],
-                 step="post", alpha=0.9)
+                 labels=series, colors=colors, step="post", alpha=0.9)
+    _stack_at_allocated_peak(at_peak, t.get("allocated_peak"), series, colors, scale)
     ax.step(x, [pt[1] / scale for pt in points], where="post", color="black", lw=1.2,
             label="allocated*")
     ax.step(x, [pt[2] / scale for pt in points], where="post", color="#d62728", lw=1.6,
@@ -165,10 +168,30 @@ def plot_memory(p: dict, path: Path) -> None:
     ax.set_ylim(0, top * 1.08 / scale)
     off = f"; usable capacity {human_bytes(usable)}, off the scale" if far else ""
     ax.set_title(f"verdict: {p['verdict']}{off}  (* predicted by the caching allocator model)")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    at_peak.legend(*ax.get_legend_handles_labels(), loc="upper left", bbox_to_anchor=(1.05, 1),
+                   fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     save_png(fig, path)
+
+
+def _stack_at_allocated_peak(ax, peak: dict | None, series: list[str], colors: list[str],
+                             scale: float) -> None:
+    """The allocated peak's categories as one stacked bar: on the timeline a peak held for one
+    op is a spike narrower than a pixel, its stack invisible."""
+    ax.set_xticks([])
+    if not peak or "by_series" not in peak:
+        ax.set_axis_off()
+        return
+    bottom = 0.0
+    for name, color in zip(series, colors):
+        height = peak["by_series"].get(name, 0) / scale
+        ax.bar(0, height, bottom=bottom, color=color, alpha=0.9, width=0.8)
+        bottom += height
+    ax.plot([0], [peak["bytes"] / scale], marker="_", ms=22, mew=2, color="black")
+    ax.set_title(f"allocated peak*\n{human_bytes(peak['bytes'])}\n"
+                 f"it. {peak['iteration']}, op {peak['op_index']}", fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
 
 
 def plot_streams(peak: dict, path: Path) -> None:

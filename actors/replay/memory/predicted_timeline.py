@@ -1,6 +1,7 @@
 """The caching allocator model's memory over the last iteration, for ``prediction.html``:
 allocated bytes by category (they stack up to the allocated line), the reserved line, and the
-two peaks with where they happened (the reserved one split by stream).
+two peaks with where they happened (the reserved one split by stream, the allocated one by
+category: a peak one op wide is a sub-pixel spike on the plot).
 
 Sampled at every allocation and free (nothing changes in between), downsampled into buckets
 of ops: a bucket keeps the state at its highest allocated point (categories and allocated
@@ -65,8 +66,11 @@ class PredictedTimeline:
                               for s, b in sorted(m.stream_reserved.items()) if b}}
         if allocated > self._allocated_peak:
             self._allocated_peak = allocated
+            # a new allocated peak is this bucket's high too: _at_high holds its stack
             self.allocated_peak = {"bytes": allocated, "iteration": self.iteration,
-                                   "op_index": op_index}
+                                   "op_index": op_index,
+                                   "by_series": {name: b for name, b in
+                                                 zip(SERIES, self._at_high[1:]) if b}}
 
     def _by_series(self) -> list[int]:
         out = [0] * len(SERIES)

@@ -118,3 +118,41 @@ def test_the_cublas_workspace_is_said_where_the_peak_is(run):
     assert rows[at + 1].startswith("| of which cuBLAS workspace* | ") and \
         "not in the breakdown" in rows[at + 1]
     assert "of which cuBLAS workspace*" in (out / PAGE_NAME).read_text()
+
+
+def test_the_allocated_peaks_stack_is_recorded_whole(run):
+    _, p = run
+    peak = p["memory_timeline"]["allocated_peak"]
+    assert sum(peak["by_series"].values()) == peak["bytes"] == p["predicted_allocated_peak_bytes"]
+    assert set(peak["by_series"]) <= set(SERIES) and all(peak["by_series"].values())
+
+
+def test_a_one_op_peak_still_shows_its_stack(monkeypatch, tmp_path):
+    """A peak held for one op of thousands is narrower than a pixel on the timeline: the bar
+    beside it stacks the peak's categories to the peak."""
+    from orchestrator.reports import prediction_page
+
+    cols = ["op_index", "allocated_bytes", "reserved_bytes", *SERIES]
+    mib = 2**20
+
+    def point(op, params, acts):
+        row = dict.fromkeys(SERIES, 0) | {"parameters": params, "activations": acts}
+        return [op, params + acts, 2 * (params + acts), *(row[s] for s in SERIES)]
+    points = [point(i, 100 * mib, 10 * mib) for i in range(0, 5000, 10)]
+    points[250] = point(2500, 100 * mib, 900 * mib)  # one op: 9x the activations
+    peak = {"bytes": 1000 * mib, "iteration": 2, "op_index": 2500,
+            "by_series": {"parameters": 100 * mib, "activations": 900 * mib}}
+    p = {"memory_timeline": {"columns": cols, "points": points, "series": list(SERIES),
+                             "iteration": 2, "measured": True, "ops_per_point": 10,
+                             "reserved_peak": None, "allocated_peak": peak},
+         "usable_capacity_bytes": 4000 * mib, "predicted_reserved_peak_bytes": 2000 * mib,
+         "error_band": 0.1, "verdict": "fits"}
+    figures = []
+    monkeypatch.setattr(prediction_page, "save_png", lambda fig, path: figures.append(fig))
+    prediction_page.plot_memory(p, tmp_path / "memory.png")
+    bar = figures[0].axes[1]
+    heights = {patch.get_facecolor()[:3]: patch.get_height() for patch in bar.patches}
+    scale = 1000 * mib / sum(heights.values())  # the plot's unit, whatever it picked
+    assert sorted(h * scale for h in heights.values()) == \
+        pytest.approx(sorted(peak["by_series"].values()))
+    assert "op 2500" in bar.get_title()
