@@ -120,9 +120,12 @@ def _figures(p: dict) -> list[tuple[str, str]]:
 def _caption(timeline: dict) -> str:
     which = "measured" if timeline.get("measured") else "warm-up"
     peak = timeline.get("reserved_peak") or {}
+    elsewhere = peak and peak["iteration"] != timeline["iteration"]
     where = "" if not peak else (
         f" The reserved peak, {html.escape(human_bytes(peak['bytes']))}, is reached at op "
-        f"{peak['op_index']} of iteration {peak['iteration']}.")
+        f"{peak['op_index']} of iteration {peak['iteration']}"
+        + (", not the iteration plotted: its red line stays below the peak." if elsewhere
+           else "."))
     return (f"<p>Iteration {timeline['iteration']} ({which}), each point the highest allocated "
             f"state of {timeline['ops_per_point']} op(s); the stack is the caching allocator "
             f"model's allocated blocks by what they hold, the reserved line what its segments "

@@ -197,7 +197,8 @@ def _status(status: str | None) -> str:
 
 
 def _ranks_table(summary: dict) -> Table:
-    table = Table(title=f"tracefleet run: {summary.get('world_size')} ranks", title_justify="left",
+    table = Table(title=f"tracefleet run: {summary.get('world_size')} ranks{_how(summary)}",
+                  title_justify="left",
                   box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     # Two-line headers and a wrapable node column keep 10 columns readable in 80 characters.
     table.add_column("rank", justify="right", no_wrap=True)
@@ -235,6 +236,16 @@ def _collectives_table(collectives: dict) -> Table:
 
 
 MIN_ITERATIONS_TO_COMPARE = 6  # as the headline's 95% interval (actors/replay/timed_iterations.py)
+
+
+def _how(summary: dict) -> str:
+    """How the ranks replayed (mode, device, allocation): a dry run's lazy allocation and
+    unmeasured meta device change what the figures mean, so the title says so."""
+    devices = sorted({str(r["device"]) for r in summary.get("ranks", []) if r.get("device")})
+    parts = [f"{summary['mode']} replay" if summary.get("mode") else None,
+             f"on {'/'.join(devices)}" if devices else None,
+             f"{summary['allocation_mode']} allocation" if summary.get("allocation_mode") else None]
+    return "".join(f", {p}" for p in parts if p)
 
 
 def interval_text(summary: dict) -> str:

@@ -406,3 +406,15 @@ def test_a_run_ends_by_saying_where_its_outputs_are(tmp_path):
     console = Console(record=True, width=400)
     print_outputs(tmp_path, console)
     assert console.export_text().splitlines()[1] == f"page: {tmp_path.resolve() / 'report.html'}"
+
+
+def test_the_title_says_how_the_ranks_replayed():
+    """A dry run replays on meta with lazy allocation: figures that mean something else than a
+    faithful compute replay's, so the table's title names mode, device and allocation."""
+    reports = [{**ok_report(r, 0.1), "device": "meta"} for r in range(2)]
+    summary = aggregate(reports, world_size=2,
+                        extra={"mode": "compute", "allocation_mode": "lazy"})
+    console = Console(record=True, width=160)
+    print_summary(summary, console=console)
+    assert "tracefleet run: 2 ranks, compute replay, on meta, lazy allocation" in \
+        console.export_text()

@@ -156,3 +156,13 @@ def test_a_one_op_peak_still_shows_its_stack(monkeypatch, tmp_path):
     assert sorted(h * scale for h in heights.values()) == \
         pytest.approx(sorted(peak["by_series"].values()))
     assert "op 2500" in bar.get_title()
+
+
+def test_a_peak_outside_the_plotted_iteration_is_said_to_be_elsewhere():
+    from orchestrator.reports.prediction_page import _caption
+
+    timeline = {"iteration": 2, "measured": True, "ops_per_point": 3,
+                "reserved_peak": {"bytes": 3 * 2**30, "iteration": 1, "op_index": 40}}
+    assert "op 40 of iteration 1, not the iteration plotted" in _caption(timeline)
+    same = {**timeline, "reserved_peak": {**timeline["reserved_peak"], "iteration": 2}}
+    assert "op 40 of iteration 2." in _caption(same) and "not the" not in _caption(same)
