@@ -205,7 +205,7 @@ def _tracker_rank(workload: dict, env: dict, out: str) -> None:
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from actors.capture.meta_world import _shapes_only
+    from actors.capture.fake_rank import _shapes_only
     from actors.capture.workloads import WorkloadConfig, build_workload
 
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD)

@@ -11,7 +11,7 @@ from pathlib import Path
 from orchestrator.config import REPO_ROOT
 
 CONTRACTS = ("orchestrator-layers", "actors-layers", "capture-beside-replay", "api-on-top",
-             "actors-below-orchestrator")
+             "actors-below-orchestrator", "no-import-loops")
 
 
 def _lint_imports(root: Path) -> subprocess.CompletedProcess:
@@ -47,9 +47,14 @@ def test_an_upward_import_breaks_its_contract(tmp_path):
         f.write("\nimport tracefleet.api  # noqa: E402,F401\n")
     with open(tmp_path / "actors" / "hardlink.py", "a") as f:
         f.write("\nimport orchestrator.results  # noqa: E402,F401\n")
+    # a loop hidden inside a function: the archive reader calling back into the loader that
+    # reads through it (loader -> source -> archive)
+    with open(tmp_path / "actors" / "trace" / "archive.py", "a") as f:
+        f.write("\n\ndef _planted():\n    from actors.trace import loader  # noqa: F401\n")
     proc = _lint_imports(tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert _kept_and_broken(proc.stdout) == (len(CONTRACTS) - 3, 3), proc.stdout
+    assert _kept_and_broken(proc.stdout) == (len(CONTRACTS) - 4, 4), proc.stdout
+    assert "No cycles are allowed in actors.trace" in proc.stdout, proc.stdout
     assert "orchestrator.units -> orchestrator.studies.sweep" in proc.stdout, proc.stdout
     assert "actors.hardlink -> orchestrator.results" in proc.stdout, proc.stdout
     assert "orchestrator.reports.predict_table -> tracefleet.api" in proc.stdout, proc.stdout

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from actors.capture.attention import Attention, causal_attention
 from actors.capture.moe import MoE, MoeSpec
+from actors.capture.swiglu import SwiGLU
 
 
 class RMSNorm(nn.Module):
@@ -78,17 +79,6 @@ class GQAttention(nn.Module):
         else:
             y = self.context_parallel(q, _repeat_kv(k, n_rep), _repeat_kv(v, n_rep))
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
-
-
-class SwiGLU(nn.Module):
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-
-    def forward(self, x):
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class TransformerBlock(nn.Module):

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from actors.capture.fake_mode import strip_dispatch_mode_nodes
 from actors.capture.group_names import GroupNamingFakeMode, as_rank, group_table, name_c10d_groups
 from actors.capture.memory import MemoryMeter
-from actors.capture.meta_world import fake_errors, fake_tensors, record_workload
+from actors.capture.fake_rank import FAKE_MEMORY_METHOD, fake_errors, fake_tensors, record_workload
 from actors.capture.mesh import build_mesh, rank_roles
 from actors.capture.meta_storage import unique_meta_storages
 from actors.capture.parallelize.eager_dtensor import eager_dtensor
@@ -116,8 +116,6 @@ def run_mesh_capture(cfg: dict, out_dir: str, world_size: int, num_files: int | 
     roles = rank_roles(par, world_size, skewed_experts=wl.moe_experts > 0 and
                        wl.moe_routing_skew > 0)
     no_memory = MemoryMeter(torch.device("meta")).result()
-    from actors.capture.meta_world import FAKE_MEMORY_METHOD
-
     no_memory["method"] = FAKE_MEMORY_METHOD
     mesh_info = {"degrees": par.degrees(world_size), "description": par.describe(world_size),
                  "roles": roles}

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import is_fake
 
 from actors.capture.fake_values import value_of
+from actors.capture.swiglu import SwiGLU
 from actors.choices import Choice
 
 
@@ -105,8 +106,6 @@ class MoE(nn.Module):
     """The feed-forward of an MoE block (see the module docstring)."""
 
     def __init__(self, dim: int, spec: MoeSpec):
-        from actors.capture.llama import SwiGLU  # the dense feed-forward (llama imports this)
-
         super().__init__()
         self.spec = spec
         self.gate = nn.Linear(dim, spec.num_experts, bias=False)

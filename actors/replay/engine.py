@@ -19,7 +19,7 @@ import torch
 from actors.gc_pause import gc_paused
 from actors.replay.config import ReplayConfig
 from actors.replay.extension_list import build_extensions
-from actors.replay.memory.accounting import OutOfMemory
+from actors.replay.out_of_memory import OutOfMemory
 from actors.replay.ops.op_call import OP_ERRORS
 from actors.replay.program import compile_program, pick_device
 from actors.replay.report import RankReport

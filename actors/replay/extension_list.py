@@ -19,7 +19,7 @@ from actors.replay.extension_contract import ReplayExtension
 from actors.replay.host_gaps import HostGaps
 from actors.replay.memory.meters import MemoryMeter, make_meter
 from actors.replay.memory.nested_memory import NestedMemory
-from actors.replay.memory.reserved_model import reserved_model_extensions
+from actors.replay.memory.model_recording import reserved_model_extensions
 from actors.replay.memory.target import TargetConfig
 from actors.trace.model import Trace
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from actors.choices import Choice
 from actors.errors import TracefleetError, describe
-from actors.replay.memory.accounting import OutOfMemory
+from actors.replay.out_of_memory import OutOfMemory
 
 
 class FailureStatus(Choice):

@@ -31,6 +31,7 @@ from actors.capture.workload_config import WorkloadConfig, validate as validate_
 from actors.errors import ConfigError, TracefleetError
 from actors.time_limit import time_limit
 from orchestrator.config import ClusterConfig, Transfer
+from orchestrator.run.fake_check import check_fake
 from actors.atomic_file import atomic_write
 
 
@@ -179,9 +180,7 @@ def run_capture_job(cfg: CaptureConfig, rank0_only: bool = False,
             ranks = _capture_on_ray(cfg, out_dir)
         meta = build_meta(cfg, ranks, out_dir, time.perf_counter() - start)
         if cfg.workload.check_fake:  # the same step for real at world 2 (fake_check.py)
-            from orchestrator.run.fake_check import check_fake
-
-            meta["check_fake"] = check_fake(cfg, out_dir).to_dict()
+            meta["check_fake"] = check_fake(cfg, out_dir, run_capture_job).to_dict()
         # replaced, never written through: a symlink planted as meta.json stays pointing at
         # a file tracefleet does not touch
         atomic_write(Path(out_dir) / META_JSON, json.dumps(meta, indent=2).encode())

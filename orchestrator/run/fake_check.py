@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+from typing import Callable
 
 from actors.capture.workload_config import WorkloadDevice
 from actors.trace.conventions import trace_file_name
@@ -20,11 +21,10 @@ CHECK_DIR = "check_fake"
 CHECK_JSON = "check_fake.json"
 
 
-def check_fake(cfg, out_dir: str) -> FakeCheck:
-    """Capture ``cfg``'s workload for real and on fake at world 2 under ``out_dir`` and compare
-    rank 0's traces; the outcome is also written to ``out_dir/check_fake.json``."""
-    from orchestrator.run.capture import run_capture_job
-
+def check_fake(cfg, out_dir: str, run_capture_job: Callable[..., object]) -> FakeCheck:
+    """Capture ``cfg``'s workload for real and on fake at world 2 under ``out_dir`` with
+    ``run_capture_job`` (orchestrator/run/capture.py's, which calls this: passed, not imported)
+    and compare rank 0's traces; the outcome is also written to ``out_dir/check_fake.json``."""
     paths = {}
     for device, rank0_only in ((WorkloadDevice.cpu, False), (WorkloadDevice.fake, True)):
         side = copy.deepcopy(cfg)

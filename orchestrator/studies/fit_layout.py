@@ -19,6 +19,7 @@ import itertools
 
 from actors.capture.mesh import ParallelismConfig, validate_parallelism
 from actors.errors import ConfigError
+from orchestrator.studies.fit_answer import AxisAnswer
 from orchestrator.studies.fit_search_config import Axis, FitSearchRunConfig
 from orchestrator.units import human_bytes
 
@@ -52,10 +53,8 @@ def describe(cfg: FitSearchRunConfig, layout: dict) -> str:
 
 
 def search_layout(cfg: FitSearchRunConfig, prober):
-    """The layout axis' answer (orchestrator/studies/fit_search.py's ``AxisAnswer``): the
-    cheapest layout that fits, and in ``others`` every cheaper one with why it does not."""
-    from orchestrator.studies.fit_search import AxisAnswer
-
+    """The layout axis' answer: the cheapest layout that fits, and in ``others`` every cheaper
+    one with why it does not."""
     probes: list[dict] = []
     others: list[dict] = []
     for layout in layout_candidates(cfg):

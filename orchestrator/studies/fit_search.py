@@ -26,32 +26,18 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Callable, Sequence
 
 from actors.errors import ConfigError
+from orchestrator.studies.fit_answer import AxisAnswer
+from orchestrator.studies.fit_layout import search_layout, with_layout
 from orchestrator.studies.fit_search_config import AC_ORDER, Axis, FitSearchRunConfig
 from orchestrator.studies.worker_pool import in_workers, tell_parent
 from orchestrator.studies.predict import PredictConfig, Verdict, predict
 
 log = logging.getLogger("tracefleet")
-
-
-@dataclass
-class AxisAnswer:
-    """The outcome of one axis' search."""
-
-    axis: str
-    best: int | str | None  # the best candidate seen to fit; None: none did
-    # the nearest more ambitious candidate seen not to fit (None: the search ran to the end of
-    # its candidates, or was stopped)
-    first_failing: int | str | None
-    num_probes: int
-    reason: str | None  # why the answer is not a proven boundary, None when it is
-    probes: list[dict] = field(default_factory=list)  # the probe records, in probe order
-    # the layout axis: every cheaper layout, with why it does not fit (fit_layout.py)
-    others: list[dict] = field(default_factory=list)
 
 
 def gallop_bisect(values: Sequence, start: int, fits: Callable[[object], bool],
@@ -124,8 +110,6 @@ class _Prober:
         if axis == Axis.world_size:
             cfg.world_size = value
         elif axis == Axis.layout:
-            from orchestrator.studies.fit_layout import with_layout
-
             cfg = with_layout(cfg, value)
         else:
             setattr(cfg.workload, str(axis), value)
@@ -187,8 +171,6 @@ def search_axis(cfg: FitSearchRunConfig, axis: Axis, prober: _Prober) -> AxisAns
     probes: list[dict] = []
     max_probes = cfg.fit_search.max_probes
     if axis == Axis.layout:
-        from orchestrator.studies.fit_layout import search_layout
-
         return search_layout(cfg, prober)
     if axis == Axis.activation_checkpointing:
         for level in AC_ORDER[:max_probes]:

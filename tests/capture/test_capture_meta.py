@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from actors.trace.conventions import trace_file_name
 from actors.capture.meta_storage import unique_meta_storages
-from actors.capture.meta_world import record_meta_rank
+from actors.capture.fake_rank import record_meta_rank
 from actors.capture.workloads import WorkloadConfig, build_model
 from actors.errors import ConfigError
 from actors.trace import load_trace

@@ -133,7 +133,7 @@ def test_workload_compile_compiles_every_block_of_the_built_in_model(tmp_path, a
     attention used to break the graph on fake, which left a checkpointed block eager; full AC's
     recompute replays attention under inductor's run_with_rng_state, a higher-order op whose
     fake rule torch keys by FakeTensorMode's exact type and whose RNG state is a real tensor)."""
-    from actors.capture.meta_world import record_meta_rank
+    from actors.capture.fake_rank import record_meta_rank
 
     def capture(compiled: bool):
         cfg = {"workload": dict(model="llama", parallel="fsdp2", precision="bf16_mixed",

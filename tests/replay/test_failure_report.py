@@ -12,7 +12,7 @@ from actors.errors import CollectiveTimeout, TraceError
 from actors.replay.comm.process_groups import ProcessGroups
 from actors.replay.comm.replayer import CollectiveReplayer
 from actors.replay.failure import FailureReport, status_of
-from actors.replay.memory.accounting import OutOfMemory
+from actors.replay.out_of_memory import OutOfMemory
 
 
 @pytest.mark.parametrize("error,status", [

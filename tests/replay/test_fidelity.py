@@ -400,7 +400,7 @@ def test_small_host_gaps_merge_into_fewer_waits_before_collectives(step_trace):
 
 
 def test_an_oom_in_an_extension_hook_names_the_op_next_to_it(step_trace):
-    from actors.replay.memory.accounting import OutOfMemory
+    from actors.replay.out_of_memory import OutOfMemory
 
     def refuse(engine, iteration):
         raise OutOfMemory(engine.memory.held_bytes, 1 << 30, 1 << 30)

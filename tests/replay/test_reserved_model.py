@@ -8,7 +8,8 @@ from actors.errors import ConfigError
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
 from actors.replay.memory.accounting import MemoryTracker
-from actors.replay.memory.reserved_model import ReservedMemoryModel, reserved_model_extensions
+from actors.replay.memory.model_recording import reserved_model_extensions
+from actors.replay.memory.reserved_model import ReservedMemoryModel
 from actors.replay.memory.target import CudaAllocatorConfig, TargetConfig, cublas_workspace_bytes
 from actors.trace import load_trace
 from orchestrator.config import DEMO_TRACES, REPO_ROOT

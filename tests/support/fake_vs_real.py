@@ -2,7 +2,7 @@
 traces' top-level op histograms (names and counts, ``actors.trace.load_trace``'s ops).
 
 Both captures take the production path of ``workload=custom``: the fake one is
-:func:`actors.capture.meta_world.record_meta_rank` (fake process group, ``CaptureFakeMode``,
+:func:`actors.capture.fake_rank.record_meta_rank` (fake process group, ``CaptureFakeMode``,
 one warm-up, the recorder), the real one the same builder, warm-up and recorder on cpu in this
 process over a 1-rank gloo group (the steps compared here have no collectives of their own; a
 world-2 real capture needs Ray: tests/capture/test_capture_custom.py). One intra-op thread on
@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from actors.capture.context import world_mesh
-from actors.capture.meta_world import record_meta_rank
+from actors.capture.fake_rank import record_meta_rank
 from actors.capture.recorder import record_iteration
 from actors.capture.worker import warm_up
 from actors.capture.workloads import WorkloadConfig, build_workload

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from actors.errors import ConfigError, ReplayError, TraceError, TracefleetError
-from actors.replay.memory.accounting import OutOfMemory
+from actors.replay.out_of_memory import OutOfMemory
 from actors.trace import load_trace
 from tests.support.et_json import RELU, ROOTS, node, side, tensor, tensor_list, write_trace
 from orchestrator.errors import ClusterError

@@ -10,7 +10,7 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from actors.capture.meta_world import record_meta_rank
+from actors.capture.fake_rank import record_meta_rank
 from actors.capture.workloads import WorkloadConfig, build_workload
 from actors.rank_base import free_port
 from actors.replay.config import ReplayConfig

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from actors.replay.memory.accounting import MemoryTracker, OutOfMemory
+from actors.replay.memory.accounting import MemoryTracker
+from actors.replay.out_of_memory import OutOfMemory
 from actors.replay.memory.tensor_store import TensorStore
 
 

@@ -119,3 +119,14 @@ def pop_snapshot(rank_report: dict) -> bytes | None:
     if not isinstance(allocator, dict):
         return None
     return allocator.pop(SNAPSHOT_KEY, None)
+
+
+def reserved_model_extensions(target: TargetConfig | None, snapshot: bool = False,
+                              timeline: bool = False) -> list:
+    """The model as a replay extension when ``target`` names a device, else none; with
+    ``snapshot`` or ``timeline``, the recording model above, which keeps its history."""
+    if target is None or not target.enabled:
+        return []
+    if snapshot or timeline:
+        return [RecordingReservedModel(target, snapshot=snapshot, timeline=timeline)]
+    return [ReservedMemoryModel(target)]

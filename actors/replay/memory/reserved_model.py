@@ -137,16 +137,3 @@ class ReservedMemoryModel(ReplayExtension):
     def headline(self) -> dict:
         stats = {**self.model.stats(), "num_predicted_ooms": self.model.num_ooms}
         return {k: stats[k] for k in HEADLINE}
-
-
-def reserved_model_extensions(target: TargetConfig | None, snapshot: bool = False,
-                              timeline: bool = False) -> list:
-    """The model as a replay extension when ``target`` names a device, else none; with
-    ``snapshot`` or ``timeline``, the model that keeps its history
-    (actors/replay/memory/model_recording.py)."""
-    if target is None or not target.enabled:
-        return []
-    if snapshot or timeline:
-        from actors.replay.memory.model_recording import RecordingReservedModel
-        return [RecordingReservedModel(target, snapshot=snapshot, timeline=timeline)]
-    return [ReservedMemoryModel(target)]

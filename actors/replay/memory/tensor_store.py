@@ -14,7 +14,8 @@ import torch
 
 from actors.replay.ops.index_safety import DEFAULT_INT_RANGE, fill_int_tensor
 from actors.errors import ReplayError, describe
-from actors.replay.memory.accounting import MemoryTracker, is_allocation_failure
+from actors.replay.memory.accounting import MemoryTracker
+from actors.replay.out_of_memory import is_allocation_failure
 from actors.trace.liveness import Liveness
 from actors.trace.model import TensorArg
 

@@ -30,9 +30,12 @@ lists of those runs its kernel, as does every call whose signature has no recipe
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from actors.replay.step_plan import Step
+if TYPE_CHECKING:  # a type only: step_plan builds on ops/, so a run-time import is a loop
+    from actors.replay.step_plan import Step
 
 # argument types a signature keys by value (type included: 1, 1.0 and True are equal in Python
 # but give full() different dtypes)

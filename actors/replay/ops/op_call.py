@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 
 from actors.errors import ReplayError
-from actors.replay.memory.accounting import OutOfMemory, is_allocation_failure
+from actors.replay.out_of_memory import OutOfMemory, is_allocation_failure
 from actors.replay.ops import standins
 from actors.trace.model import TensorArg
 
