@@ -50,11 +50,16 @@ def outcome(rank: int, ref) -> Result:
     except OutOfMemoryError as exc:  # Ray's memory monitor killed the actor process
         return Result(rank, Outcome.died, error=f"rank {rank} actor killed by Ray's memory "
                                                 f"monitor: {_first_line(exc)}")
-    except RayTaskError as exc:
-        cause = exc.cause if exc.cause is not None else exc
-        return Result(rank, Outcome.error, error=describe(cause))
     except RayError as exc:
-        return Result(rank, Outcome.error, error=f"{type(exc).__name__}: {_first_line(exc)}")
+        return Result(rank, Outcome.error, error=failure_text(exc))
+
+
+def failure_text(exc: RayError) -> str:
+    """A failed call in one line: a task's own exception (not Ray's wrapper around it, whose
+    first line is only the task's name and pid), else Ray's error."""
+    if isinstance(exc, RayTaskError):
+        return describe(exc.cause if exc.cause is not None else exc)
+    return f"{type(exc).__name__}: {_first_line(exc)}"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -19,7 +19,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from orchestrator.config import ClusterConfig
 from orchestrator.errors import ClusterError
 from orchestrator.cluster.placement import reserve_bundles
-from orchestrator.cluster.rank_result import Outcome, Result, outcome
+from orchestrator.cluster.rank_result import Outcome, Result, failure_text, outcome
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +242,7 @@ class WorkerGroup:
         try:
             return ray.get(refs)
         except RayError as exc:
-            raise ClusterError(f"rank actors failed to {what}: {_first_line(exc)}") from exc
+            raise ClusterError(f"rank actors failed to {what}: {failure_text(exc)}") from exc
 
 
 def rank_order(infos: list[dict], first_node_id: str | None = None) -> list[int]:

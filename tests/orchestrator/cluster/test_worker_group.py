@@ -149,6 +149,23 @@ def test_unsatisfiable_placement_raises_cluster_error_at_once(cluster_cfg):
     assert states <= {"REMOVED"}
 
 
+class _NoNodeInfo(GlooProbe):
+    """An actor that cannot say where it runs (a broken rank class, a node without its GPU)."""
+
+    def node_info(self) -> dict:
+        raise ValueError("no device visible on this node")
+
+
+def test_an_actor_failing_at_start_is_a_cluster_error_naming_its_cause(cluster_cfg):
+    """The group's own calls (start, setup) name the actor's exception, not Ray's wrapper
+    (it was a NameError from inside the error path)."""
+    with pytest.raises(ClusterError, match=r"rank actors failed to start: ValueError: no "
+                                           r"device visible on this node"):
+        WorkerGroup(_NoNodeInfo, 2, cluster_cfg).start()
+    states = {pg["state"] for pg in ray.util.placement_group_table().values()}
+    assert states <= {"REMOVED"}
+
+
 def test_placement_that_fits_but_is_busy_waits_out_the_timeout(cluster_cfg):
     """Bundles that fit the cluster but not its free resources wait (the holder may finish)."""
     with WorkerGroup(GlooProbe, NUM_CPUS, cluster_cfg):
