@@ -110,6 +110,7 @@ def predict(workload="llama3_8b", world_size: int | None = None,
     docstring); ``trace_dir``: traces you have instead of a workload; ``out_dir``: also write
     ``prediction.json`` and ``prediction.html`` there (and the snapshots with
     ``predict__snapshot=True``). Raises a ``TracefleetError`` on a user error."""
+    # `import tracefleet` stays ~0.1 s: torch and the predictor load at the first call
     from orchestrator.cli.predict import predict_config
     from orchestrator.studies.predict import PredictConfig, predict as run_prediction
 
@@ -195,7 +196,7 @@ class Prediction:
         if self._out_dir is not None and str(rank) in written:
             shutil.copyfile(self._out_dir / written[str(rank)], path)
             return path
-        from orchestrator.studies.predict import predict as run_prediction
+        from orchestrator.studies.predict import predict as run_prediction  # as in predict()
 
         cfg = self._cfg
         cfg.predict.snapshot = True

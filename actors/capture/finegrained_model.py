@@ -20,6 +20,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from actors.trace.conventions import trace_file_name
+from actors.capture.recorder import record_iteration
+from actors.rank_base import free_port
 
 LEAF_PATTERNS = ["blocks.*", "moe"]
 
@@ -111,9 +114,6 @@ def build(cfg: FineGrainedConfig, rank: int):
 
 def _capture_rank(rank: int, world: int, port: int, out_dir: str, cfg: FineGrainedConfig,
                   grad_all_reduce: bool = True) -> None:
-    from actors.trace.conventions import trace_file_name
-    from actors.capture.recorder import record_iteration
-
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=120))
@@ -146,8 +146,6 @@ def capture_data_parallel(out_dir: Path, world: int, cfg: FineGrainedConfig,
     ZeRO-3 replay of that trace reduce-scatters them itself, as DeepSpeed does, instead of
     also replaying the data-parallel all-reduces."""
     import torch.multiprocessing as mp
-
-    from actors.rank_base import free_port
 
     out_dir.mkdir(parents=True, exist_ok=True)
     mp.spawn(_capture_rank, args=(world, free_port(), str(out_dir), cfg, grad_all_reduce),

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from actors.choices import Choice
 from actors.config_fields import setting
 from actors.errors import ConfigError
+from actors.capture.context import world_mesh
 
 # torchtitan's order of the mesh dimensions, outermost first.
 DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -154,7 +155,6 @@ def build_mesh(device_type: str, par: ParallelismConfig, world_size: int):
     """
     from torch.distributed.device_mesh import init_device_mesh
 
-    from actors.capture.context import world_mesh
 
     if par.is_one_dim():
         return world_mesh(device_type, world_size)

@@ -21,6 +21,13 @@ from actors.capture.mesh import batch_rows, dp_index, validate_parallelism
 from actors.capture.workload_config import (PARAM_DTYPES, ModelName, Parallel, WorkloadConfig,
                                             WorkloadDevice,
                                             ffn_dim_of, moe_spec, validate)
+from actors.capture.context import CaptureContext
+from actors.capture.custom import build_custom
+from actors.capture.parallelize.float8 import apply_float8
+from actors.capture.zero3 import zero3_step
+from actors.capture.parallelize.recipe import mesh_step
+from actors.capture.fsdp2 import fsdp2_step
+from actors.capture.data_parallel import data_parallel_step
 
 
 def build_model(cfg: WorkloadConfig) -> tuple[nn.Module, type]:
@@ -54,9 +61,6 @@ def build_workload(cfg: WorkloadConfig, rank: int, world_size: int,
     validate_parallelism(cfg, world_size)
     device = device or torch.device("cpu" if cfg.device == WorkloadDevice.fake else str(cfg.device))
     if cfg.model == ModelName.custom:
-        from actors.capture.context import CaptureContext
-        from actors.capture.custom import build_custom
-
         assert mesh is not None, "the caller creates the mesh (fake: before the fake mode)"
         return build_custom(cfg.entrypoint, CaptureContext(device, rank, world_size, mesh))
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
@@ -66,8 +70,6 @@ def build_workload(cfg: WorkloadConfig, rank: int, world_size: int,
         model = model.to(PARAM_DTYPES[cfg.precision])
     num_params = sum(p.numel() for p in model.parameters())
     if cfg.float8:  # a converter on the built model, before parallelizing it (torchtitan's)
-        from actors.capture.parallelize.float8 import apply_float8
-
         apply_float8(model, fsdp=cfg.parallel == Parallel.fsdp2)
     apply_activation_checkpointing(blocks_of(model), cfg.activation_checkpointing, cfg.ac_every)
     if cfg.compile:  # each block in place: module names stay, and so do FSDP2's units
@@ -91,22 +93,14 @@ def build_workload(cfg: WorkloadConfig, rank: int, world_size: int,
         return tuple(micro_batch() for _ in range(cfg.grad_accum_steps))
 
     if cfg.parallel == Parallel.zero3:
-        from actors.capture.zero3 import zero3_step
-
         step, info = zero3_step(model, cfg, block_class)
     elif not cfg.parallelism.is_one_dim():
-        from actors.capture.parallelize.recipe import mesh_step
-
         assert mesh is not None, "the caller builds the N-D mesh (actors/capture/mesh.py)"
         step = mesh_step(model, cfg, blocks_of(model), device, world_size, mesh)
         model = step.model  # with pp: this rank's stages only
     elif cfg.parallel == Parallel.fsdp2:
-        from actors.capture.fsdp2 import fsdp2_step
-
         step = fsdp2_step(model, cfg, blocks_of(model), device, world_size, mesh)
     else:
-        from actors.capture.data_parallel import data_parallel_step
-
         step = data_parallel_step(model, cfg, device,
                                   world_size if cfg.parallel == Parallel.ddp else 0)
     return Workload(model=model, step=step, next_batch=next_batch, num_params=num_params,

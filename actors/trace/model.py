@@ -14,6 +14,7 @@ Dense ids let the replay keep its registries in plain lists.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from actors.trace.dtypes import itemsize_of
 
 
 class TensorArg:
@@ -156,7 +157,6 @@ class Collective:
 
     @property
     def in_bytes(self) -> int:
-        from actors.trace.dtypes import itemsize_of
         return self.in_nelems * itemsize_of(self.dtype)
 
     def signature(self) -> tuple:

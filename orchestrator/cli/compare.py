@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def body() -> int:
+        # pandas and the snapshot readers only once the arguments parsed: `--help` stays fast
         from orchestrator.reports.snapshot_compare import compare, compare_lines
         from orchestrator.reports.snapshot_file import read_snapshot
 

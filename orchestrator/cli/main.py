@@ -26,7 +26,9 @@ register_configs()
 
 def run(run_cfg, out_dir: Path, config_yaml: str | None, session=None) -> dict:
     """One run of ``run_cfg`` (a RunConfig) into ``out_dir``; returns its summary."""
-    from orchestrator.run.launch import run_replay  # keeps `--help` fast
+    # the run's modules import torch and Ray (seconds): only once a run is composed, which
+    # keeps `--help` and a config error fast
+    from orchestrator.run.launch import run_replay
 
     if run_cfg.experiment.search == Search.min_memory:
         from orchestrator.studies.min_memory import run_min_memory

@@ -72,6 +72,7 @@ def predict_config(*overrides: str) -> PredictConfig:
 
 @hydra.main(config_path=str(CONF_DIR), config_name="predict", version_base="1.3")
 def _app(cfg: DictConfig) -> None:
+    # torch and the predictor (seconds to import) only once Hydra composed a config
     from orchestrator.reports.predict_table import prediction_table
     from orchestrator.studies.fit_search_config import FitSearchRunConfig
     from orchestrator.studies.predict import predict

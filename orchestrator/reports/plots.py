@@ -18,6 +18,8 @@ from orchestrator.results import ALLOCATION_MODE, DEVICE_CAPACITY_BYTES, DEVICE_
     MIN_CAPACITY, MODE, STATUS, THRESHOLD, RowKind
 from orchestrator.status import RunStatus
 from orchestrator.units import byte_unit, human_bytes
+from actors.errors import ConfigError
+from actors.replay.config import parse_bytes
 
 MAX_LEGEND_RANKS = 16  # past this a legend hides the plot
 STATUS_COLORS = {RunStatus.ok: "#2ca02c", RunStatus.oom: "#c51b7d", RunStatus.failed: "#d62728",
@@ -307,9 +309,6 @@ def _label(value) -> str:
 
 def _ordered(column: pd.Series) -> list[str]:
     """Distinct values as labels, by size (``64MiB`` < ``1GiB``) or number when they parse."""
-    from actors.errors import ConfigError
-    from actors.replay.config import parse_bytes
-
     def key(label: str):
         try:
             return (0, parse_bytes(label), label)

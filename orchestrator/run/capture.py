@@ -33,6 +33,7 @@ from actors.time_limit import time_limit
 from orchestrator.config import ClusterConfig, Transfer
 from orchestrator.run.fake_check import check_fake
 from actors.atomic_file import atomic_write
+from actors.capture.custom import load_build, resolve_entrypoint
 
 
 @dataclass
@@ -86,8 +87,6 @@ class CaptureConfig:
         validate_workload(self.workload)
         validate_parallelism(self.workload, self.world_size)
         if self.workload.model == "custom":
-            from actors.capture.custom import load_build, resolve_entrypoint
-
             self.workload.entrypoint = resolve_entrypoint(self.workload.entrypoint)
             load_build(self.workload.entrypoint)
         if self.capture_stall_s < 0:
@@ -166,6 +165,8 @@ def run_capture_job(cfg: CaptureConfig, rank0_only: bool = False,
     start = time.perf_counter()
     try:
         if cfg.workload.device in ("meta", "fake"):
+            # the fake device's machinery (FakeTensorMode, Dynamo, inductor's scheduler) costs
+            # ~2 s to import: only a capture on meta or fake pays it
             from actors.capture.meta_world import run_meta_capture
 
             # in this process: each recording is bounded here (on Ray the actors are killed)
@@ -194,7 +195,9 @@ def run_capture_job(cfg: CaptureConfig, rank0_only: bool = False,
 
 def _capture_on_ray(cfg: CaptureConfig, out_dir: str) -> list[dict]:
     """One CaptureActor per rank; their facts in rank order, files in out_dir."""
-    import ray  # keeps `--help` fast
+    # Ray and the actor classes (which import ray) only for a capture on Ray: keeps `--help`
+    # and a meta or fake capture fast
+    import ray
 
     from actors.capture.actor import CaptureActor
     from orchestrator.cluster.connect import connect

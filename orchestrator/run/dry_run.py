@@ -15,6 +15,8 @@ from actors.replay.memory.target import TargetConfig
 from actors.zero3.config import Zero3Config
 from orchestrator.preflight.trace_identity import identical_groups
 from orchestrator.status import ANSWERED
+from actors.replay.session import replay_rank
+from actors.zero3.extension import zero3_extensions
 
 
 def dry_run(sources: dict, replay: ReplayConfig, target: TargetConfig,
@@ -30,9 +32,6 @@ def dry_run_rank(source, rank: int, replay: ReplayConfig, target: TargetConfig,
                  zero3: Zero3Config | None) -> dict:
     """One rank's meta dry run with the allocator model (and the ZeRO-3 emulation); a
     TracefleetError when it did not end with an answer (ok, or an OOM)."""
-    from actors.replay.session import replay_rank
-    from actors.zero3.extension import zero3_extensions
-
     # One GC pause over the load, the compile and the run (each pauses it on its own): between
     # them, and after them while the trace is still referenced, the collector would wake to a
     # young generation of the trace's million objects and rescan it (about 1 s of a 70B

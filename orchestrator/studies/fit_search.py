@@ -36,6 +36,9 @@ from orchestrator.studies.fit_layout import search_layout, with_layout
 from orchestrator.studies.fit_search_config import AC_ORDER, Axis, FitSearchRunConfig
 from orchestrator.studies.worker_pool import in_workers, tell_parent
 from orchestrator.studies.predict import PredictConfig, Verdict, predict
+from orchestrator.studies.fit_search_report import FitSearchRecorder
+from orchestrator.reports.prediction_page import write_prediction_page
+from orchestrator.studies.fit_search_report import ANSWER_COLUMNS, answer_rows, answers_title
 
 log = logging.getLogger("tracefleet")
 
@@ -226,16 +229,12 @@ def run_fit_search(cfg: FitSearchRunConfig, out_dir: Path, name: str | None = No
     """``tracefleet-predict experiment=fit_search``: the search with one progress line and one
     results row per probe, ``fit_search.json``, a plot per axis in ``out_dir``, the answers
     printed as a table; returns the summary written to ``fit_search.json``."""
-    from orchestrator.studies.fit_search_report import FitSearchRecorder
-
     recorder = FitSearchRecorder(Path(out_dir), cfg)
     t0 = time.perf_counter()
     answers = fit_search(cfg, name, recorder.probe)
     summary = recorder.finish(answers, time.perf_counter() - t0)
     # the job's own prediction.json and prediction.html (its capture is cached by now), the
     # page with the search's plots
-    from orchestrator.reports.prediction_page import write_prediction_page
-    from orchestrator.studies.fit_search_report import ANSWER_COLUMNS, answer_rows, answers_title
     job = predict(_as_predict_config(cfg), Path(out_dir), name=name)
     write_prediction_page(out_dir, job, [(f"fit_search: {axis}", Path(out_dir) / a["plot"])
                                          for axis, a in summary["answers"].items() if a["plot"]],

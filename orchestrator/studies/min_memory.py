@@ -35,6 +35,8 @@ from actors.replay.config import AllocationMode
 from orchestrator.results import CAPACITY, MAX_FAILING_CAPACITY, MIN_CAPACITY, MODE, REASON, \
     STATUS, THRESHOLD, ResultsStore, RowKind, make_row, point_key, summary_columns
 from orchestrator.status import RunStatus
+from orchestrator.run.launch import quiet_replays
+from orchestrator.reports.html_report import write_report
 
 log = logging.getLogger("tracefleet")
 
@@ -189,8 +191,6 @@ def run_min_memory(cfg, out_dir: Path, config_yaml: str | None, session=None) ->
     """``tracefleet experiment=min_memory``: the search on one ``ReplaySession`` (the given one,
     or one started and stopped here), its rows and ``report.html`` in ``out_dir``; returns the
     search summary and prints one line per answer."""
-    from orchestrator.run.launch import quiet_replays
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if config_yaml is not None:
@@ -203,6 +203,5 @@ def run_min_memory(cfg, out_dir: Path, config_yaml: str | None, session=None) ->
         print(f"min_memory {a[MODE]} threshold {a[THRESHOLD]:g}: {found}, {a['num_steps']} "
               f"replays, {a['search_s']:.1f} s" + (f"; {a[REASON]}" if a[REASON] else ""))
     if cfg.experiment.report:
-        from orchestrator.reports.html_report import write_report
         print(f"report: {write_report(out_dir)}")
     return summary

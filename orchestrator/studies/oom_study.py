@@ -31,6 +31,13 @@ from orchestrator.results import CAPACITY, KIND, MIN_CAPACITY, MODE, REASON, STA
     THRESHOLD, ResultsStore, RowKind, StudyPart, make_row, point_key, summary_columns
 from orchestrator.status import ANSWERED, RunStatus
 from orchestrator.units import human_bytes
+from orchestrator.studies.min_memory import search
+from orchestrator.run.launch import quiet_replays
+from orchestrator.reports.oom_study_table import markdown, study_table
+from orchestrator.studies.study_traces import cached_capture
+from orchestrator.reports.html_report import write_report
+from orchestrator.studies.study_traces import traced_model
+from orchestrator.studies.zero3_estimate import zero3_estimates
 
 log = logging.getLogger("tracefleet")
 
@@ -63,9 +70,6 @@ class _Study:
         return row
 
     def estimates(self) -> list[dict]:
-        from orchestrator.studies.study_traces import traced_model
-        from orchestrator.studies.zero3_estimate import zero3_estimates
-
         traced = traced_model(self.cfg.trace.dir)
         if traced is None:
             log.info("oom_study: %s has no tracefleet-capture meta.json: no estimate rows",
@@ -119,8 +123,6 @@ def study(cfg, out_dir: Path, replay: Callable) -> dict:
 
 def _search(cfg, out_dir: Path, replay: Callable, modes: list[str], threshold: float) -> dict:
     """``experiment.min_memory``'s search over ``modes`` at one flush threshold."""
-    from orchestrator.studies.min_memory import search
-
     cfg = copy.deepcopy(cfg)
     cfg.experiment.min_memory.allocation_modes = [AllocationMode(m) for m in modes]
     cfg.experiment.min_memory.thresholds = [threshold]
@@ -145,15 +147,11 @@ def run_oom_study(cfg, out_dir: Path, config_yaml: str | None, session=None) -> 
     """``tracefleet experiment=oom_study``: traces captured when asked, the study on one
     ``ReplaySession``, rows and ``report.html`` in ``out_dir``; prints the table and returns
     the study's summary."""
-    from orchestrator.run.launch import quiet_replays
-    from orchestrator.reports.oom_study_table import markdown, study_table
-
     osc = cfg.experiment.oom_study
     osc.validate()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if osc.workload is not None:
-        from orchestrator.studies.study_traces import cached_capture
         cfg.trace.dir = str(cached_capture(osc.workload, osc.workload_overrides,
                                            osc.capture_world_size, osc.trace_cache_dir))
         log.info("oom_study: traces of workload %s in %s", osc.workload, cfg.trace.dir)
@@ -174,6 +172,5 @@ def run_oom_study(cfg, out_dir: Path, config_yaml: str | None, session=None) -> 
     if summary["error"]:
         print(f"oom_study: {summary['error']}")
     if cfg.experiment.report:
-        from orchestrator.reports.html_report import write_report
         print(f"report: {write_report(out_dir)}")
     return summary

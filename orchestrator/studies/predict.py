@@ -38,6 +38,13 @@ from orchestrator.reports.predict_notes import breakdown_help
 from orchestrator.studies.predict_mesh import (kernel_dispatch, mesh_facts, ranks_per_trace,
                                                roles_of)
 from actors.zero3.config import Zero3Config
+from actors.capture.custom import resolve_entrypoint
+from orchestrator.studies.study_traces import capture_cached
+from actors.trace.meta_file import recorded_world_size
+from actors.trace.source import discover, missing_ranks
+from orchestrator.reports.prediction_page import write_prediction_page
+from actors.atomic_file import atomic_write
+from orchestrator.run.capture import check_world_size
 
 log = logging.getLogger("tracefleet")
 
@@ -142,7 +149,6 @@ class PredictConfig:
             raise ConfigError(f"trace.dir={self.trace.dir} does not exist; expected a folder of "
                               "rank traces, a .tar[.gz] archive of them, or one trace file")
         if self.world_size is not None:
-            from orchestrator.run.capture import check_world_size  # refused before any capture
             check_world_size(self.world_size)
         if self.predict.capture_timeout_s <= 0:
             raise ConfigError(f"predict.capture_timeout_s={self.predict.capture_timeout_s:g}; "
@@ -174,15 +180,12 @@ def capture_workload(workload: WorkloadConfig, gpu_arch: GpuArch | None = None
     if wl.device != WorkloadDevice.fake:
         wl.device = WorkloadDevice.fake if needs_fake else WorkloadDevice.meta
     if wl.model == ModelName.custom and wl.entrypoint:
-        from actors.capture.custom import resolve_entrypoint
         wl.entrypoint = resolve_entrypoint(wl.entrypoint)
     return wl
 
 
 def _capture(cfg: PredictConfig, name: str) -> tuple[Path, dict]:
     """The cached (or new) capture of the workload; ``(folder, facts about it)``."""
-    from orchestrator.studies.study_traces import capture_cached
-
     wl = capture_workload(cfg.workload, cfg.target.gpu_arch)
     # every rank of a local workload trains alone: its trace does not depend on the world
     world = 1 if wl.parallel == Parallel.local and wl.model != ModelName.custom else cfg.world_size
@@ -206,9 +209,6 @@ def _given_traces(cfg: PredictConfig) -> tuple[dict, int, Zero3Config | None]:
     """``(rank -> source, world size, ZeRO-3 emulation or None)`` of ``trace.dir``. Without
     the emulation every rank's trace is needed; with it, one plain trace stands for every rank
     of the ``world_size``-rank job (each rank runs the same program on its own shard)."""
-    from actors.trace.meta_file import recorded_world_size
-    from actors.trace.source import discover, missing_ranks
-
     sources = discover(cfg.trace.dir, parse_bytes(cfg.trace.max_decompressed_bytes))
     recorded = recorded_world_size(cfg.trace.dir)
     # A rank whose file is missing is named, never predicted as a smaller job: its world is
@@ -251,8 +251,6 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
     # what prediction.html plots, and the snapshots, are recorded only when written
     cfg.replay.allocator_timeline |= out_dir is not None
     cfg.replay.allocator_snapshot |= cfg.predict.snapshot and out_dir is not None
-    from actors.trace.source import discover
-
     name = name or f"{cfg.workload.model}_{cfg.workload.parallel}"
     zero3, capture = None, None
     if cfg.trace.dir is None and cfg.workload.cpu_offload:  # the offloaded states: host memory
@@ -331,9 +329,6 @@ def _write_outputs(out_dir: Path, result: dict, snapshots: dict, reports: dict) 
     """prediction.json, its page, the snapshots and timelines into ``out_dir``. A write that
     fails (a full disk) names the folder, and leaves no prediction.json: one is there only
     when everything it lists was written (it is written last, whole or not at all)."""
-    from orchestrator.reports.prediction_page import write_prediction_page  # matplotlib
-    from actors.atomic_file import atomic_write
-
     with writing(out_dir, "the prediction's files"):
         out_dir.mkdir(parents=True, exist_ok=True)
         result["snapshots"] = write_snapshots(out_dir, snapshots)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+from actors.capture.parallelize.tensor_parallel import blocks
 
 aten = torch.ops.aten
 
@@ -107,7 +108,6 @@ def apply_context_parallel(model: nn.Module, cp_mesh) -> None:
     rotary tables cut to this rank's positions, as context_parallel cuts the rope buffer."""
     cp, rank = cp_mesh.size(), cp_mesh.get_local_rank()
     ring = RingAttention(cp_mesh)
-    from actors.capture.parallelize.tensor_parallel import blocks
 
     for block in blocks(model):
         block.attention.context_parallel = ring

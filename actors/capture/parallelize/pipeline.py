@@ -24,6 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from actors.capture.mesh import PipelineSchedule
+from actors.capture.fsdp2 import offload_kwargs
 
 
 class LlamaStage(nn.Module):
@@ -133,7 +134,6 @@ def pipeline_step(stages: list[LlamaStage], cfg, device: torch.device, pp_mesh, 
     pp, pp_rank = pp_mesh.size(), pp_mesh.get_local_rank()
     num_stages = pp * par.pp_stages_per_rank
     n_mb = par.pp_microbatches or pp
-    from actors.capture.fsdp2 import offload_kwargs
 
     kwargs = {"mesh": fsdp_mesh, "reshard_after_forward": False, **offload_kwargs(cfg, device)}
     if cfg.precision == "bf16_mixed":

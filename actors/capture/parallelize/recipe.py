@@ -29,6 +29,8 @@ from actors.capture.parallelize.context_parallel import apply_context_parallel, 
 from actors.capture.parallelize.expert_parallel import apply_expert_parallel, expert_fsdp_mesh
 from actors.capture.parallelize.tensor_parallel import (apply_tensor_parallel,
                                                         loss_parallel_context)
+from actors.capture.fsdp2 import fsdp2_step
+from actors.capture.parallelize.pipeline import PipelineStages, pipeline_step, split_model
 
 
 def mesh_step(model: nn.Module, cfg, blocks: nn.ModuleList, device: torch.device,
@@ -36,10 +38,6 @@ def mesh_step(model: nn.Module, cfg, blocks: nn.ModuleList, device: torch.device
     """Split ``model`` over ``mesh`` (actors/capture/mesh.py's N-D mesh) in place; the
     training ``step(batch)``, whose ``model`` is what this rank trains (the model, or its
     pipeline stages)."""
-    from actors.capture.fsdp2 import fsdp2_step
-    from actors.capture.parallelize.pipeline import (PipelineStages, pipeline_step,
-                                                     split_model)
-
     par = cfg.parallelism
     degrees = par.degrees(world_size)
     tp_mesh = sub_mesh(mesh, par, world_size, "tp")

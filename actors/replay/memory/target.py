@@ -33,6 +33,7 @@ from actors.errors import ConfigError
 from actors.gpu_arch import GpuArch
 from actors.replay.config import parse_bytes
 from actors.replay.memory.cuda_alloc_conf import AllocatorSettings, parse_alloc_conf
+from actors.trace.categories import CATEGORIES
 
 
 class TargetName(Choice):
@@ -139,7 +140,6 @@ class TargetConfig:
         """ConfigError on a value out of its domain (before any cluster work)."""
         if not self.enabled:
             return
-        from actors.trace.categories import CATEGORIES
 
         unknown = sorted(set(self.host_categories) - set(CATEGORIES))
         if unknown:
