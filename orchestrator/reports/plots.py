@@ -123,7 +123,7 @@ def plot_memory_timeline(summary: dict, rank_reports: list[dict], path: Path) ->
 
 
 def plot_iteration_times(summary: dict, rank_reports: list[dict], path: Path) -> bool:
-    """Box plot of each rank's iteration times in ms, the straggler in red."""
+    """Box plot of each rank's iteration times in ms, a straggler (beyond noise) in red."""
     series = sorted(((r["rank"], r["iteration_times_s"]) for r in rank_reports
                      if r.get("iteration_times_s")), key=lambda t: t[0])
     if not series:
@@ -133,14 +133,15 @@ def plot_iteration_times(summary: dict, rank_reports: list[dict], path: Path) ->
     ax = fig.add_subplot()
     boxes = ax.boxplot([[t * 1e3 for t in times] for _, times in series], patch_artist=True)
     ax.set_xticks(range(1, len(ranks) + 1), [str(r) for r in ranks])
-    straggler = summary.get("straggler_rank")
+    slowest, skew = summary.get("straggler_rank"), summary.get("skew")
+    distinct = bool(summary.get("straggler_distinct"))  # beyond noise (run/aggregate.py)
     for rank, patch in zip(ranks, boxes["boxes"]):
-        patch.set_facecolor("tab:red" if rank == straggler else "tab:blue")
+        patch.set_facecolor("tab:red" if distinct and rank == slowest else "tab:blue")
         patch.set_alpha(0.6)
-    skew = summary.get("skew")
     title = "Iteration time per rank"
-    if straggler is not None and skew is not None:
-        title += f" (straggler rank {straggler}, skew {skew:.2f}x)"
+    if slowest is not None and skew is not None:
+        title += (f" (straggler rank {slowest}, skew {skew:.2f}x)" if distinct else
+                  f" (slowest rank {slowest}, skew {skew:.2f}x: within noise)")
     ax.set_title(title)
     ax.set_xlabel("rank")
     ax.set_ylabel("iteration time (ms)")

@@ -269,9 +269,13 @@ def _footer(summary: dict) -> str:
              f"{_ms(stats.get('max'))} ms)"]
     num_timed = summary.get("num_timed_iterations") or 0
     if summary.get("straggler_rank") is not None and summary.get("skew") is not None:
-        if num_timed >= MIN_ITERATIONS_TO_COMPARE:
+        if num_timed >= MIN_ITERATIONS_TO_COMPARE and summary.get("straggler_distinct"):
+            # its median's 95% interval lies above the fastest rank's (run/aggregate.py)
             parts.append(f"straggler rank {summary['straggler_rank']} (skew "
-                         f"{summary['skew']:.2f}x)")
+                         f"{summary['skew']:.2f}x, beyond noise)")
+        elif num_timed >= MIN_ITERATIONS_TO_COMPARE:
+            parts.append(f"no straggler (rank {summary['straggler_rank']} slowest, skew "
+                         f"{summary['skew']:.2f}x within noise)")
         else:  # one iteration's noise is no straggler
             parts.append(f"ranks not compared ({num_timed} timed iteration(s), "
                          f"{MIN_ITERATIONS_TO_COMPARE} needed)")

@@ -20,7 +20,7 @@ from statistics import median
 
 from actors.rank_actor import RANK_EXTENSIONS
 from actors.replay.failure import FailureReport
-from actors.replay.timed_iterations import interval_fields
+from actors.replay.timed_iterations import interval_fields, median_interval
 from orchestrator.status import FAILURE_PRECEDENCE, REPLAY_STATUSES, RunStatus
 
 MAX_RANKS_IN_ERROR = 4  # name this many failing ranks in full, summarize the rest
@@ -260,6 +260,8 @@ def _timing(ranks: list[dict]) -> dict:
                     if r.get("iteration_time_s") is not None}
     straggler = max(rank_medians, key=rank_medians.get) if rank_medians else None
     fastest = min(rank_medians.values(), default=None)
+    first = min(rank_medians, key=rank_medians.get) if rank_medians else None
+    by_rank = {r["rank"]: r for r in ranks}
     return {
         "iteration_time_s": slowest_iteration_s(ranks),
         # its 95% interval, min and max over the same series (actors/replay/timed_iterations.py)
@@ -273,9 +275,20 @@ def _timing(ranks: list[dict]) -> dict:
         },
         "straggler_rank": straggler,
         "skew": rank_medians[straggler] / fastest if fastest else None,
+        "straggler_distinct": _distinct(by_rank.get(straggler), by_rank.get(first)),
         "compute_time_s": _median_or_none(_values(ranks, "compute_time_s")),
         "comm_time_s": _median_or_none(_values(ranks, "comm_time_s")),
     }
+
+
+def _distinct(slowest: dict | None, fastest: dict | None) -> bool | None:
+    """Whether the slowest rank is slower beyond noise: its median's 95% interval lies wholly
+    above the fastest rank's (None without both intervals: too few timed iterations)."""
+    if not slowest or not fastest or slowest is fastest:
+        return None
+    high = median_interval(slowest.get("iteration_times_s") or [])
+    low = median_interval(fastest.get("iteration_times_s") or [])
+    return None if high is None or low is None else high.low > low.high
 
 
 def _held(ranks: list[dict]) -> dict:

@@ -272,7 +272,7 @@ def test_print_summary_rows_footer_and_error():
     assert any(line.split()[:4] == ["1", "10.0.0.0", "ok", "250.0"] for line in lines)
     assert any(" oom " in line and "2" in line for line in lines)
     assert "all_reduce" in text and "all_gather" in text
-    assert "straggler rank 1 (skew 2.50x)" in text
+    assert "straggler rank 1 (skew 2.50x, beyond noise)" in " ".join(text.split())  # wrapped
     # the headline is the step's time: each iteration's slowest rank, said so
     assert "iter 250.0 ms (slowest rank per iteration; 95% CI " in text
     assert "rank medians 100.0-250.0 ms)" in text
@@ -418,3 +418,37 @@ def test_the_title_says_how_the_ranks_replayed():
     print_summary(summary, console=console)
     assert "tracefleet run: 2 ranks, compute replay, on meta, lazy allocation" in \
         console.export_text()
+
+
+def test_a_slowest_rank_within_noise_is_no_straggler():
+    """Ranks whose iteration times overlap (a loaded machine: one rank 7% slower in median
+    with a spread of 30%) name no straggler; ranks apart beyond their medians' 95% intervals
+    do, on the console, in summary.json and in the plot's title and colour."""
+    from orchestrator.reports import plots
+
+    noisy = [0.8, 1.2, 0.9, 1.1, 1.0, 0.7, 1.3, 0.95, 1.05, 1.0]
+    same = [{**ok_report(r, 0.1 * (1 + 0.07 * r)),
+             "iteration_times_s": [t * 0.1 * (1 + 0.07 * r) for t in noisy]} for r in range(2)]
+    apart = [_timed(ok_report(0, 0.1), 10), _timed(ok_report(1, 0.2), 10)]
+    for reports, distinct, said in (
+            (same, False, "no straggler (rank 1 slowest, skew 1.07x within noise)"),
+            (apart, True, "straggler rank 1 (skew 2.00x, beyond noise)")):
+        summary = aggregate(reports, world_size=2)
+        assert summary["straggler_distinct"] is distinct and summary["straggler_rank"] == 1
+        console = Console(record=True, width=300)
+        print_summary(summary, console=console)
+        assert said in console.export_text()
+        figures = []
+        original = plots._save
+        plots._save = lambda fig, path: figures.append(fig) or True
+        try:
+            plots.plot_iteration_times(summary, reports, None)
+        finally:
+            plots._save = original
+        ax = figures[0].axes[0]
+        assert ("straggler rank 1" in ax.get_title()) is distinct
+        red = [p for p in ax.patches if p.get_facecolor()[0] > 0.8 > p.get_facecolor()[2]]
+        assert len(red) == int(distinct)
+    # too few timed iterations for an interval: not judged
+    assert aggregate([ok_report(0, 0.1), ok_report(1, 0.2)],
+                     world_size=2)["straggler_distinct"] is None
