@@ -88,6 +88,9 @@ ECOSYSTEM = {
         **EXAMPLE_ENV, "EXAMPLE_ZERO_STAGE": "1"}),
     "deepspeed_engine_zero2_bf16": _example("deepspeed_llama_step.py", {
         **EXAMPLE_ENV, "EXAMPLE_ZERO_STAGE": "2"}),
+    # PEFT LoRA on every projection of a frozen HF Llama under FSDP2: adapters' gradients
+    # and optimizer state only
+    "peft_lora_fsdp2_bf16_mixed": _example("peft_lora_fsdp2_step.py", LM_ENV),
     "torchvision_resnet18_ddp": _example("ddp_resnet_step.py",
                                          {"EXAMPLE_IMAGE": "64", "EXAMPLE_BATCH": "8"}),
 }
@@ -157,7 +160,9 @@ def _capture(workload: dict, device: str, out: Path, env: dict, world: int = WOR
     cmd = [sys.executable, "-m", "orchestrator.cli.capture", *_overrides(workload),
            f"workload.device={device}", f"world_size={world}", f"out_dir={out}",
            "warmup_iters=2", "timing_iters=1", f"hydra.run.dir={out}.hydra",
-           "hydra.output_subdir=null"]
+           "hydra.output_subdir=null",
+           # memory is measured, not speed: a loaded machine's slow actor start is no failure
+           "cluster.timeout_s=600"]
     proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:

@@ -1,4 +1,4 @@
-"""The ecosystem's training steps under examples/ (transformers, torchvision, torch.nn
+"""The ecosystem's training steps under examples/ (transformers, PEFT, torchvision, torch.nn
 built-ins; FSDP2 and DDP) capture on fake as they run for real: the op histograms of a fake
 capture and a real cpu capture are equal, gloo's own work and autograd's in-place
 accumulation aside (tests/support/fake_vs_real.py), and no op is lost."""
@@ -19,6 +19,7 @@ STEPS = {
     "transformer_encoder_checkpoint_step": None,
     "ddp_resnet_step": "torchvision",
     "ddp_convnet_checkpoint_step": None,
+    "peft_lora_fsdp2_step": "peft",
 }
 
 
