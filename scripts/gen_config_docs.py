@@ -19,6 +19,7 @@ from actors.capture.workload_config import WorkloadConfig  # noqa: E402
 from actors.choices import Choice  # noqa: E402
 from actors.config_fields import help_of  # noqa: E402
 from orchestrator.config import CONF_DIR, RunConfig  # noqa: E402
+from orchestrator.run.capture import CaptureConfig  # noqa: E402
 from orchestrator.studies.fit_search_config import FitSearchConfig, FitSearchRunConfig  # noqa: E402
 from orchestrator.studies.predict import (PredictConfig, PredictSettings,  # noqa: E402
                                           PredictTraceConfig)
@@ -55,7 +56,7 @@ per-collective timing (off by default: it removes the original's compute/communi
 The world size comes from the traces; a run on fewer ranks than the traces have is refused.
 `workload` is the group of `tracefleet-predict` and `tracefleet-capture` (docs/capture.md);
 `tracefleet-predict`'s root config and its own `predict.*`, `trace.*` and `fit_search.*` keys
-follow the groups (docs/prediction.md tells how they are used).
+follow the groups (docs/prediction.md tells how they are used), then `tracefleet-capture`'s.
 """
 
 
@@ -128,18 +129,32 @@ def _predict_root_fields():
                 if f.name not in inherited)
 
 
-def _predict_root() -> str:
-    """tracefleet-predict's root config: its top-level keys (sections shown as ``key.*``)."""
+def _root_rows(fields) -> list[str]:
+    """A root config's top-level keys (sections shown as ``key.*``)."""
     rows = []
-    for _, f in _predict_root_fields():
+    for f in fields:
         nested = dataclasses.is_dataclass(_default(f))
-        key, shown = (f"{f.name}.*", "") if nested else (f.name, f"`{_show(_default(f))}`")
+        key, shown = (f"{f.name}.*", "") if nested else (f.name, f"`{_cell(_show(_default(f)))}`")
         rows.append(f"| `{key}` | {shown} | {_cell(help_of(f))} |")
+    return rows
+
+
+def _predict_root() -> str:
+    """tracefleet-predict's root config."""
     return "\n".join(["## `tracefleet-predict`", "",
                       f"`{_where(PredictConfig)}`: {PredictConfig.__doc__.strip()} "
                       f"`experiment=fit_search` puts `{_where(FitSearchRunConfig)}` in its place "
                       "(`fit_search.*` added).", "",
-                      "| key | default | what it does |", "| --- | --- | --- |", *rows])
+                      "| key | default | what it does |", "| --- | --- | --- |",
+                      *_root_rows(f for _, f in _predict_root_fields())])
+
+
+def _capture_root() -> str:
+    """tracefleet-capture's root config (its workload and cluster are the groups above)."""
+    return "\n".join(["## `tracefleet-capture`", "",
+                      f"`{_where(CaptureConfig)}`: {CaptureConfig.__doc__.strip()}", "",
+                      "| key | default | what it does |", "| --- | --- | --- |",
+                      *_root_rows(dataclasses.fields(CaptureConfig))])
 
 
 def render() -> str:
@@ -157,6 +172,7 @@ def render() -> str:
     sections.append(_predict_root())
     sections += [_table(f"`{name}` ({cli})", cls, f"{name}.")
                  for name, cls, cli in PREDICT_SECTIONS]
+    sections.append(_capture_root())
     head = ["| group | dataclass | keys you will type |", "| --- | --- | --- |", *rows]
     return "\n\n".join([INTRO.rstrip("\n"), "\n".join(head), OUTRO.rstrip("\n"),
                         *sections]) + "\n"
@@ -168,8 +184,9 @@ def undocumented() -> list[str]:
     keyed = [(group, cls) for group, cls in _groups()]
     keyed += [(name, cls) for name, cls, _ in PREDICT_SECTIONS]
     missing = [k for group, cls in keyed for k, f, _ in _keys(cls, f"{group}.") if not help_of(f)]
-    return missing + [f"{cls.__name__}.{f.name}" for cls, f in _predict_root_fields()
-                      if not help_of(f)]
+    roots = [*_predict_root_fields(),
+             *((CaptureConfig, f) for f in dataclasses.fields(CaptureConfig))]
+    return missing + [f"{cls.__name__}.{f.name}" for cls, f in roots if not help_of(f)]
 
 
 def main(argv=None) -> int:

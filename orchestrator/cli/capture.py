@@ -24,17 +24,19 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.cli.app import run_app, user_errors
+from orchestrator.cli.usage import before_hydra
 from orchestrator.config import CONF_DIR
-from actors.trace.fake_vs_real import FakeCheck
-from orchestrator.run.capture import register_configs, run_capture_job
-from orchestrator.run.fake_check import check_lines
 from orchestrator.units import human_bytes
-
-register_configs()
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="capture", version_base="1.3")
 def _app(cfg: DictConfig) -> None:
+    # the capture's modules import torch (seconds): only once Hydra composed a config, which
+    # keeps --help and a config error fast
+    from actors.trace.fake_vs_real import FakeCheck
+    from orchestrator.run.capture import run_capture_job
+    from orchestrator.run.fake_check import check_lines
+
     with user_errors("tracefleet-capture"):
         capture_cfg = OmegaConf.to_object(cfg)
         meta = run_capture_job(capture_cfg)
@@ -60,7 +62,14 @@ def summary_line(meta: dict, out_dir: str) -> str:
 
 
 def main() -> None:
-    """Console-script entry point (``--debug`` shows tracebacks of user errors)."""
+    """Console-script entry point (``--debug`` shows tracebacks of user errors); ``--help`` is
+    answered first, before torch is imported (usage.py)."""
+    code = before_hydra("tracefleet-capture", sys.argv[1:])
+    if code is not None:
+        sys.exit(code)
+    from orchestrator.run.capture import register_configs  # torch: after the help
+
+    register_configs()
     run_app(_app, "tracefleet-capture")
 
 

@@ -1,4 +1,5 @@
-"""``--help`` / ``-h`` of the Hydra apps ``tracefleet`` and ``tracefleet-predict``, answered
+"""``--help`` / ``-h`` of the Hydra apps ``tracefleet``, ``tracefleet-predict`` and
+``tracefleet-capture``, answered
 before Hydra starts (Hydra's own help is ``--hydra-help``, its composed config ``--cfg job``),
 and the experiments each command runs.
 
@@ -159,6 +160,53 @@ COMMANDS = {
                 "--debug shows the traceback of a user error. From Python: "
                 "tracefleet.predict(...) (README.md)."),
     ),
+    "tracefleet-capture": Command(
+        name="tracefleet-capture",
+        config_name="capture",
+        summary=(
+            "Train a workload and record one PyTorch execution trace per rank: the traces "
+            "tracefleet replays and tracefleet-predict dry-runs. On cpu or cuda one Ray actor "
+            "per rank trains it for real (gloo or NCCL) and also records the profiler trace of "
+            "the same iteration, eager iteration times and the measured peak memory; on meta or "
+            "fake (workload.device) the ranks are recorded in this process over a fake process "
+            "group, shapes only, at any world size. Writes rank-<r>.et.json.gz and meta.json "
+            "into out_dir (the run folder's traces/ by default)."),
+        usage=("tracefleet-capture [GROUP=CHOICE ...] [KEY=VALUE ...] [--debug]",
+               "tracefleet-capture --cfg job [OVERRIDES ...]    print the composed config (Hydra)",
+               "tracefleet-capture --hydra-help                 Hydra's own help and flags"),
+        groups_note={"workload": "or workload=custom workload.entrypoint=PATH.py:FUNCTION"},
+        fields=(
+            ("tracefleet-capture", ("world_size", "out_dir", "warmup_iters", "overwrite")),
+            ("workload", ("workload.model", "workload.parallel", "workload.precision",
+                          "workload.device", "workload.entrypoint", "workload.check_fake")),
+            ("cluster", ("cluster.address",)),
+        ),
+        examples=(
+            ("tracefleet-capture world_size=4 out_dir=my_traces",
+             "the GPT workload on 4 Ray actors (CPU: gloo), its traces in my_traces/"),
+            ("tracefleet-capture workload=custom \\\n"
+             "    workload.entrypoint=examples/fsdp2_llama_step.py:build world_size=2",
+             "your own training step, for real"),
+            ("tracefleet-capture workload=llama_70b world_size=8",
+             "a 70B preset on the meta device: seconds, shapes only"),
+            ("tracefleet-capture workload=custom \\\n"
+             "    workload.entrypoint=examples/fsdp2_llama_step.py:build \\\n"
+             "    workload.device=fake workload.check_fake=true world_size=2",
+             "does the fake capture of your step follow the real one?"),
+        ),
+        exit_statuses=(
+            ("0", "the traces were written (and check_fake found no difference)"),
+            ("1", "check_fake found the fake capture parting from the real one (named), or an "
+                  "internal error (a defect: its traceback is printed)"),
+            ("2", "a user error, printed as one line (a bad override, a workload that cannot "
+                  "run, traces already in out_dir without overwrite=true); --debug shows its "
+                  "traceback"),
+            _INTERRUPTED,
+        ),
+        footer=("Hydra: --cfg job prints the composed config, --hydra-help Hydra's own help. "
+                "--debug shows the traceback of a user error. docs/capture.md tells what is "
+                "recorded and how the fake device runs a step."),
+    ),
 }
 
 
@@ -186,7 +234,9 @@ def before_hydra(command: str, argv: list[str]) -> int | None:
 # -- experiments ----------------------------------------------------------------------------
 
 def experiments(command: str) -> list[str]:
-    """The conf/experiment/ presets ``command`` runs."""
+    """The conf/experiment/ presets ``command`` runs (none for a command without the group)."""
+    if EXPERIMENT not in root_defaults(COMMANDS[command].config_name):
+        return []
     names = sorted(p.stem for p in (CONF_DIR / EXPERIMENT).glob("*.yaml"))
     predict = COMMANDS[command].config_name == "predict"
     return [n for n in names if (n in PREDICT_EXPERIMENTS) == predict]
@@ -195,6 +245,8 @@ def experiments(command: str) -> list[str]:
 def misplaced_experiment(command: str, argv: list[str]) -> str | None:
     """The one-line error for an ``experiment=`` override naming another command's experiment
     (Hydra would fail composing it, with a message about schemas); None when there is none."""
+    if not experiments(command):
+        return None  # Hydra names a group the command does not have
     other = "tracefleet" if command == "tracefleet-predict" else "tracefleet-predict"
     mine, theirs = set(experiments(command)), set(experiments(other))
     for name in _experiment_choices(argv):
@@ -230,7 +282,7 @@ def _experiment_choices(argv: list[str]) -> list[str]:
 # -- the help -------------------------------------------------------------------------------
 
 def render_help(command: str, width: int | None = None) -> str:
-    """The help of ``command`` (``tracefleet`` or ``tracefleet-predict``)."""
+    """The help of ``command`` (a key of ``COMMANDS``)."""
     cmd = COMMANDS[command]
     if cmd.register is not None:
         cmd.register()
@@ -249,9 +301,10 @@ def render_help(command: str, width: int | None = None) -> str:
         note = cmd.groups_note.get(group)
         out += _hanging(f"  {group + '=':<{pad}} ", shown + (f"  ({note})" if note else ""),
                         width)
-    out += ["", "Experiments (experiment=NAME):"]
     names = experiments(command)
-    pad = max(len(n) for n in names) + 1
+    if names:
+        out += ["", "Experiments (experiment=NAME):"]
+    pad = max((len(n) for n in names), default=0) + 1
     for name in names:
         sweep = " A sweep: run it with --multirun." if _is_sweep(name) else ""
         out += _hanging(f"  {name:<{pad}} ", experiment_summary(name) + sweep, width)

@@ -16,13 +16,13 @@ import json
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 
-from actors.config_fields import check_finite
+from actors.config_fields import check_finite, setting
 from actors.trace.conventions import kineto_file_name, trace_file_name
 from actors.capture.mesh import validate_parallelism
 from actors.trace.meta_file import META_JSON
@@ -38,46 +38,51 @@ from actors.capture.custom import load_build, resolve_entrypoint
 
 @dataclass
 class CaptureConfig:
-    """The root config of ``tracefleet-capture``."""
+    """The root config of ``tracefleet-capture``: record one ET per rank of a workload."""
 
-    # The model and how it is trained (see actors/capture/workloads.py).
-    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
-    # Where the rank actors run (shared with `tracefleet`).
-    cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    # Number of ranks: one Ray actor each; on workload.device=meta or fake captured in this
-    # process over a fake process group, so any number (the machine's size does not matter).
-    world_size: int = 4
-    # Iterations run before timing (not recorded): allocator, DeepSpeed and gloo warm-up.
-    # The last one is the memory-measured iteration (cpu: under the profiler's allocator
-    # events, so none of them is timed). meta and fake run exactly one (the optimizer state).
-    warmup_iters: int = 3
-    # Iterations timed without the observer; each rank reports their median.
-    timing_iters: int = 5
-    # torch intra-op threads per rank; 0 keeps the default (Ray sets OMP_NUM_THREADS from
-    # cluster.cpus_per_rank).
-    num_threads: int = 0
-    # Also mark each module's backward with begin/end marker nodes (adds autograd hook ops).
-    module_backward_ranges: bool = True
-    # Also write rank-<r>.kineto.json.gz: the host time between ops (replay.host_gaps), from
-    # the fastest of 3 bare iterations under torch.profiler after the ET's. Not on meta/fake.
-    record_kineto: bool = True
-    # Timeout of one gloo collective on the ranks, seconds.
-    dist_timeout_s: float = 300.0
-    # Bound on the whole capture on every rank, seconds (a cold DeepSpeed op build takes ~90 s);
-    # on meta and fake on each rank recorded in this process (a mesh job records one per role;
-    # a step that never returns is stopped).
-    capture_timeout_s: float = 900.0
-    # On meta and fake: stop a capture whose step stays at the very same place (every frame's
-    # line) this long, seconds, with an error naming the place, well before capture_timeout_s
-    # (a wait or a loop that never ends); 0: only the whole bound.
-    capture_stall_s: float = 120.0
-    # Folder for the rank traces and meta.json (relative paths are taken from the cwd).
-    out_dir: str = "${hydra:runtime.output_dir}/traces"
-    # Replace rank traces already in out_dir (otherwise refuse, so no stale rank is mixed in).
-    overwrite: bool = False
-    # path: ranks write into out_dir (shared filesystem); object_store: ranks send the bytes
-    # back through Ray and the driver writes them.
-    transfer: Transfer = Transfer.path
+    workload: WorkloadConfig = setting(factory=WorkloadConfig, help=(
+        "The model and how it is trained (actors/capture/workloads.py)."))
+    cluster: ClusterConfig = setting(factory=ClusterConfig, help=(
+        "Where the rank actors run (shared with tracefleet)."))
+    world_size: int = setting(4, help=(
+        "Number of ranks: one Ray actor each; on workload.device=meta or fake captured in this "
+        "process over a fake process group, so any number (the machine's size does not "
+        "matter)."))
+    warmup_iters: int = setting(3, help=(
+        "Iterations run before timing (not recorded): allocator, DeepSpeed and gloo warm-up. "
+        "The last one is the memory-measured iteration (cpu: under the profiler's allocator "
+        "events, so none of them is timed). meta and fake run exactly one (the optimizer "
+        "state)."))
+    timing_iters: int = setting(5, help=(
+        "Iterations timed without the observer; each rank reports their median."))
+    num_threads: int = setting(0, help=(
+        "torch intra-op threads per rank; 0 keeps the default (Ray sets OMP_NUM_THREADS from "
+        "cluster.cpus_per_rank)."))
+    module_backward_ranges: bool = setting(True, help=(
+        "Also mark each module's backward with begin/end marker nodes (adds autograd hook "
+        "ops)."))
+    record_kineto: bool = setting(True, help=(
+        "Also write rank-<r>.kineto.json.gz: the host time between ops (replay.host_gaps), "
+        "from the fastest of 3 bare iterations under torch.profiler after the ET's. Not on "
+        "meta/fake."))
+    dist_timeout_s: float = setting(300.0, help="Timeout of one gloo collective on the ranks, "
+                                                "seconds.")
+    capture_timeout_s: float = setting(900.0, help=(
+        "Bound on the whole capture on every rank, seconds (a cold DeepSpeed op build takes "
+        "~90 s); on meta and fake on each rank recorded in this process (a mesh job records "
+        "one per role; a step that never returns is stopped)."))
+    capture_stall_s: float = setting(120.0, help=(
+        "On meta and fake: stop a capture whose step stays at the very same place (every "
+        "frame's line) this long, seconds, with an error naming the place, well before "
+        "capture_timeout_s (a wait or a loop that never ends); 0: only the whole bound."))
+    out_dir: str = setting("${hydra:runtime.output_dir}/traces", help=(
+        "Folder for the rank traces and meta.json (relative paths are taken from the cwd)."))
+    overwrite: bool = setting(False, help=(
+        "Replace rank traces already in out_dir (otherwise refuse, so no stale rank is mixed "
+        "in)."))
+    transfer: Transfer = setting(Transfer.path, help=(
+        "path: ranks write into out_dir (shared filesystem); object_store: ranks send the "
+        "bytes back through Ray and the driver writes them."))
 
     def validate(self) -> None:
         """Raise ConfigError on inconsistent values (before any cluster work); a custom

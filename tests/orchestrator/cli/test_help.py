@@ -1,4 +1,5 @@
-"""`tracefleet --help` and `tracefleet-predict --help` (orchestrator/cli/usage.py): answered before
+"""`tracefleet --help`, `tracefleet-predict --help` and `tracefleet-capture --help`
+(orchestrator/cli/usage.py): answered before
 Hydra starts, without torch; the field help is the dataclasses', the group choices conf/'s; every
 experiment a help lists composes under its command; another command's experiment is one line."""
 from __future__ import annotations
@@ -22,7 +23,8 @@ from orchestrator.cli import usage
 from orchestrator.config import CONF_DIR, REPO_ROOT
 from orchestrator.errors import USER_ERROR_EXIT
 
-COMMANDS = {"tracefleet": "orchestrator.cli.main", "tracefleet-predict": "orchestrator.cli.predict"}
+COMMANDS = {"tracefleet": "orchestrator.cli.main", "tracefleet-predict": "orchestrator.cli.predict",
+            "tracefleet-capture": "orchestrator.cli.capture"}
 HEAVY = ("torch", "ray", "matplotlib")
 # CPU seconds of a whole help process (interpreter, hydra and yaml imports, the page read):
 # ~0.5 s here; Hydra's own help took ~3 s of CPU and torch's import alone takes more than this.
@@ -52,7 +54,8 @@ def _run_help(command: str, flag: str):
 
 @pytest.mark.parametrize("command, flag", [("tracefleet", "--help"),
                                            ("tracefleet-predict", "--help"),
-                                           ("tracefleet-predict", "-h")])
+                                           ("tracefleet-predict", "-h"),
+                                           ("tracefleet-capture", "--help")])
 def test_help_exits_0_quickly_without_torch(command, flag):
     proc, cpu_s = _run_help(command, flag)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -133,6 +136,16 @@ def _compose_tracefleet(*overrides: str):
         return OmegaConf.to_object(compose(config_name="tracefleet", overrides=list(overrides)))
 
 
+def _compose_capture():
+    """tracefleet-capture's config as its Hydra app composes it: a container, since out_dir
+    interpolates the run folder only a running Hydra app knows."""
+    from orchestrator.run.capture import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return OmegaConf.to_container(compose(config_name="capture"), resolve=False)
+
+
 def _sweep_points(name: str):
     """An experiment's sweep (hydra.sweeper.params) as single overrides, each value once."""
     params = (usage._yaml(CONF_DIR / "experiment" / f"{name}.yaml").get("hydra") or {}) \
@@ -181,6 +194,8 @@ def test_the_defaults_shown_are_the_composed_ones(command):
     show = _docs_show()
     if command == "tracefleet":
         cfg = search_cfg = _compose_tracefleet()
+    elif command == "tracefleet-capture":
+        cfg = search_cfg = _compose_capture()
     else:
         from orchestrator.cli.predict import predict_config
         cfg, search_cfg = predict_config(), predict_config("experiment=fit_search")
@@ -189,7 +204,8 @@ def test_the_defaults_shown_are_the_composed_ones(command):
     assert len(shown) >= 8
     for key, default in shown:
         # fit_search.* is there with experiment=fit_search only
-        value = functools.reduce(getattr, key.split("."),
+        value = functools.reduce(lambda node, k: node[k] if isinstance(node, dict) else
+                                 getattr(node, k), key.split("."),
                                  search_cfg if key.startswith("fit_search.") else cfg)
         expected = '""' if value == "" else show(value).replace("<repo>", str(REPO_ROOT))
         assert default == expected, key

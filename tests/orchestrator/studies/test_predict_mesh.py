@@ -9,8 +9,9 @@ from actors.errors import ConfigError
 from orchestrator.cli.predict import predict_config
 from orchestrator.reports.predict_table import prediction_table
 from orchestrator.studies.predict import predict
+from orchestrator.run.capture import register_configs as register_capture_configs
 
-import orchestrator.cli.capture  # noqa: F401  (registers the capture schemas)
+register_capture_configs()  # the capture schemas, as tracefleet-capture registers them
 
 TINY = dict(vocab=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, seq_len=32,
             batch_size=1, activation_checkpointing="none")
