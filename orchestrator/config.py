@@ -51,8 +51,10 @@ class ClusterConfig:
     placement_strategy: PlacementStrategy = setting(PlacementStrategy.PACK, help=(
         "Ray placement-group strategy for the rank bundles: PACK, SPREAD, STRICT_PACK or "
         "STRICT_SPREAD."))
-    timeout_s: float = setting(120.0, help=(
-        "Bound in seconds for each start-up phase: placement, actor start, rendezvous."))
+    timeout_s: float = setting(300.0, help=(
+        "Bound in seconds for each start-up phase: placement, actor start, rendezvous. A bound "
+        "on a hang, not a speed target: four actors importing torch on a busy 2-core machine "
+        "took over 120 s to start."))
     cpus_per_rank: float = setting(1.0, help=(
         "Logical CPUs reserved for each rank actor (its placement bundle)."))
     temp_dir: str | None = setting(None, help=(
