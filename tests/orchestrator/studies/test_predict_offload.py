@@ -35,6 +35,10 @@ def test_offloaded_states_leave_the_device_figures(tmp_path):
     assert offloaded["target"]["usable_capacity_bytes"] == on_gpu["target"]["usable_capacity_bytes"]
     assert "| host memory (offloaded) |" in prediction_table(offloaded)
     assert "host memory" not in prediction_table(on_gpu)
+    # the job line names the knob: the two jobs are told apart by it
+    first = [prediction_table(p).splitlines()[0] for p in (offloaded, on_gpu)]
+    assert ", CPU offload)" in first[0]
+    assert "CPU offload" not in first[1]
 
 
 def test_offload_is_fsdp2s():
