@@ -5,6 +5,7 @@ import logging
 import math
 import os
 import socket
+import time
 from dataclasses import dataclass
 
 from actors.errors import ConfigError
@@ -50,8 +51,7 @@ class ClusterHandle:
         self.owns_connection = False
 
 
-LOCAL_START_ATTEMPTS = 2  # Ray's node start, missed under load, is tried once more
-
+MIN_LOCAL_START_ATTEMPTS = 2  # Ray's node start, missed under load, is tried at least twice
 
 def connect(cfg: ClusterConfig, world_size: int) -> ClusterHandle:
     """Start or join Ray for a run of ``world_size`` ranks.
@@ -71,27 +71,7 @@ def connect(cfg: ClusterConfig, world_size: int) -> ClusterHandle:
         if cfg.temp_dir:
             os.makedirs(cfg.temp_dir, exist_ok=True)
         before = frozenset(p.pid for p in stale_cluster.cluster_processes())
-        for attempt in range(LOCAL_START_ATTEMPTS):
-            try:
-                ray.init(num_cpus=num_cpus, include_dashboard=False,
-                         log_to_driver=cfg.log_to_driver, _temp_dir=cfg.temp_dir,
-                         runtime_env=cfg.runtime_env)
-                break
-            except Exception as exc:  # noqa: BLE001 (Ray raises a bare Exception for it)
-                if "timed out during startup" not in str(exc):
-                    raise
-                # Ray's own 30 s bound on its node's start, missed on a loaded machine: what
-                # that attempt started is stopped by pid, then once more
-                ray.shutdown()
-                for proc in stale_cluster.cluster_processes():
-                    if proc.pid not in before:
-                        proc.kill()
-                if attempt == LOCAL_START_ATTEMPTS - 1:
-                    raise ClusterError(f"the local Ray cluster did not start ({exc}) in "
-                                       f"{LOCAL_START_ATTEMPTS} attempts; the machine may be "
-                                       "overloaded: try again, or join a running cluster "
-                                       "with cluster.address") from None
-                log.warning("the local Ray cluster did not start (%s); starting it again", exc)
+        _start_local(cfg, num_cpus, before)
         interrupts.reassert()  # Ray's driver replaced the SIGTERM handler (it aborts)
         return ClusterHandle(True, True, ray.get_runtime_context().gcs_address, before)
     if cfg.address != "auto" and not cfg.address.startswith("ray://"):
@@ -106,6 +86,35 @@ def connect(cfg: ClusterConfig, world_size: int) -> ClusterHandle:
             f"{_AUTH_HINT}") from exc
     interrupts.reassert()
     return ClusterHandle(False, True, ray.get_runtime_context().gcs_address)
+
+
+def _start_local(cfg: ClusterConfig, num_cpus: int, before: frozenset) -> None:
+    """``ray.init`` of a local cluster. Ray bounds its node's start at 30 s of its own, missed
+    on a loaded machine: what that attempt started is stopped by pid and the start tried again,
+    within ``cluster.timeout_s`` (at least twice), then a ClusterError in one line."""
+    import ray
+
+    start, attempt = time.monotonic(), 0
+    while True:
+        attempt += 1
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=cfg.log_to_driver,
+                     _temp_dir=cfg.temp_dir, runtime_env=cfg.runtime_env)
+            return
+        except Exception as exc:  # noqa: BLE001 (Ray raises a bare Exception for it)
+            if "timed out during startup" not in str(exc):
+                raise
+            ray.shutdown()
+            for proc in stale_cluster.cluster_processes():
+                if proc.pid not in before:
+                    proc.kill()
+            if attempt >= MIN_LOCAL_START_ATTEMPTS and \
+                    time.monotonic() - start >= cfg.timeout_s:
+                raise ClusterError(
+                    f"the local Ray cluster did not start ({exc}) in {attempt} attempts within "
+                    f"cluster.timeout_s={cfg.timeout_s:g} s; the machine may be overloaded: try "
+                    "again, or join a running cluster with cluster.address") from None
+            log.warning("the local Ray cluster did not start (%s); starting it again", exc)
 
 
 def cuda_available_in_cluster() -> bool:

@@ -154,7 +154,7 @@ def test_recorded_gaps_match_known_host_time(tmp_path):
     this machine is: beside other jobs the busy loop is preempted and every span grows."""
     x = torch.ones(8)
     model = torch.nn.Linear(2, 2)  # the module ranges need a model; the step does not call it
-    spans = {}
+    spans: list[dict] = []  # one per call of the step
 
     def step(_):
         t0 = time.perf_counter()
@@ -164,7 +164,7 @@ def test_recorded_gaps_match_known_host_time(tmp_path):
         t2 = time.perf_counter()
         y.add_(1.0)
         y.relu_()
-        spans.update(busy_s=t2 - t1, step_s=time.perf_counter() - t0)
+        spans.append({"busy_s": t2 - t1, "step_s": time.perf_counter() - t0})
 
     et, kineto = tmp_path / "rank-0.et.json.gz", tmp_path / "rank-0.kineto.json.gz"
     result = record_iteration(step, None, model, 3, str(et), kineto_path=str(kineto))
@@ -173,12 +173,15 @@ def test_recorded_gaps_match_known_host_time(tmp_path):
     assert [op.name for op in trace.ops] == ["aten::mul", "aten::add_", "aten::relu_"]
     gaps = host_gaps_s(trace, kineto_path_for(et))
     # the busy loop lies between mul's end and add_'s start: add_'s gap holds all of it, and
-    # no gap is longer than the step around it
-    assert spans["busy_s"] >= 20e-3
-    assert gaps[1] >= spans["busy_s"] * 0.99, (gaps, spans)
-    assert gaps[1] <= spans["step_s"] * 1.01, (gaps, spans)
+    # no gap is longer than the step around it. The gaps are the profiled iteration's (the
+    # fastest of three), one of the calls timed here: bounded by the calls' extremes (under
+    # load one call's busy span grew to 23.4 ms while the profiled one's gap was 20.1 ms)
+    busy, step_s = [c["busy_s"] for c in spans], [c["step_s"] for c in spans]
+    assert len(spans) >= 3 and min(busy) >= 20e-3
+    assert gaps[1] >= min(busy) * 0.99, (gaps, spans)
+    assert gaps[1] <= max(step_s) * 1.01, (gaps, spans)
     # relu_'s gap lies after the busy span, inside the step
-    assert gaps[2] <= (spans["step_s"] - spans["busy_s"]) * 1.01 + 1e-4, (gaps, spans)
+    assert gaps[2] <= max(c["step_s"] - c["busy_s"] for c in spans) * 1.01 + 1e-4, (gaps, spans)
     doc = read_kineto_doc(kineto)
     step_us = next(e["dur"] for e in doc["traceEvents"] if e.get("name") == "ProfilerStep#3")
     assert sum(gaps) * 1e6 < step_us  # host gaps are part of the step, never more

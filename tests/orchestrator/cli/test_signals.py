@@ -16,8 +16,13 @@ import time
 import psutil
 import pytest
 
+from tests.support.bounds import CLUSTER_START_S, LOAD_MARGIN_S
+
 ENTRY = [sys.executable, "-c", "from orchestrator.cli.main import main; main()"]
-START_TIMEOUT_S = 240  # Ray and 4 actors on a loaded 2-core machine
+# Ray's node start and the 4 actors' start, bounded by cluster.timeout_s (the suite's
+# CLUSTER_START_S), within pytest's 900 s: beside two busy processes Ray's node missed its own
+# 30 s start bound twice, and the run ended before its ranks started
+START_TIMEOUT_S = CLUSTER_START_S + LOAD_MARGIN_S
 STOP_BOUND_S = 30  # the run must be gone this soon after the signal
 GONE_GRACE_S = 5  # Ray's processes exit moments after the driver
 
@@ -53,7 +58,8 @@ def test_signal_mid_replay_stops_everything(tmp_path, signum, to_group, code):
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             [*ENTRY, f"hydra.run.dir={run_dir}", f"cluster.temp_dir={ray_dir}",
-             "replay.iters=100000", "experiment.replay_timeout_s=600"],
+             f"cluster.timeout_s={CLUSTER_START_S:g}", "replay.iters=100000",
+             "experiment.replay_timeout_s=600"],
             stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True,
             env={**os.environ, "PYTHONPATH": os.getcwd()})
     started: list[psutil.Process] = []
