@@ -63,7 +63,8 @@ _TABLE_METRICS = ("iteration_time_s", "iteration_time_ci_low_s", "iteration_time
                   "num_steps", "zero3_num_allgathers_per_iteration", "zero3_fetch_host_s",
                   "zero3_release_host_s")
 _CSS = """body{font-family:sans-serif;margin:24px;color:#222;max-width:1200px}
-table{border-collapse:collapse;font-size:13px;margin:8px 0 20px}
+table{border-collapse:collapse;font-size:13px;margin:8px 0 20px;display:block;overflow-x:auto;
+max-width:100%}
 th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}
 td:first-child,th:first-child{text-align:left}img{max-width:100%;border:1px solid #ddd;margin:6px 0}
 .ok{color:#2ca02c}.oom{color:#c51b7d}.failed,.invalid{color:#d62728}
