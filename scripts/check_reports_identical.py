@@ -174,7 +174,9 @@ def run_all(work: Path, only: list[str] | None) -> dict[str, dict]:
     from orchestrator.cli.predict import predict_config
     from orchestrator.run.launch import run_replay
     from orchestrator.run.session import ReplaySession
-    import orchestrator.cli.capture  # noqa: F401  (registers the capture schemas)
+    from orchestrator.run.capture import register_configs
+
+    register_configs()  # the capture schemas, as tracefleet-capture registers them
 
     _STEP.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(REPO / "examples" / "ddp_step.py", _STEP)
