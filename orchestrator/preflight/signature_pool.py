@@ -60,6 +60,7 @@ def _in_processes(sources, group_map, num_workers, timeout_s) -> dict[int, RankS
     num_workers = num_workers or min(len(sources), os.cpu_count() or 1, _MAX_PROCESSES)
     # spawn, not fork: the driver may already hold Ray's threads
     pool = ProcessPoolExecutor(num_workers, mp_context=multiprocessing.get_context("spawn"))
+    late = set()
     try:
         futures = {rank: pool.submit(rank_signature, src, rank, group_map)
                    for rank, src in sources.items()}
@@ -68,7 +69,17 @@ def _in_processes(sources, group_map, num_workers, timeout_s) -> dict[int, RankS
             raise _late(sources, [r for r, f in futures.items() if f in late], timeout_s)
         return {rank: fut.result() for rank, fut in futures.items()}  # re-raises a TraceError
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+        _stop(pool, still_running=bool(late))
+
+
+def _stop(pool: ProcessPoolExecutor, still_running: bool) -> None:
+    """Stop the pool and wait for its workers to exit (at once: every task is done, or its
+    worker killed). Left to exit during interpreter shutdown, the pool's manager thread raced a
+    refusal's quick exit and printed "OSError: [Errno 9] Bad file descriptor" after its line."""
+    if still_running:  # Python 3.11's pool cannot terminate its workers itself
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            proc.kill()
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _in_ray_tasks(sources, group_map, timeout_s) -> dict[int, RankSignature]:

@@ -45,7 +45,8 @@ def test_fewer_ranks_than_the_traces_is_refused(tmp_path):
     assert proc.returncode == 2, proc.stderr
     last = proc.stderr.splitlines()[-1]
     # the one line names the folder, both counts and the fix (a lone "4" could be anything)
-    assert last.startswith("tracefleet: error: the trace in ") and "Traceback" not in proc.stderr
+    assert last.startswith("tracefleet: error: the trace in ") and "Traceback" not in proc.stderr, \
+        proc.stderr[-3000:]
     assert str(DEMO_TRACES / "gpt_dp_4") in last
     assert "has 4 ranks to replay; a run on 2 ranks cannot replay it" in last
     assert last.endswith("set the world size to 4, or select ranks with trace.ranks")

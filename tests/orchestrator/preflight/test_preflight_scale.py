@@ -47,6 +47,32 @@ def test_executors_agree(world16):
         collect(sources, None, "threads")
 
 
+def _pool_workers() -> list:
+    import psutil
+
+    workers = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "multiprocessing.spawn" in " ".join(child.cmdline()) and child.is_running() \
+                    and child.status() != psutil.STATUS_ZOMBIE:
+                workers.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return workers
+
+
+def test_the_pool_leaves_no_worker_behind(world16):
+    """collect() returns with its workers gone, done or late: a refusal right after pre-flight
+    exits at once, and a pool left to exit at interpreter shutdown printed "OSError: [Errno 9]
+    Bad file descriptor" after the refusal's line (a fresh-clone run's test_cli failure)."""
+    sources = discover(world16)
+    collect(sources, None, "processes", num_workers=2)
+    assert _pool_workers() == []
+    with pytest.raises(TraceError, match="took longer than"):
+        collect(sources, None, "processes", num_workers=2, timeout_s=1e-3)
+    assert _pool_workers() == []
+
+
 def test_preflight_only_writes_its_result_and_starts_nothing(world16, tmp_path):
     import ray
 
