@@ -14,20 +14,19 @@ import torch
 import torch.nn as nn
 
 from actors.capture.checkpointing import apply_activation_checkpointing
-from actors.capture.context import Workload
+from actors.capture.context import CaptureContext, Workload
+from actors.capture.custom import build_custom
+from actors.capture.data_parallel import data_parallel_step
+from actors.capture.fsdp2 import fsdp2_step
 from actors.capture.gpt import GPT, Block
 from actors.capture.llama import Llama, TransformerBlock
 from actors.capture.mesh import batch_rows, dp_index, validate_parallelism
+from actors.capture.parallelize.float8 import apply_float8
+from actors.capture.parallelize.recipe import mesh_step
 from actors.capture.workload_config import (PARAM_DTYPES, ModelName, Parallel, WorkloadConfig,
                                             WorkloadDevice,
                                             ffn_dim_of, moe_spec, validate)
-from actors.capture.context import CaptureContext
-from actors.capture.custom import build_custom
-from actors.capture.parallelize.float8 import apply_float8
 from actors.capture.zero3 import zero3_step
-from actors.capture.parallelize.recipe import mesh_step
-from actors.capture.fsdp2 import fsdp2_step
-from actors.capture.data_parallel import data_parallel_step
 
 
 def build_model(cfg: WorkloadConfig) -> tuple[nn.Module, type]:

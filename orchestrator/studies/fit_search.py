@@ -36,9 +36,9 @@ from orchestrator.studies.fit_layout import search_layout, with_layout
 from orchestrator.studies.fit_search_config import AC_ORDER, Axis, FitSearchRunConfig
 from orchestrator.studies.worker_pool import in_workers, tell_parent
 from orchestrator.studies.predict import PredictConfig, Verdict, predict
-from orchestrator.studies.fit_search_report import FitSearchRecorder
 from orchestrator.reports.prediction_page import write_prediction_page
-from orchestrator.studies.fit_search_report import ANSWER_COLUMNS, answer_rows, answers_title
+from orchestrator.studies.fit_search_report import (ANSWER_COLUMNS, FitSearchRecorder, answer_rows,
+                                                    answers_title)
 
 log = logging.getLogger("tracefleet")
 

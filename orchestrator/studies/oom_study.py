@@ -34,9 +34,8 @@ from orchestrator.units import human_bytes
 from orchestrator.studies.min_memory import search
 from orchestrator.run.launch import quiet_replays
 from orchestrator.reports.oom_study_table import markdown, study_table
-from orchestrator.studies.study_traces import cached_capture
+from orchestrator.studies.study_traces import cached_capture, traced_model
 from orchestrator.reports.html_report import write_report
-from orchestrator.studies.study_traces import traced_model
 from orchestrator.studies.zero3_estimate import zero3_estimates
 
 log = logging.getLogger("tracefleet")

@@ -149,7 +149,7 @@ class PredictConfig:
             raise ConfigError(f"trace.dir={self.trace.dir} does not exist; expected a folder of "
                               "rank traces, a .tar[.gz] archive of them, or one trace file")
         if self.world_size is not None:
-            check_world_size(self.world_size)
+            check_world_size(self.world_size)  # refused before any capture
         if self.predict.capture_timeout_s <= 0:
             raise ConfigError(f"predict.capture_timeout_s={self.predict.capture_timeout_s:g}; "
                               "expected seconds > 0")
