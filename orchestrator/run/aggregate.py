@@ -259,8 +259,8 @@ def _timing(ranks: list[dict]) -> dict:
     rank_medians = {r["rank"]: r["iteration_time_s"] for r in ranks
                     if r.get("iteration_time_s") is not None}
     straggler = max(rank_medians, key=rank_medians.get) if rank_medians else None
-    fastest = min(rank_medians.values(), default=None)
     first = min(rank_medians, key=rank_medians.get) if rank_medians else None
+    fastest = rank_medians[first] if first is not None else None
     by_rank = {r["rank"]: r for r in ranks}
     return {
         "iteration_time_s": slowest_iteration_s(ranks),

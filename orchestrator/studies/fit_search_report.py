@@ -74,7 +74,8 @@ class FitSearchRecorder:
             "finished_at": time.time(),
         }
         for a in answers:
-            if not plot_axis(a.axis, a.probes, self.out_dir / _plot_name(a.axis)):
+            if not plot_axis(a.axis, a.probes, self.out_dir / _plot_name(a.axis),
+                             keep=[v for v in (a.best, a.first_failing) if v is not None]):
                 summary["answers"][a.axis]["plot"] = None
         atomic_write(self.out_dir / FIT_SEARCH_JSON,
                      orjson.dumps(summary, option=orjson.OPT_INDENT_2))
@@ -118,10 +119,11 @@ def print_answers(summary: dict) -> None:
           f"predictions) in {summary['total_s']:.1f} s")
 
 
-def plot_axis(axis: str, probes: list[dict], path: Path) -> bool:
+def plot_axis(axis: str, probes: list[dict], path: Path, keep=()) -> bool:
     """Reserved (and allocated) peak of each probe against the axis value, coloured by verdict,
     with the usable capacity and the band below it where the verdict is ``too_close`` (reserved
-    x (1 + error band) above the capacity); False (nothing written) without probes."""
+    x (1 + error band) above the capacity); False (nothing written) without probes. ``keep``:
+    the axis' answer (best, first failing), whose labels are written first where crowded."""
     if not probes:
         return False
     if axis == "activation_checkpointing":
@@ -167,18 +169,9 @@ def plot_axis(axis: str, probes: list[dict], path: Path) -> bool:
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     if axis not in ("activation_checkpointing", "layout"):
-        _label_without_overlap(fig, ax, xs, _answer_values(probes))
+        _label_without_overlap(fig, ax, xs, list(keep))
     save_png(fig, path)
     return True
-
-
-def _answer_values(probes: list[dict]) -> list:
-    """The best value that fits and the first above it that does not: the labels to keep."""
-    fits = [p["value"] for p in probes if p["verdict"] == "fits"]
-    best = max(fits) if fits else None
-    failing = [p["value"] for p in probes if p["verdict"] != "fits"
-               and (best is None or p["value"] > best)]
-    return [v for v in (best, min(failing) if failing else None) if v is not None]
 
 
 def _label_without_overlap(fig: Figure, ax, xs: list, first: list) -> None:
