@@ -14,6 +14,9 @@
   (actors/replay/ops/translate_attention.py);
 * cpu: CPU's flash kernel ``_scaled_dot_product_flash_attention_for_cpu``, directly.
 
+Values narrower than queries and keys (DeepSeek's MLA) take the memory-efficient kernel on
+meta and fake, as CUDA's SDPA does (its flash kernel wants equal head sizes).
+
 ``math`` is Meta's reference ``softmax(q k^T / sqrt(d) + mask) v``, which keeps the scores.
 """
 from __future__ import annotations
@@ -60,6 +63,8 @@ def causal_attention(q, k, v, attention: Attention):
         mask = torch.full((t, t), float("-inf"), device=q.device).triu(1)
         scores = F.softmax((scores + mask).float(), dim=-1).type_as(q)
         return torch.matmul(scores, v)
+    if q.shape[-1] != v.shape[-1]:  # MLA's values are narrower than its queries and keys
+        return _unequal_head_sizes(q, k, v)
     if q.device.type == "cuda" and (torch.compiler.is_compiling() or not is_fake(q)):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     if torch.compiler.is_compiling():  # inductor lowers the cpu kernel for the fake cpu tensors
@@ -69,3 +74,16 @@ def causal_attention(q, k, v, attention: Attention):
             return FlashAttention.apply(q, k, v, 0.0, True, None)
         return EfficientAttention.apply(q, k, v, None, 0.0, True, None)
     return _CpuFlashAttention.apply(q, k, v)
+
+
+def _unequal_head_sizes(q, k, v):
+    """Causal attention whose values have another head size than q and k (DeepSeek's MLA:
+    192 and 128). CUDA's flash kernel takes equal sizes only, so SDPA runs the memory-efficient
+    one, whatever the dtype; CPU's flash kernel too: it runs on values zero-padded to q's size,
+    the padding's output sliced off."""
+    if q.device.type == "cuda" and not is_fake(q):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if q.device.type == "meta" or is_fake(q):
+        return EfficientAttention.apply(q, k, v, None, 0.0, True, None)
+    padded = F.pad(v, (0, q.shape[-1] - v.shape[-1]))
+    return _CpuFlashAttention.apply(q, k, padded)[..., :v.shape[-1]]

@@ -4,7 +4,8 @@ shards a decoder.
 Parameters become DTensor shards over a 1-D DeviceMesh of all ranks; each block's are
 all-gathered before its forward and backward and freed after (``reshard_after_forward``),
 except the last block's after forward: backward needs them at once (torchtitan's default
-policy); the root keeps its own gathered through backward. Gradients are reduce-scattered. ``bf16_mixed`` shards float32 parameters with
+policy; ``workload.reshard_after_forward`` always / never are its other two); the root keeps
+its own gathered through backward. Gradients are reduce-scattered. ``bf16_mixed`` shards float32 parameters with
 ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: gathered parameters and
 compute in bf16, float32 shards (master weights), gradient reduction and AdamW state. With
 several micro-batches the gradient reduction runs after the last one only
@@ -16,6 +17,15 @@ import torch
 import torch.nn as nn
 
 from actors.capture.data_parallel import micro_batch_loss
+
+
+def reshards_after_forward(cfg, index: int, num_blocks: int, pipelined: bool = False) -> bool:
+    """Whether block ``index`` of ``num_blocks`` frees its gathered parameters after forward,
+    under workload.reshard_after_forward (torchtitan's policies; absent: default)."""
+    policy = str(getattr(cfg, "reshard_after_forward", "default"))
+    if policy != "default":
+        return policy == "always"
+    return not pipelined and index < num_blocks - 1
 
 
 def offload_kwargs(cfg, device: torch.device) -> dict:
@@ -43,10 +53,11 @@ def fsdp2_step(model: nn.Module, cfg, blocks: nn.ModuleList, device: torch.devic
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                                    reduce_dtype=torch.float32)
     for i, block in enumerate(blocks):
-        if experts_mesh is not None:
-            fully_shard(block.feed_forward.experts, reshard_after_forward=i < len(blocks) - 1,
+        reshard = reshards_after_forward(cfg, i, len(blocks))
+        if experts_mesh is not None and hasattr(block.feed_forward, "experts"):  # MoE blocks
+            fully_shard(block.feed_forward.experts, reshard_after_forward=reshard,
                         **{**kwargs, "mesh": experts_mesh})
-        fully_shard(block, reshard_after_forward=i < len(blocks) - 1, **kwargs)
+        fully_shard(block, reshard_after_forward=reshard, **kwargs)
     fully_shard(model, **kwargs)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
 

@@ -28,6 +28,7 @@ from actors.choices import Choice
 from actors.config_fields import setting
 from actors.errors import ConfigError
 from actors.capture.context import world_mesh
+from actors.capture.models.registry import model_spec
 
 # torchtitan's order of the mesh dimensions, outermost first.
 DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -229,10 +230,23 @@ def validate_parallelism(cfg, world_size: int) -> None:
         raise ConfigError(f"{where} needs workload.parallel=fsdp2 (got {cfg.parallel}): the "
                           "mesh recipes shard the data-parallel dimensions with FSDP2, as "
                           "torchtitan does")
-    if cfg.model != "llama":
-        raise ConfigError(f"{where}: the mesh recipes are written for workload.model=llama "
-                          f"(got {cfg.model})")
+    sizes = {**degrees, "ep": par.ep}  # ep splits experts within the other degrees' ranks
+    unbuilt = [f"{name}={sizes[name]}" for name in ("dp_replicate", "tp", "pp", "cp", "ep")
+               if sizes[name] > 1 and name not in model_spec(cfg.model).mesh_dims]
+    if unbuilt:
+        raise ConfigError(f"{where}: {' '.join(unbuilt)} is not built for "
+                          f"workload.model={cfg.model} (actors/capture/models/{cfg.model}/)")
     tp, cp, pp = degrees["tp"], degrees["cp"], degrees["pp"]
+    split = [f"{name}={degrees[name]}" for name in ("tp", "pp") if degrees[name] > 1]
+    if split and cfg.tie_embeddings:
+        raise ConfigError(f"{where}: workload.tie_embeddings=true with {' '.join(split)}: the "
+                          "plans part the embedding and the output (tp: two parallel styles, pp: the "
+                          "first and the last stage); untie them")
+    if split and cfg.loss_chunks > 1:
+        raise ConfigError(f"{where}: workload.loss_chunks={cfg.loss_chunks} with "
+                          f"{' '.join(split)}: tp computes the loss on vocabulary-sharded "
+                          "logits (loss parallel) and pp in the last stage's schedule; use "
+                          "loss_chunks=1 there")
     if degrees["dp_replicate"] * degrees["dp_shard"] * cp == 1:
         raise ConfigError(f"{where}: the mesh recipes shard parameters with FSDP2 over "
                           "dp_shard x cp (as torchtitan); leave at least 2 ranks there")

@@ -38,6 +38,13 @@ from actors.capture.swiglu import SwiGLU
 from actors.choices import Choice
 
 
+class MoeScore(Choice):
+    """How the gate's logits become the experts' scores."""
+
+    softmax = "softmax"  # Mixtral, Qwen3-MoE, DeepSeek-MoE 16B
+    sigmoid = "sigmoid"  # DeepSeek-V3: each expert scored alone, the chosen ones renormalized
+
+
 class MoeRouter(Choice):
     """How a token's experts are chosen (see the module docstring)."""
 
@@ -55,6 +62,13 @@ class MoeSpec:
     num_shared: int  # shared experts (one SwiGLU of num_shared x hidden), 0 = none
     router: MoeRouter
     skew: float
+    # the chosen experts' scores renormalized to sum to 1 per token (Qwen3-MoE's norm_topk_prob)
+    normalize_top_k: bool = False
+    score: MoeScore = MoeScore.softmax
+    # node-limited routing (DeepSeek-V3): the experts in num_groups groups (one per node), a
+    # token's top_k chosen within its limited_groups best groups; 0 = no groups
+    num_groups: int = 0
+    limited_groups: int = 0
 
 
 def assumed_loads(num_tokens: int, top_k: int, num_experts: int, skew: float) -> list[int]:
@@ -118,12 +132,16 @@ class MoE(nn.Module):
         b, t, dim = x.shape
         tokens = x.reshape(-1, dim)
         num_tokens, k = tokens.shape[0], self.spec.top_k
-        scores = F.softmax(self.gate(tokens).float(), dim=-1)
+        logits = self.gate(tokens).float()
+        scores = F.softmax(logits, dim=-1) if self.spec.score == MoeScore.softmax \
+            else torch.sigmoid(logits)
         if self.spec.router == MoeRouter.fixed:
             ids = fixed_assignment(self._loads(num_tokens), num_tokens, k).to(x.device)
         else:
-            ids = torch.topk(scores, k, dim=-1).indices
+            ids = torch.topk(self._group_limited(scores), k, dim=-1).indices
         weights = scores.gather(-1, ids)
+        if self.spec.normalize_top_k or self.spec.score == MoeScore.sigmoid:
+            weights = weights / weights.sum(-1, keepdim=True)
         counts = self._token_counts(ids, num_tokens)
         order = torch.argsort(ids.view(-1), stable=True)
         token_of = order // k
@@ -137,6 +155,20 @@ class MoE(nn.Module):
         if self.shared is not None:
             y = y + self.shared(tokens)
         return y.view(b, t, dim)
+
+    def _group_limited(self, scores: torch.Tensor) -> torch.Tensor:
+        """The scores a token's top-k is chosen from: with groups, those outside the token's
+        ``limited_groups`` best groups (a group scored by its two best experts, DeepSeek-V3's
+        rule) are zeroed; the routing assumption's loads are the same either way."""
+        spec = self.spec
+        if not spec.num_groups:
+            return scores
+        n = scores.shape[0]
+        grouped = scores.view(n, spec.num_groups, -1)
+        best = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(-1)
+        keep = torch.zeros_like(best).scatter_(1, best.topk(spec.limited_groups, dim=-1).indices,
+                                               1.0)
+        return (grouped * keep.unsqueeze(-1)).view(n, -1)
 
     def _loads(self, num_tokens: int) -> list[int]:
         spec = self.spec

@@ -1,5 +1,5 @@
-"""The SwiGLU feed-forward of Llama-style blocks: a dense block's (llama.py) and the shared
-experts of a Mixture of Experts (moe.py)."""
+"""The SwiGLU feed-forward of Llama-style blocks: a dense block's (models/llama/model.py) and
+the shared experts of a Mixture of Experts (moe.py)."""
 from __future__ import annotations
 
 import torch.nn.functional as F

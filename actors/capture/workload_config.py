@@ -11,7 +11,8 @@ import torch
 from actors.capture.attention import Attention
 from actors.capture.checkpointing import ActivationCheckpointing
 from actors.capture.mesh import ParallelismConfig
-from actors.capture.moe import MoeRouter, MoeSpec, max_skew
+from actors.capture.models.registry import model_spec
+from actors.capture.moe import MoeRouter, MoeScore, MoeSpec, max_skew
 from actors.choices import Choice
 from actors.config_fields import setting
 from actors.errors import ConfigError
@@ -24,6 +25,8 @@ class ModelName(Choice):
 
     gpt = "gpt"  # learned positions, LayerNorm, GELU MLP, biases
     llama = "llama"  # RMSNorm, rotary embeddings, grouped-query attention, SwiGLU
+    qwen3 = "qwen3"  # llama with per-head q/k RMSNorm, an explicit head_dim; dense or MoE
+    deepseek_v3 = "deepseek_v3"  # multi-head latent attention, dense first blocks, then MoE
     custom = "custom"  # the user's own step, workload.entrypoint (actors/capture/custom.py)
 
 
@@ -34,6 +37,15 @@ class Parallel(Choice):
     fsdp2 = "fsdp2"  # torch fully_shard per block, then the root, over a 1-D mesh
     zero3 = "zero3"  # DeepSpeed ZeRO-3 (cpu or cuda)
     local = "local"  # every rank trains alone: no collectives (plain traces)
+
+
+class ReshardPolicy(Choice):
+    """When FSDP2 frees a block's gathered parameters after its forward (torchtitan's
+    parallelism.fsdp_reshard_after_forward)."""
+
+    default = "default"  # every block but the last (backward needs it at once); none under pp
+    always = "always"  # every block, the last and pipeline stages' too: least memory
+    never = "never"  # none: parameters stay gathered from forward through backward
 
 
 class Precision(Choice):
@@ -89,7 +101,8 @@ class WorkloadConfig:
     """What to train while capturing."""
 
     model: ModelName = setting(ModelName.gpt, help=(
-        "The decoder: gpt or llama; custom: the user's own step (workload.entrypoint)."))
+        "The decoder family (actors/capture/models/): gpt, llama, qwen3 or deepseek_v3; "
+        "custom: the user's own step (workload.entrypoint)."))
     entrypoint: str = setting("", help=(
         "model=custom: the user's step, PATH.py:FUNCTION or package.module:FUNCTION, whose "
         "build(ctx) returns (model, make_batch, step) (see actors/capture/custom.py). The model "
@@ -100,6 +113,10 @@ class WorkloadConfig:
         "The device mesh (torchtitan's degrees: dp_replicate, dp_shard, tp, pp, cp, ep; their "
         "product is world_size, dp_shard=-1 the rest): actors/capture/mesh.py. The default, "
         "only dp_shard, is the 1-D data-parallel job every recipe ran before."))
+    reshard_after_forward: ReshardPolicy = setting(ReshardPolicy.default, help=(
+        "fsdp2: default (every block's gathered parameters freed after its forward but the "
+        "last's; none under pp), always or never (kept from forward to backward: no second "
+        "all-gather, a whole model's bf16 copy held)."))
     float8: bool = setting(False, help=(
         "torchao float8 training: the Linears but the output as Float8Linear (tensorwise "
         "dynamic scaling), and FSDP2's all-gathers in float8 "
@@ -146,7 +163,19 @@ class WorkloadConfig:
     vocab: int = setting(512, help="Vocabulary size (token embedding rows, LM head outputs).")
     d_model: int = setting(128, help="Hidden size.")
     n_layers: int = setting(2, help="Number of decoder blocks.")
-    n_heads: int = setting(4, help="Attention heads per block (must divide d_model).")
+    n_heads: int = setting(4, help=(
+        "Attention heads per block (must divide d_model unless head_dim is set)."))
+    head_dim: int = setting(0, help=(
+        "llama, qwen3: each attention head's size; 0 = d_model / n_heads. Qwen3: 128 (its "
+        "heads x head_dim need not be d_model)."))
+    tie_embeddings: bool = setting(False, help=(
+        "llama, qwen3: the output projection shares the token embedding's weight (Llama 3.2 "
+        "1B/3B, Qwen3 up to 4B). Not with tp or pp (their plans split the two apart)."))
+    loss_chunks: int = setting(1, help=(
+        "llama, qwen3: the cross-entropy computed over this many slices of the tokens, each "
+        "slice's float32 logits recomputed in backward, so the batch's vocabulary-wide logits "
+        "are never held at once (a chunked loss, torchtitan's / Liger's); 1 = whole. Not with "
+        "tp (loss parallel shards the logits instead) or pp."))
     n_kv_heads: int = setting(0, help=(
         "llama: key/value heads (grouped-query attention; must divide n_heads); 0 = n_heads."))
     ffn_dim: int = setting(0, help=(
@@ -167,6 +196,28 @@ class WorkloadConfig:
         "moe_experts > 0: each expert's hidden size; 0 = ffn_dim's rule."))
     moe_shared_experts: int = setting(0, help=(
         "moe_experts > 0: shared experts every token also runs (DeepSeek's), 0 = none."))
+    moe_dense_layers: int = setting(0, help=(
+        "moe_experts > 0: the first this many blocks keep the dense feed-forward (ffn_dim "
+        "wide); DeepSeek-V3: 3, its 16B: 1."))
+    moe_score: MoeScore = setting(MoeScore.softmax, help=(
+        "moe_experts > 0: softmax over the experts, or sigmoid per expert (DeepSeek-V3; the "
+        "chosen scores renormalized)."))
+    moe_groups: int = setting(0, help=(
+        "moe_experts > 0: node-limited routing (DeepSeek-V3: 8): the experts in this many "
+        "groups, a token's experts chosen within its moe_limited_groups best; 0 = no groups. "
+        "The routing assumption's loads are unchanged by it (actors/capture/moe.py)."))
+    moe_limited_groups: int = setting(0, help=(
+        "moe_groups > 0: the groups a token may use (DeepSeek-V3: 4)."))
+    mla_kv_lora_rank: int = setting(0, help=(
+        "deepseek_v3: the latent keys and values are made from (multi-head latent attention; "
+        "DeepSeek-V3: 512). head_dim is the non-rotated part of a query/key head (128)."))
+    mla_q_lora_rank: int = setting(0, help=(
+        "deepseek_v3: the queries' low-rank bottleneck (DeepSeek-V3: 1536); 0 = one projection "
+        "(its 16B)."))
+    mla_rope_head_dim: int = setting(64, help=(
+        "deepseek_v3: the rotated part of each query/key head, its key shared by the heads."))
+    mla_v_head_dim: int = setting(0, help=(
+        "deepseek_v3: each head's value size; 0 = head_dim."))
     moe_router: MoeRouter = setting(MoeRouter.topk, help=(
         "moe_experts > 0: topk (the gate's best top_k scores per token; on fake and meta, where "
         "the choice has no value, the routing assumption's loads stand for it) or fixed (the "
@@ -228,6 +279,9 @@ class WorkloadConfig:
             self.gpu_kernels = GpuArch.coerce(self.gpu_kernels, "workload.gpu_kernels")
         self.attention = Attention.coerce(self.attention, "workload.attention")
         self.moe_router = MoeRouter.coerce(self.moe_router, "workload.moe_router")
+        self.moe_score = MoeScore.coerce(self.moe_score, "workload.moe_score")
+        self.reshard_after_forward = ReshardPolicy.coerce(self.reshard_after_forward,
+                                                          "workload.reshard_after_forward")
         for name in ("zero3_offload_optimizer", "zero3_offload_param"):
             setattr(self, name, OffloadDevice.coerce(getattr(self, name), f"workload.{name}"))
         # The deprecated aliases, resolved here and only here. An alias replaces fields left at
@@ -286,22 +340,15 @@ def validate(cfg: WorkloadConfig) -> None:
                  "ac_every", "grad_accum_steps"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"workload.{name}={getattr(cfg, name)}: must be >= 1")
-    for name in ("dp_bucket_numel", "n_kv_heads", "ffn_dim"):
+    for name in ("dp_bucket_numel", "n_kv_heads", "ffn_dim", "head_dim", "moe_dense_layers",
+                 "moe_groups", "moe_limited_groups", "mla_kv_lora_rank", "mla_q_lora_rank",
+                 "mla_v_head_dim"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"workload.{name}={getattr(cfg, name)}: must be >= 0")
-    if cfg.d_model % cfg.n_heads:
-        raise ConfigError(f"workload.d_model={cfg.d_model} is not divisible by "
-                          f"workload.n_heads={cfg.n_heads}")
-    if cfg.model == ModelName.gpt and cfg.n_kv_heads not in (0, cfg.n_heads):
-        raise ConfigError(f"workload.n_kv_heads={cfg.n_kv_heads}: grouped-query attention is "
-                          "a llama knob; workload.model=gpt needs 0")
-    if cfg.model == ModelName.llama:
-        if cfg.n_heads % (cfg.n_kv_heads or cfg.n_heads):
-            raise ConfigError(f"workload.n_heads={cfg.n_heads} is not divisible by "
-                              f"workload.n_kv_heads={cfg.n_kv_heads}")
-        if (cfg.d_model // cfg.n_heads) % 2:
-            raise ConfigError(f"workload.d_model / workload.n_heads = {cfg.d_model // cfg.n_heads}"
-                              ": rotary embeddings need an even head size")
+    if cfg.loss_chunks < 1:
+        raise ConfigError(f"workload.loss_chunks={cfg.loss_chunks}: must be >= 1 (1 = the "
+                          "whole loss at once)")
+    model_spec(cfg.model).validate(cfg)
     _validate_moe(cfg)
     _validate_recipe(cfg)
 
@@ -314,12 +361,25 @@ def _validate_moe(cfg: WorkloadConfig) -> None:
                           "must be >= 0")
     if not cfg.moe_experts:
         return
-    if cfg.model != ModelName.llama:
+    if not model_spec(cfg.model).moe:
         raise ConfigError(f"workload.moe_experts={cfg.moe_experts}: the MoE block is the "
-                          f"built-in llama's (got workload.model={cfg.model})")
+                          f"llama and qwen3 families' (got workload.model={cfg.model})")
     if not 1 <= cfg.moe_top_k <= cfg.moe_experts:
         raise ConfigError(f"workload.moe_top_k={cfg.moe_top_k}: must be 1 to moe_experts="
                           f"{cfg.moe_experts}")
+    if not 0 <= cfg.moe_dense_layers <= cfg.n_layers:
+        raise ConfigError(f"workload.moe_dense_layers={cfg.moe_dense_layers}: must be 0 to "
+                          f"n_layers={cfg.n_layers}")
+    if cfg.moe_groups:
+        if cfg.moe_experts % cfg.moe_groups or not 1 <= cfg.moe_limited_groups <= cfg.moe_groups:
+            raise ConfigError(f"workload.moe_groups={cfg.moe_groups}, moe_limited_groups="
+                              f"{cfg.moe_limited_groups}: the groups must split moe_experts="
+                              f"{cfg.moe_experts} evenly, and 1 to moe_groups of them be used")
+        usable = cfg.moe_limited_groups * cfg.moe_experts // cfg.moe_groups
+        if cfg.moe_top_k > usable:
+            raise ConfigError(f"workload.moe_top_k={cfg.moe_top_k} experts cannot be chosen "
+                              f"within {cfg.moe_limited_groups} groups of "
+                              f"{cfg.moe_experts // cfg.moe_groups}")
     most = max_skew(cfg.moe_top_k, cfg.moe_experts)
     if not 0 <= cfg.moe_routing_skew <= most:
         raise ConfigError(f"workload.moe_routing_skew={cfg.moe_routing_skew}: must be 0 to "
@@ -332,7 +392,9 @@ def moe_spec(cfg: WorkloadConfig) -> MoeSpec | None:
     if not cfg.moe_experts:
         return None
     return MoeSpec(cfg.moe_experts, cfg.moe_top_k, cfg.moe_ffn_dim or ffn_dim_of(cfg),
-                   cfg.moe_shared_experts, cfg.moe_router, float(cfg.moe_routing_skew))
+                   cfg.moe_shared_experts, cfg.moe_router, float(cfg.moe_routing_skew),
+                   model_spec(cfg.model).moe_normalize_top_k, cfg.moe_score, cfg.moe_groups,
+                   cfg.moe_limited_groups)
 
 
 def _validate_recipe(cfg: WorkloadConfig) -> None:
@@ -388,8 +450,4 @@ def _validate_recipe(cfg: WorkloadConfig) -> None:
 
 def ffn_dim_of(cfg: WorkloadConfig) -> int:
     """The feed-forward hidden size ``cfg`` asks for (see WorkloadConfig.ffn_dim)."""
-    if cfg.ffn_dim:
-        return cfg.ffn_dim
-    if cfg.model == ModelName.gpt:
-        return 4 * cfg.d_model
-    return -(-int(2 * 4 * cfg.d_model / 3) // 256) * 256
+    return cfg.ffn_dim or model_spec(cfg.model).default_ffn_dim(cfg.d_model)

@@ -1,5 +1,5 @@
-"""Capture workloads: a GPT-style or Llama-style decoder trained as the reference trainers
-(torchtitan, DeepSpeed) train large models, on cpu, cuda or meta.
+"""Capture workloads: a built-in decoder (a family of actors/capture/models/) trained as the
+reference trainers (torchtitan, DeepSpeed) train large models, on cpu, cuda, meta or fake.
 
 A recipe is ``model`` x ``parallel`` (ddp, fsdp2, zero3, local) x ``precision`` (fp32, bf16,
 bf16_mixed) x ``activation_checkpointing`` x ``grad_accum_steps`` (docs/capture.md, "Recipes";
@@ -18,33 +18,25 @@ from actors.capture.context import CaptureContext, Workload
 from actors.capture.custom import build_custom
 from actors.capture.data_parallel import data_parallel_step
 from actors.capture.fsdp2 import fsdp2_step
-from actors.capture.gpt import GPT, Block
-from actors.capture.llama import Llama, TransformerBlock
+from actors.capture.models.registry import model_spec
 from actors.capture.mesh import batch_rows, dp_index, validate_parallelism
 from actors.capture.parallelize.float8 import apply_float8
 from actors.capture.parallelize.recipe import mesh_step
 from actors.capture.workload_config import (PARAM_DTYPES, ModelName, Parallel, WorkloadConfig,
-                                            WorkloadDevice,
-                                            ffn_dim_of, moe_spec, validate)
+                                            WorkloadDevice, ffn_dim_of, moe_spec, validate)
 from actors.capture.zero3 import zero3_step
 
 
 def build_model(cfg: WorkloadConfig) -> tuple[nn.Module, type]:
-    """``(model, block class)`` on the current default device (``with torch.device(...)``), in
-    float32."""
-    if cfg.model == ModelName.gpt:
-        model = GPT(cfg.vocab, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.seq_len,
-                    ffn_dim_of(cfg), cfg.attention)
-        return model, Block
-    model = Llama(cfg.vocab, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads or cfg.n_heads,
-                  ffn_dim_of(cfg), cfg.seq_len, cfg.rope_theta, cfg.norm_eps, cfg.attention,
-                  moe_spec(cfg))
-    return model, TransformerBlock
+    """``(model, block class)`` of ``cfg.model``'s family (actors/capture/models/) on the
+    current default device (``with torch.device(...)``), in float32."""
+    spec = model_spec(cfg.model)
+    return spec.build(cfg, ffn_dim_of(cfg), moe_spec(cfg)), spec.block_class
 
 
-def blocks_of(model: nn.Module) -> nn.ModuleList:
-    """The decoder blocks of a model build_model made."""
-    return model.blocks if isinstance(model, GPT) else model.layers
+def blocks_of(model: nn.Module, cfg: WorkloadConfig) -> nn.ModuleList:
+    """The decoder blocks of a model build_model made from ``cfg``."""
+    return model_spec(cfg.model).blocks(model)
 
 
 def build_workload(cfg: WorkloadConfig, rank: int, world_size: int,
@@ -70,9 +62,10 @@ def build_workload(cfg: WorkloadConfig, rank: int, world_size: int,
     num_params = sum(p.numel() for p in model.parameters())
     if cfg.float8:  # a converter on the built model, before parallelizing it (torchtitan's)
         apply_float8(model, fsdp=cfg.parallel == Parallel.fsdp2)
-    apply_activation_checkpointing(blocks_of(model), cfg.activation_checkpointing, cfg.ac_every)
+    blocks = blocks_of(model, cfg)
+    apply_activation_checkpointing(blocks, cfg.activation_checkpointing, cfg.ac_every)
     if cfg.compile:  # each block in place: module names stay, and so do FSDP2's units
-        for block in blocks_of(model):
+        for block in blocks:
             block.compile()
     info = {}
     # ranks that split one model replica's work (tp, cp, pp peers) read the same data
@@ -95,10 +88,10 @@ def build_workload(cfg: WorkloadConfig, rank: int, world_size: int,
         step, info = zero3_step(model, cfg, block_class)
     elif not cfg.parallelism.is_one_dim():
         assert mesh is not None, "the caller builds the N-D mesh (actors/capture/mesh.py)"
-        step = mesh_step(model, cfg, blocks_of(model), device, world_size, mesh)
+        step = mesh_step(model, cfg, blocks, device, world_size, mesh)
         model = step.model  # with pp: this rank's stages only
     elif cfg.parallel == Parallel.fsdp2:
-        step = fsdp2_step(model, cfg, blocks_of(model), device, world_size, mesh)
+        step = fsdp2_step(model, cfg, blocks, device, world_size, mesh)
     else:
         step = data_parallel_step(model, cfg, device,
                                   world_size if cfg.parallel == Parallel.ddp else 0)

@@ -16,7 +16,12 @@ def _job_line(p: dict) -> str:
         # the knobs that change the peak most beside the recipe: a compiled job's is not the
         # eager one's (the README's 8B: 76.9 against 82.0 GiB reserved)
         knobs = [name for key, name in (("compile", "compiled per block"), ("float8", "float8"),
-                                        ("cpu_offload", "CPU offload")) if wl.get(key)]
+                                        ("cpu_offload", "CPU offload"),
+                                        ("tie_embeddings", "tied embeddings")) if wl.get(key)]
+        if wl.get("loss_chunks", 1) > 1:
+            knobs.append(f"loss in {wl['loss_chunks']} chunks")
+        if wl.get("reshard_after_forward", "default") != "default":
+            knobs.append(f"reshard after forward {wl['reshard_after_forward']}")
         what = f"{wl['name']} ({wl['model']}, {wl['parallel']}, {wl['precision']}, AC " \
                f"{wl['activation_checkpointing']}, local batch {wl['batch_size']} x seq " \
                f"{wl['seq_len']}{''.join(', ' + k for k in knobs)})"

@@ -55,6 +55,16 @@ def cached_capture(preset: str, overrides: dict | None, world_size: int, cache_d
     return capture_cached(workload_config(preset, overrides), world_size, cache_dir, preset)[0]
 
 
+# Workload fields added after caches were first keyed, with the value that means "as before":
+# a job leaving them there keeps its key (its cached capture stays valid); any other value is
+# in the key.
+_LATER_FIELDS = {"gpu_kernels": None, "compile": False, "head_dim": 0, "tie_embeddings": False,
+                 "loss_chunks": 1, "reshard_after_forward": "default", "moe_dense_layers": 0,
+                 "moe_score": "softmax", "moe_groups": 0, "moe_limited_groups": 0,
+                 "mla_kv_lora_rank": 0, "mla_q_lora_rank": 0, "mla_rope_head_dim": 64,
+                 "mla_v_head_dim": 0}
+
+
 def capture_key(workload, world_size: int, rank0_only: bool = False) -> str:
     """The cache key of a capture: a hash of what changes its traces (see the module doc)."""
     import torch
@@ -63,8 +73,8 @@ def capture_key(workload, world_size: int, rank0_only: bool = False) -> str:
     fields.pop("zero3_emulation", None)
     if workload.parallelism.is_one_dim():  # keys of 1-D jobs stay what they were
         fields.pop("parallelism", None)
-    for name in ("gpu_kernels", "compile"):  # so do keys of eager captures on the CPU's kernels
-        if not fields.get(name):
+    for name, default in _LATER_FIELDS.items():  # so do keys of jobs that leave them unset
+        if fields.get(name) == default:
             fields.pop(name, None)
     entry = _entrypoint_file(workload.entrypoint) if workload.entrypoint else None
     text = json.dumps({"workload": fields, "world_size": world_size,

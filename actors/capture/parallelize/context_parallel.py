@@ -104,7 +104,7 @@ class RingAttention:
 
 
 def apply_context_parallel(model: nn.Module, cp_mesh) -> None:
-    """Ring attention in every block of ``model`` (actors/capture/llama.py's Llama), and its
+    """Ring attention in every block of ``model`` (actors/capture/models/llama/model.py's Llama), and its
     rotary tables cut to this rank's positions, as context_parallel cuts the rope buffer."""
     cp, rank = cp_mesh.size(), cp_mesh.get_local_rank()
     ring = RingAttention(cp_mesh)

@@ -13,7 +13,8 @@ micro-batches of ``batch_size`` samples: gpipe (every forward, then every backwa
 (after ``pp - 1 - s`` warm-up forwards, one forward one backward) or interleaved 1f1b over the
 rank's stages; activations and their gradients go between neighbouring stages by send/recv on
 the pp group. FSDP2 shards each stage (its blocks, then the stage), without resharding after
-forward (torchtitan's default under pp: the micro-batches' forwards would all-gather again).
+forward (torchtitan's default under pp: the micro-batches' forwards would all-gather again;
+``workload.reshard_after_forward=always`` reshards).
 The stages' shapes are given to ``PipelineStage`` (no shape inference, which exchanges
 pickled metadata the fake process group cannot carry).
 """
@@ -24,11 +25,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from actors.capture.mesh import PipelineSchedule
-from actors.capture.fsdp2 import offload_kwargs
+from actors.capture.fsdp2 import offload_kwargs, reshards_after_forward
 
 
 class LlamaStage(nn.Module):
-    """Blocks ``layer_ids`` of ``model`` (actors/capture/llama.py's Llama), with its
+    """Blocks ``layer_ids`` of ``model`` (actors/capture/models/llama/model.py's Llama), with its
     embedding on the first stage and its norm and output on the last."""
 
     def __init__(self, model: nn.Module, layer_ids: range, first: bool, last: bool):
@@ -135,7 +136,9 @@ def pipeline_step(stages: list[LlamaStage], cfg, device: torch.device, pp_mesh, 
     num_stages = pp * par.pp_stages_per_rank
     n_mb = par.pp_microbatches or pp
 
-    kwargs = {"mesh": fsdp_mesh, "reshard_after_forward": False, **offload_kwargs(cfg, device)}
+    # default: no resharding (the micro-batches' forwards would all-gather again)
+    kwargs = {"mesh": fsdp_mesh, "reshard_after_forward": reshards_after_forward(cfg, 0, 1, True),
+              **offload_kwargs(cfg, device)}
     if cfg.precision == "bf16_mixed":
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                                    reduce_dtype=torch.float32)

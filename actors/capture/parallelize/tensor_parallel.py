@@ -8,6 +8,8 @@
 * ``wq``, ``wk``, ``wv``, ``w1``, ``w3`` are split by output features (``ColwiseParallel``:
   each rank holds ``n_heads / tp`` heads and ``ffn / tp`` hidden units); ``wo`` and ``w2`` by
   input features (``RowwiseParallel``), their partial sums reduce-scattered to ``Shard(1)``.
+* Qwen3's per-head q/k norms run on the rank's heads (``SequenceParallel`` over the heads
+  dimension, torchtitan's qwen3 plan): their weights replicated.
 * The output projection is split by vocabulary columns and its logits stay sharded
   (``Shard(-1)``): the cross-entropy runs under ``loss_parallel`` (no rank holds the whole
   vocabulary's logits).
@@ -26,7 +28,7 @@ def blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh, loss_parallel: bool = True) -> None:
-    """Split ``model`` (actors/capture/llama.py's Llama, or a pipeline stage of it) over the
+    """Split ``model`` (actors/capture/models/llama/model.py's Llama, or a pipeline stage of it) over the
     1-D ``tp_mesh`` in place."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
@@ -44,6 +46,10 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, loss_parallel: bool = True)
     parallelize_module(model, tp_mesh, {k: v for k, v in plan.items()
                                         if getattr(model, k, None) is not None})
     for block in blocks(model):
+        if hasattr(block.attention, "q_norm"):  # Qwen3: each rank norms its own heads
+            parallelize_module(block, tp_mesh, {
+                "attention.q_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
+                "attention.k_norm": SequenceParallel(sequence_dim=2, use_local_output=True)})
         parallelize_module(block, tp_mesh, {
             "attention_norm": SequenceParallel(),
             # (x, cos, sin): the rotary tables stay plain, whole-sequence tensors

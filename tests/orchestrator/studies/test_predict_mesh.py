@@ -65,6 +65,10 @@ def test_a_mesh_that_cannot_split_is_refused_before_capturing(tmp_path):
     ("llama3_405b_tp8", 128, "dp_shard 16 x tp 8"),
     ("llama3_405b_tp8_pp8", 512, "pp 8 x dp_shard 8 x tp 8"),
     ("llama3_8b_cp2", 8, "dp_shard 4 x cp 2"),
+    ("qwen3_30b_a3b", 8, "dp_shard 8 x ep 2"),
+    ("qwen3_32b", 8, "dp_shard 8"),
+    ("qwen3_1_7b", 8, "dp_shard 8"),
+    ("deepseek_v3_16b", 8, "dp_shard 8"),
 ])
 def test_reference_run_presets_compose_and_validate(preset, world, mesh):
     cfg = predict_config(f"workload={preset}", f"world_size={world}", "target=h100_96gb")
