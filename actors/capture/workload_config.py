@@ -11,7 +11,7 @@ import torch
 from actors.capture.attention import Attention
 from actors.capture.checkpointing import ActivationCheckpointing
 from actors.capture.mesh import ParallelismConfig
-from actors.capture.models.registry import model_spec
+from actors.capture.models.registry import MODEL_SPECS, model_spec
 from actors.capture.moe import MoeRouter, MoeScore, MoeSpec, max_skew
 from actors.choices import Choice
 from actors.config_fields import setting
@@ -362,8 +362,9 @@ def _validate_moe(cfg: WorkloadConfig) -> None:
     if not cfg.moe_experts:
         return
     if not model_spec(cfg.model).moe:
-        raise ConfigError(f"workload.moe_experts={cfg.moe_experts}: the MoE block is the "
-                          f"llama and qwen3 families' (got workload.model={cfg.model})")
+        families = ", ".join(name for name, spec in MODEL_SPECS.items() if spec.moe)
+        raise ConfigError(f"workload.moe_experts={cfg.moe_experts}: workload.model={cfg.model} "
+                          f"has no MoE block (the families with one: {families})")
     if not 1 <= cfg.moe_top_k <= cfg.moe_experts:
         raise ConfigError(f"workload.moe_top_k={cfg.moe_top_k}: must be 1 to moe_experts="
                           f"{cfg.moe_experts}")
