@@ -136,11 +136,35 @@ CONFIGS = {
     "moe_ep_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.ep": 2,
                           "moe_experts": 4, "moe_top_k": 2, "moe_ffn_dim": 512,
                           "moe_router": "fixed"},
+    # the families and knobs of 2025-26 (issue 30): Qwen3's q/k norms and a head size that is
+    # not d_model / n_heads (4 x 96 = 384 wide on 256), tied embeddings; a chunked loss; FSDP2
+    # keeping every block gathered; Qwen3's MoE (renormalized top-k) under expert parallel
+    "qwen3_fsdp2_bf16_mixed_tied": {**_recipe("fsdp2", "bf16_mixed", "selective_op"),
+                                    "model": "qwen3", "head_dim": 96, "tie_embeddings": True},
+    "qwen3_tp_sp_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "model": "qwen3",
+                               "head_dim": 96, "parallelism.tp": 2},
+    "qwen3_moe_ep_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed", "full"), "model": "qwen3",
+                                "head_dim": 96, "parallelism.ep": 2, "moe_experts": 4,
+                                "moe_top_k": 2, "moe_ffn_dim": 256, "moe_router": "fixed"},
+    # DeepSeek-V3's shape: multi-head latent attention (values narrower than q and k), a dense
+    # first block, then routed + shared experts with sigmoid scores, expert parallel 2
+    "deepseek_v3_mla_moe_ep_bf16_mixed": {
+        **_recipe("fsdp2", "bf16_mixed", "full"), "model": "deepseek_v3", "head_dim": 64,
+        "mla_kv_lora_rank": 128, "mla_rope_head_dim": 32, "mla_v_head_dim": 64,
+        "parallelism.ep": 2, "moe_experts": 4, "moe_top_k": 2, "moe_ffn_dim": 256,
+        "moe_shared_experts": 1, "moe_dense_layers": 1, "moe_score": "sigmoid",
+        "moe_router": "fixed"},
+    "fsdp2_chunked_loss_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "loss_chunks": 4,
+                                      "vocab": 8192},
+    "fsdp2_reshard_never_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"),
+                                       "reshard_after_forward": "never"},
     **ECOSYSTEM,
 }
 # rows run at another world size than WORLD
 WORLDS = {"fsdp2_tp_sp_bf16_mixed": 4, "hsdp_bf16_mixed": 4, "fsdp2_cp_bf16_mixed": 4,
-          "pp_1f1b_fsdp2_bf16_mixed": 4, "pp_gpipe_fsdp2_bf16_mixed": 4, "moe_ep_bf16_mixed": 4}
+          "pp_1f1b_fsdp2_bf16_mixed": 4, "pp_gpipe_fsdp2_bf16_mixed": 4, "moe_ep_bf16_mixed": 4,
+          "qwen3_tp_sp_bf16_mixed": 4, "qwen3_moe_ep_bf16_mixed": 4,
+          "deepseek_v3_mla_moe_ep_bf16_mixed": 4}
 # DeepSpeed's rows: the plain capture the emulation partitions (DeepSpeed's bf16 mode runs the
 # model in bf16: a pure-bf16 plain trace; its fp32 masters and moments are the layout's).
 _PLAIN = {"deepspeed_zero3_fp32": _recipe("local", "fp32"),
