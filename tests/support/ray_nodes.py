@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from actors.rank_base import RankWorkerBase
+from tests.support.bounds import CLUSTER_START_S
 
 WORKER_IP = "127.0.0.2"
 _STARTED = "Ray runtime started"
@@ -91,10 +92,12 @@ _RAY_START_TIMED_OUT = "timed out during startup"
 
 
 @contextlib.contextmanager
-def ray_two_node_cluster(num_cpus_per_node: int = 2, timeout_s: float = 60.0,
+def ray_two_node_cluster(num_cpus_per_node: int = 2, timeout_s: float = CLUSTER_START_S,
                          object_store_bytes: int = 256 * 1024**2):
     """``_two_node_cluster``, started once more (fresh ports and folders) when a node missed
-    Ray's own start bound; any other failure, or a second miss, raises."""
+    Ray's own start bound; any other failure, or a second miss, raises. ``timeout_s`` bounds
+    each node's start: the suite's cluster bound, since beside busy processes a head node took
+    over 60 s to start (the two-hog run of 2026-12-06)."""
     for attempt in (1, 2):
         cm = _two_node_cluster(num_cpus_per_node, timeout_s, object_store_bytes)
         try:
