@@ -4,12 +4,8 @@ gathered blocks, and Qwen3's shapes (q/k norms, head_dim, tied embeddings) predi
 Llama-shaped job. Each is compared with the same job without the knob, in one run."""
 from __future__ import annotations
 
-from orchestrator.cli.predict import predict_config
 from orchestrator.reports.predict_table import prediction_table
-from orchestrator.run.capture import register_configs as register_capture_configs
-from orchestrator.studies.predict import predict
-
-register_capture_configs()  # the capture schemas, as tracefleet-capture registers them
+from tests.support.small_predict import predict_small
 
 # a large vocabulary on a small model, so the logits are what moves
 TINY = dict(vocab=16384, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=64,
@@ -17,9 +13,7 @@ TINY = dict(vocab=16384, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, head_
 
 
 def _predict(cache, *overrides):
-    return predict(predict_config("workload=qwen3_1_7b", f"predict.cache_dir={cache}",
-                                  "world_size=2", "target=h100_80gb",
-                                  *[f"workload.{k}={v}" for k, v in TINY.items()], *overrides))
+    return predict_small(cache, "qwen3_1_7b", TINY, *overrides)
 
 
 def test_a_chunked_loss_holds_a_slice_of_the_logits(tmp_path):

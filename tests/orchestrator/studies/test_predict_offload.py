@@ -7,21 +7,15 @@ import pytest
 
 from actors.capture.workload_config import WorkloadConfig, validate
 from actors.errors import ConfigError
-from orchestrator.cli.predict import predict_config
 from orchestrator.reports.predict_table import prediction_table
-from orchestrator.studies.predict import predict
-from orchestrator.run.capture import register_configs as register_capture_configs
-
-register_capture_configs()  # the capture schemas, as tracefleet-capture registers them
+from tests.support.small_predict import predict_small
 
 TINY = dict(vocab=2048, d_model=256, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=512,
             seq_len=64, batch_size=1, activation_checkpointing="none")
 
 
 def _predict(cache, *overrides):
-    return predict(predict_config("workload=llama3_8b", f"predict.cache_dir={cache}",
-                                  "world_size=2", "target=h100_80gb",
-                                  *[f"workload.{k}={v}" for k, v in TINY.items()], *overrides))
+    return predict_small(cache, "llama3_8b", TINY, *overrides)
 
 
 def test_offloaded_states_leave_the_device_figures(tmp_path):
@@ -50,11 +44,10 @@ def test_deepspeed_offload_optimizer_leaves_the_device_figures(tmp_path):
     """DeepSpeed's offload_optimizer in the ZeRO-3 emulation: the fp32 master partition,
     moments and gradient partitions are host bytes; the device's allocated peak drops."""
     def run(*overrides):
-        return predict(predict_config(
-            "workload=deepspeed_70b", f"predict.cache_dir={tmp_path}", "world_size=8",
-            "target=h100_80gb", *[f"workload.{k}={v}" for k, v in TINY.items()],
-            "workload.zero3_emulation.param_persistence_threshold=0",
-            "workload.zero3_emulation.reduce_bucket_size=100000", *overrides))
+        return predict_small(tmp_path, "deepspeed_70b", TINY,
+                             "workload.zero3_emulation.param_persistence_threshold=0",
+                             "workload.zero3_emulation.reduce_bucket_size=100000", *overrides,
+                             world_size=8)
 
     on_gpu = run()
     offloaded = run("workload.zero3_emulation.offload_optimizer.device=cpu")
