@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from actors.capture.data_parallel import micro_batch_loss
+from actors.capture.moe import MoE
 
 
 def reshards_after_forward(cfg, index: int, num_blocks: int, pipelined: bool = False) -> bool:
@@ -54,7 +55,7 @@ def fsdp2_step(model: nn.Module, cfg, blocks: nn.ModuleList, device: torch.devic
                                                    reduce_dtype=torch.float32)
     for i, block in enumerate(blocks):
         reshard = reshards_after_forward(cfg, i, len(blocks))
-        if experts_mesh is not None and hasattr(block.feed_forward, "experts"):  # MoE blocks
+        if experts_mesh is not None and isinstance(block.feed_forward, MoE):
             fully_shard(block.feed_forward.experts, reshard_after_forward=reshard,
                         **{**kwargs, "mesh": experts_mesh})
         fully_shard(block, reshard_after_forward=reshard, **kwargs)
