@@ -11,7 +11,9 @@ from operator import itemgetter
 
 import torch
 
+from actors.replay.memory.tensor_store import FLOAT_FILL
 from actors.replay.ops import index_safety, resolve, standins, translate
+from actors.trace.host_scalars import HOST_SCALAR
 from actors.trace.model import Arg, Op, TensorArg
 
 _TYPE_CONVERTERS = {
@@ -117,6 +119,12 @@ def compile_step(op: Op, device: torch.device, mode: str) -> Step:
             if sarg.type.rstrip("?") != "Generator":
                 return Step(op, "skip", f"takes an opaque script object ({sarg.type})")
             value = Arg("none", None)  # the default generator stands in for the recorded one
+        if type(value) is Arg and value.kind == HOST_SCALAR:
+            if pos >= n:
+                kwargs[sarg.name] = _host_scalar(op, value.value)
+            else:
+                template.append(_host_scalar(op, value.value))
+            continue
         is_tensor = type(value) is TensorArg or value.kind == "tensor_list"
         if pos >= n:  # keyword-only
             if is_tensor:
@@ -127,9 +135,8 @@ def compile_step(op: Op, device: torch.device, mode: str) -> Step:
                     kwargs[sarg.name] = converted
             continue
         if type(value) is TensorArg and pos > 0 and _wrapped_number(op, value, sarg.type):
-            # e.g. DeepSpeed's loss * scale: a Python float reaches the op as a 0-dim float64
-            # tensor that, being a wrapped number, did not promote the float32 result. A real
-            # float64 tensor would, so pass a number as the caller did.
+            # a number the loader could not tell (it landed on a freed 0-dim tensor's storage
+            # of its dtype): pass a number, as the caller did (see _host_scalar)
             template.append(1.0)
         elif type(value) is TensorArg:
             template.append(None)
@@ -149,6 +156,23 @@ def compile_step(op: Op, device: torch.device, mode: str) -> Step:
                 standin=resolved.standin)
 
 
+def _host_scalar(op: Op, dtype_name: str) -> torch.Tensor:
+    """A Python number the op was called with (actors/trace/host_scalars.py), as a 0-dim CPU
+    tensor, which kernels on every device take. It gets the dtype of the op's result where
+    both are of one kind (floats, integers): a wrapped number does not promote the result
+    (DeepSpeed's ``loss * scale`` stays float32), a float64 tensor would."""
+    dtype = resolve.torch_dtype_or_none(dtype_name)
+    outs = op.outputs
+    if dtype is not None and len(outs) == 1 and type(outs[0]) is TensorArg:
+        out = resolve.torch_dtype_or_none(outs[0].dtype)
+        if out is not None and _kind_of(out) == _kind_of(dtype):
+            dtype = out
+    dtype = dtype or torch.float64
+    # the value a materialized tensor gets (0.0625), 1 for integers: never a zero divisor
+    return torch.full((), FLOAT_FILL if dtype.is_floating_point or dtype.is_complex else 1,
+                      dtype=dtype)
+
+
 def _wrapped_number(op: Op, value: TensorArg, schema_type: str) -> bool:
     """A 0-dim float64 input next to 0-dim lower-precision floats whose op still returned a
     lower-precision float: only a wrapped Python number leaves the result unpromoted."""
@@ -159,6 +183,14 @@ def _wrapped_number(op: Op, value: TensorArg, schema_type: str) -> bool:
         return False
     others = [t for t in op.input_tensors() if t is not value]
     return bool(others) and all(t.shape == () and t.dtype == outs[0].dtype for t in others)
+
+
+def _kind_of(dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "bool"
+    if dtype.is_complex:
+        return "complex"
+    return "float" if dtype.is_floating_point else "int"
 
 
 def index_ranges(steps: list[Step]) -> dict[int, tuple[int, int, bool]]:

@@ -36,6 +36,7 @@ from actors.gc_pause import gc_paused
 from actors.trace import collectives as coll
 from actors.trace import integrity
 from actors.trace.archive import rank_from_name
+from actors.trace.host_scalars import mark_host_scalars
 from actors.trace.made_inside import NestedAllocations, storages_made_inside
 from actors.trace.nested_lifetimes import nested_lifetimes
 from actors.trace.conventions import FREED_OP, MODULE_BWD_BEGIN_PREFIX, MODULE_BWD_END_PREFIX, \
@@ -120,6 +121,7 @@ def _load_trace(source: TraceSource, rank: int | None, data: bytes | None) -> Tr
     built = _build_ops(path, nodes, flat)
     ops, nested = built.ops, built.nested
     integrity.check_ops(path, ops)  # shapes agree with numel, arguments with the op schema
+    num_host_scalars = mark_host_scalars(ops)  # Python numbers: no storage (host_scalars.py)
     # meta and fake captures never hand an address out twice (meta: every tensor says so)
     unique = doc.get(UNIQUE_STORAGES_KEY) is True or next(
         (t.device == "meta" for op in ops for t in op.input_tensors()), False)
@@ -147,7 +149,8 @@ def _load_trace(source: TraceSource, rank: int | None, data: bytes | None) -> Tr
                        "num_dropped_ops": built.num_dropped,
                        "dropped_ops": built.dropped_ops,
                        "num_orphan_ops": built.num_orphans,
-                       "num_recorded_frees": len(recorded_frees)})
+                       "num_recorded_frees": len(recorded_frees),
+                       "num_host_scalars": num_host_scalars})
 
 
 @dataclass

@@ -193,7 +193,8 @@ def test_tensor_id_reused_with_another_shape_is_another_tensor():
 
 
 def test_python_number_operand_does_not_promote(tmp_path):
-    """loss * 0.5 records a 0-dim float64 tensor; the replay must keep the float32 result."""
+    """loss * 0.5 records a 0-dim float64 tensor (a host scalar, actors/trace/host_scalars.py);
+    the replay must keep the float32 result, as an int keeps an int32 one."""
     from torch.profiler import ExecutionTraceObserver
 
     path = tmp_path / "rank-0.et.json"
@@ -204,6 +205,8 @@ def test_python_number_operand_does_not_promote(tmp_path):
     loss = x.sum()
     (loss * 0.5).neg()  # a wrapped number: stays float32
     torch.ops.aten.mul.Tensor(loss, torch.tensor(0.5, dtype=torch.float64)).neg()  # promotes
+    (torch.arange(4, dtype=torch.int32) * 3).neg()  # a wrapped int: stays int32
+    torch.where(x > 0, x, torch.ones(()) * 2.0).neg()  # a host scalar in a non-first slot
     et.stop()
     et.unregister_callback()
     _, r = _run(path, strict=True)

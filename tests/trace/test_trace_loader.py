@@ -22,19 +22,22 @@ DEMO_DP = REPO / "demo" / "traces" / "gpt_dp_4"
 DLRM_ARCHIVE = "dlrm_pytorch_et.tar.gz"
 RESNET_KINDS = {"all_reduce": 15, "broadcast": 6, "wait": 6}
 # Per public file (see shared/traces/public/README.md): schema, nodes, process-group table as
-# (name, desc, backend, size), collective kinds, number of ProfilerStep windows, devices.
+# (name, desc, backend, size), collective kinds, number of ProfilerStep windows, devices of its
+# tensors (ResNet's CPU ones were all Python numbers: host scalars, counted in HOST_SCALARS).
 PUBLIC_FILES = {
     "resnet_et.json.gz": ("1.1.0-chakra.0.0.4", 14392, [("0", "default_pg", "cuda:nccl", 1)],
-                          RESNET_KINDS, 3, {"cuda:0", "cpu"}),
-    "resnet_1gpu_et.json.gz": ("1.0.3-chakra.0.0.4", 14391, [], RESNET_KINDS, 3, {"cuda:0", "cpu"}),
+                          RESNET_KINDS, 3, {"cuda:0"}),
+    "resnet_1gpu_et.json.gz": ("1.0.3-chakra.0.0.4", 14391, [], RESNET_KINDS, 3, {"cuda:0"}),
     "resnet_2gpu_et.json.gz": ("1.1.0-chakra.0.0.4", 14392, [("0", "default_pg", "cuda:nccl", 2)],
-                               RESNET_KINDS, 3, {"cuda:1", "cpu"}),
+                               RESNET_KINDS, 3, {"cuda:1"}),
     "resnet_1gpu_et.json.tar.gz": ("1.1.1-chakra.0.0.4", 14392, [("0", "default_pg", "cuda:nccl", 1)],
-                                   RESNET_KINDS, 3, {"cuda:0", "cpu"}),
+                                   RESNET_KINDS, 3, {"cuda:0"}),
     # ProfilerStep#0 and #1 are in the file, but #1 was cut off before any op ran
     "hf_GPT2_et.json.tar.gz": ("1.1.0-chakra.0.0.4", 27156, [], {}, 1, {"cuda:0", "cpu"}),
     "linear_et.json.gz": ("1.0.1", 931, [], {}, 0, {"cuda:0"}),
 }
+# Python numbers the ops were called with (actors/trace/host_scalars.py), per file
+HOST_SCALARS = {"hf_GPT2_et.json.tar.gz": 252, "linear_et.json.gz": 0}
 
 
 @lru_cache(maxsize=None)
@@ -64,6 +67,7 @@ def test_public_trace(public_trace_dir, name):
     assert [(g.name, g.desc, g.backend, g.group_size) for g in trace.process_groups] == pgs
     assert kinds(trace) == want_kinds
     assert len(trace.steps) == num_steps and devices(trace) == want_devices
+    assert trace.meta["num_host_scalars"] == HOST_SCALARS.get(name, 642)
     assert [op.index for op in trace.ops] == list(range(len(trace.ops))) and len(trace.ops) > 100
     ids = [op.node_id for op in trace.ops]
     assert ids == sorted(ids)  # execution order
