@@ -200,8 +200,8 @@ class _Selection:
     lost_ops: dict  # selected op id -> the never-written range above it (orphans)
     pgs: list[ProcessGroupInfo]
     nested: NestedAllocations
-    freed_marks: list
-    backward_marks: list
+    freed_marks: list  # (node id, storage ids) of each FREED_OP node
+    backward_marks: list  # (node id, name) of each module backward marker
 
 
 def _select(path, nodes: list, flat: bool) -> _Selection:
@@ -213,45 +213,23 @@ def _select(path, nodes: list, flat: bool) -> _Selection:
     its ops are top-level ops of the step window they ran in, when that range opened inside the
     window (``_assign_steps``); the rest of the window's ops are untouched. Empties ``nodes``.
     """
+    sel = _Selection([], {}, [], [], {}, [], NestedAllocations(), [], [])
+    top_level, rpc_child, step_spans, nested = sel.top_level, sel.rpc_child, sel.step_spans, \
+        sel.nested
     # Per node id: (what encloses it, step index, module name). Parents precede children in
     # id order, except under backend nodes (resolved through ``backend_parent``).
     ctx: dict[int, tuple[int, int, str]] = {}
     backend_parent: dict[int, int] = {}
-    top_level: list = []  # [raw node, step, module] per selected op
     selected: dict[int, list] = {}  # id -> entry of top_level, for ops selected outside any op
-    rpc_child: dict[int, dict] = {}  # c10d op id -> its record_param_comms record
     c10d_calls: set[int] = set()  # ids of selected collective calls that may take such a record
-    step_names: list[str] = []
-    step_spans: list[list[int]] = []  # [first id, last id] of each ProfilerStep subtree
-    pgs: list[ProcessGroupInfo] = []
-    nested = NestedAllocations()
     top_of: dict[int, int] = {}  # node id -> id of the selected op it runs inside
     lost: dict[int, int] = {}  # node id -> the never-written range above it (orphans)
-    lost_ops: dict[int, int] = {}  # the same, for selected ops
-    freed_marks: list = []
-    backward_marks: list = []  # (node id, name) of each module backward marker
     unwrapped: set[int] = set()  # ids of wrapper ops dropped for their subclass's local ops
     schema_of = OpSchemaReader(flat)
     for raw in nodes:
-        try:
-            nid = raw["id"]
-            name = raw["name"]
-            parent = raw["parent"] if flat else raw["ctrl_deps"]
-            if type(nid) is not int or type(name) is not str or type(parent) is not int:
-                raise TraceError(path, f"node id {preview(nid, 20)} / name {preview(name, 40)} / "
-                                       f"parent {preview(parent, 20)}: expected an integer, a "
-                                       "string and an integer node id", raw.get("id"))
-            is_op = name == "record_param_comms" or bool(schema_of(raw))
-        except KeyError as e:
-            raise TraceError(path, f"node is missing required field {e.args[0]!r}",
-                             raw.get("id")) from None
-        except (TypeError, AttributeError):
-            raise TraceError(path, "malformed node; expected an object with 'attrs' as a list of "
-                                   "{name, type, value}", raw.get("id")) from None
-        for _ in range(_MAX_BACKEND_HOPS):
-            if parent not in backend_parent:
-                break
-            parent = backend_parent[parent]
+        nid, name, parent, is_op = _fields(path, raw, flat, schema_of)
+        if parent in backend_parent:
+            parent = _above_backends(parent, backend_parent)
         if not is_op and name.startswith(_BACKEND_PREFIXES):
             backend_parent[nid] = parent
             continue
@@ -266,7 +244,7 @@ def _select(path, nodes: list, flat: bool) -> _Selection:
         if step >= 0:
             step_spans[step][1] = nid
         if name == FREED_OP:
-            freed_marks.append((nid, freed_storages(NodeView(raw, flat).side("inputs")[0])))
+            sel.freed_marks.append((nid, freed_storages(NodeView(raw, flat).side("inputs")[0])))
             continue
         if is_op:
             collective = name == "record_param_comms" or name in coll.C10D_KINDS
@@ -279,7 +257,7 @@ def _select(path, nodes: list, flat: bool) -> _Selection:
                 if enclosing == _FREE:
                     selected[nid] = top_level[-1]
                 if nid in lost:
-                    lost_ops[nid] = lost[nid]
+                    sel.lost_ops[nid] = lost[nid]
                 if name in coll.C10D_KINDS and name not in coll.FUNCTIONAL_WAITS:
                     c10d_calls.add(nid)
             else:
@@ -298,23 +276,59 @@ def _select(path, nodes: list, flat: bool) -> _Selection:
                 unwrapped.add(parent)
             ctx[nid] = (_FREE, step, module)
             continue
-        if name.startswith(STEP_PREFIX) and step < 0:
-            step = len(step_names)
-            step_names.append(name)
-            step_spans.append([nid, nid])
-        elif name == PG_INIT:
-            pgs = _parse_pg_init(path, NodeView(raw, flat))
-        elif not name.startswith(_NOT_MODULE):
-            module = name
-            if name.startswith(_BACKWARD_MARKERS):
-                backward_marks.append((nid, name))
+        step, module = _annotation(path, sel, raw, flat, nid, name, step, module)
         if parent in top_of:  # an annotation inside an op (a record_function range)
             top_of[nid] = top_of[parent]
         ctx[nid] = (enclosing, step, module)
     nodes.clear()
-    top_level = [t for t in top_level if t[0] is not None]
-    return _Selection(top_level, rpc_child, step_names, step_spans, lost_ops, pgs, nested,
-                      freed_marks, backward_marks)
+    sel.top_level = [t for t in top_level if t[0] is not None]
+    return sel
+
+
+def _above_backends(parent: int, backend_parent: dict[int, int]) -> int:
+    """The first node above ``parent`` that is no backend node (gloo:/nccl: ranges)."""
+    for _ in range(_MAX_BACKEND_HOPS):
+        if parent not in backend_parent:
+            break
+        parent = backend_parent[parent]
+    return parent
+
+
+def _fields(path, raw, flat: bool, schema_of) -> tuple[int, str, int, bool]:
+    """A raw node's (id, name, parent id, whether it is an op); a TraceError names what is
+    malformed."""
+    try:
+        nid = raw["id"]
+        name = raw["name"]
+        parent = raw["parent"] if flat else raw["ctrl_deps"]
+        if type(nid) is not int or type(name) is not str or type(parent) is not int:
+            raise TraceError(path, f"node id {preview(nid, 20)} / name {preview(name, 40)} / "
+                                   f"parent {preview(parent, 20)}: expected an integer, a "
+                                   "string and an integer node id", raw.get("id"))
+        return nid, name, parent, name == "record_param_comms" or bool(schema_of(raw))
+    except KeyError as e:
+        raise TraceError(path, f"node is missing required field {e.args[0]!r}",
+                         raw.get("id")) from None
+    except (TypeError, AttributeError):
+        raise TraceError(path, "malformed node; expected an object with 'attrs' as a list of "
+                               "{name, type, value}", raw.get("id")) from None
+
+
+def _annotation(path, sel: _Selection, raw, flat: bool, nid: int, name: str, step: int,
+                module: str) -> tuple[int, str]:
+    """A range that is no op: a ProfilerStep window opening (outside one), the process-group
+    table, or a module (its backward markers noted); the (step, module) of its subtree."""
+    if name.startswith(STEP_PREFIX) and step < 0:
+        step = len(sel.step_names)
+        sel.step_names.append(name)
+        sel.step_spans.append([nid, nid])
+    elif name == PG_INIT:
+        sel.pgs = _parse_pg_init(path, NodeView(raw, flat))
+    elif not name.startswith(_NOT_MODULE):
+        module = name
+        if name.startswith(_BACKWARD_MARKERS):
+            sel.backward_marks.append((nid, name))
+    return step, module
 
 
 def _keep_in_steps(path, sel: _Selection, flat: bool) -> tuple[list, int, dict]:
