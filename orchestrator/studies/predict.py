@@ -251,19 +251,8 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
     # what prediction.html plots, and the snapshots, are recorded only when written
     cfg.replay.allocator_timeline |= out_dir is not None
     cfg.replay.allocator_snapshot |= cfg.predict.snapshot and out_dir is not None
-    name = name or f"{cfg.workload.model}_{cfg.workload.parallel}"
-    zero3, capture = None, None
-    if cfg.trace.dir is None and cfg.workload.cpu_offload:  # the offloaded states: host memory
-        cfg.target.host_categories = list(OFFLOADED)
-    if cfg.trace.dir is not None:
-        name = "trace"
-        sources, world, zero3 = _given_traces(cfg)
-    else:
-        folder, capture = _capture(cfg, name)
-        sources, world = discover(folder), cfg.world_size
-        if cfg.workload.zero3_emulation.enabled:
-            zero3 = dataclasses.replace(cfg.workload.zero3_emulation, world_size=world)
-            zero3.validate(str(cfg.replay.mode))
+    name, sources, world, zero3, capture = _sources(
+        cfg, name or f"{cfg.workload.model}_{cfg.workload.parallel}")
     t1 = time.perf_counter()
     groups, reports = dry_run(sources, cfg.replay, cfg.target, zero3)
     replay_s = time.perf_counter() - t1
@@ -323,6 +312,22 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
     if out_dir is not None:
         _write_outputs(Path(out_dir), result, snapshots, reports)
     return result
+
+
+def _sources(cfg: PredictConfig, name: str) -> tuple:
+    """(name, the rank traces, world size, ZeRO-3 emulation or None, the capture's facts or
+    None): the given traces (``trace.dir``), else the workload captured (or found cached)."""
+    if cfg.trace.dir is not None:
+        sources, world, zero3 = _given_traces(cfg)
+        return "trace", sources, world, zero3, None
+    if cfg.workload.cpu_offload:  # the offloaded states: host memory
+        cfg.target.host_categories = list(OFFLOADED)
+    folder, capture = _capture(cfg, name)
+    zero3 = None
+    if cfg.workload.zero3_emulation.enabled:
+        zero3 = dataclasses.replace(cfg.workload.zero3_emulation, world_size=cfg.world_size)
+        zero3.validate(str(cfg.replay.mode))
+    return name, discover(folder), cfg.world_size, zero3, capture
 
 
 def _write_outputs(out_dir: Path, result: dict, snapshots: dict, reports: dict) -> None:
