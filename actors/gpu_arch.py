@@ -1,6 +1,6 @@
 """The CUDA architecture a capture dispatches for (``sm90`` = compute capability 9.0).
 
-Shared ground: the capture picks kernels by it (actors/capture/sdpa_choice.py) and the target
+Shared ground: the capture picks kernels by it (actors/capture/fake/sdpa_choice.py) and the target
 (actors/replay/memory/target.py) names its product's. Only the architectures whose rules differ
 in torch's kernel selection are listed (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp:
 sm86-89 and sm120-121 restrict flash attention's backward, sm90 and sm10x widen cuDNN's).

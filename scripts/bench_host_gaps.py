@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from actors.capture.recorder import ModuleRanges, record_iteration  # noqa: E402
-from actors.capture.workloads import WorkloadConfig, build_workload  # noqa: E402
+from actors.capture.workloads.build import WorkloadConfig, build_workload  # noqa: E402
 from actors.rank_base import free_port  # noqa: E402
 from actors.trace import load_trace  # noqa: E402
 from actors.trace.kineto import host_gaps_s, read_kineto  # noqa: E402

@@ -235,7 +235,7 @@ def _tracker_rank(workload: dict, env: dict, out: str) -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from actors.capture.fake_rank import _shapes_only
-    from actors.capture.workloads import WorkloadConfig, build_workload
+    from actors.capture.workloads.build import WorkloadConfig, build_workload
 
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=WORLD)
     cfg = WorkloadConfig(**workload, device="fake")

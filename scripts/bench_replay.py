@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from actors.capture.recorder import record_iteration  # noqa: E402
-from actors.capture.workloads import WorkloadConfig, build_workload  # noqa: E402
+from actors.capture.workloads.build import WorkloadConfig, build_workload  # noqa: E402
 from actors.rank_base import free_port  # noqa: E402
 from actors.replay.config import AllocationConfig, ReplayConfig  # noqa: E402
 from actors.replay.engine import ReplayEngine  # noqa: E402

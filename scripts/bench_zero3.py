@@ -1,7 +1,7 @@
 """ZeRO-3 fetch/release: our replay's strategies against real DeepSpeed, on 2 ranks, one run.
 
-A fine-grained model (actors/capture/finegrained_model.py: Linear stacks and an 8-expert MoE block)
-is captured once with data parallel on 2 gloo ranks. Then, on 2 gloo ranks:
+A fine-grained model (actors/capture/workloads/finegrained_model.py: Linear stacks and an 8-expert
+MoE block) is captured once with data parallel on 2 gloo ranks. Then, on 2 gloo ranks:
 
 * our replay of that trace (replay.mode=full) with zero3.strategy per_param, per_module,
   bucketed and leaf_coalesced (leaves: the Linear stacks and the MoE block);
@@ -50,7 +50,8 @@ sys.path.insert(0, str(ROOT))
 
 from actors.trace.conventions import trace_file_name  # noqa: E402
 from actors.rank_base import free_port  # noqa: E402
-from actors.capture import finegrained_model as fg  # noqa: E402
+from actors.capture.finegrained_capture import capture_data_parallel  # noqa: E402
+from actors.capture.workloads import finegrained_model as fg  # noqa: E402
 from scripts.json_layout import emit  # noqa: E402
 
 OURS = ["per_param", "per_module", "bucketed", "leaf_coalesced"]
@@ -256,8 +257,8 @@ def main() -> None:
     if args.quick:
         args.steps, args.warmup = 2, 1
     with tempfile.TemporaryDirectory() as tmp:
-        trace_dir = fg.capture_data_parallel(Path(tmp) / "trace", WORLD, fg.FineGrainedConfig(),
-                                             grad_all_reduce=False)
+        trace_dir = capture_data_parallel(Path(tmp) / "trace", WORLD, fg.FineGrainedConfig(),
+                                          grad_all_reduce=False)
         figures = _run_ranks(_ours_rank, str(trace_dir), args.steps, args.warmup)
     figures.update(_run_ranks(_ds_rank, args.steps, args.warmup))
     out = {"allgathers_per_step": {k: figures[k]["allgathers"] for k in ENGINES},

@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from actors.capture.workload_config import WorkloadConfig  # noqa: E402
+from actors.capture.workloads.config import WorkloadConfig  # noqa: E402
 from actors.choices import Choice  # noqa: E402
 from actors.config_fields import help_of  # noqa: E402
 from orchestrator.config import CONF_DIR, RunConfig  # noqa: E402

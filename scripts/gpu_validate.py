@@ -57,7 +57,7 @@ def workload_overrides(ac: str, dims: dict = LLAMA) -> list[str]:
 def real_workload(ac: str, dims: dict = LLAMA):
     """The FSDP2 bf16 Llama case as the GPU trains it (the same recipe the prediction
     captures on fake)."""
-    from actors.capture.workload_config import WorkloadConfig
+    from actors.capture.workloads.config import WorkloadConfig
 
     return WorkloadConfig(model="llama", parallel="fsdp2", precision="bf16_mixed",
                           activation_checkpointing=ac, device="cuda", **dims)
@@ -154,8 +154,8 @@ def summarize(cases: list[dict], cuda_tests: dict | None, gpu: str | None,
 
 
 def hf_build(ctx):
-    """A workload entrypoint (actors/capture/custom.py): a small Hugging Face Llama, AdamW,
-    bf16 autocast, on ``ctx.device``."""
+    """A workload entrypoint (actors/capture/workloads/custom.py): a small Hugging Face Llama,
+    AdamW, bf16 autocast, on ``ctx.device``."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -281,9 +281,9 @@ def fsdp2_case(ac: str, out: Path, target: list[str], cache: Path) -> dict:
     """The real FSDP2 world-1 Llama step against its prediction; its trace replayed on cuda."""
     import torch
 
-    from actors.capture.context import world_mesh
+    from actors.capture.workloads.context import world_mesh
     from actors.capture.recorder import record_iteration
-    from actors.capture.workloads import build_workload
+    from actors.capture.workloads.build import build_workload
 
     _init_world_one()
     device = torch.device("cuda", 0)
@@ -339,7 +339,7 @@ def transformers_case(out: Path, target: list[str], cache: Path) -> dict:
     """A Hugging Face Llama trained on the GPU against its prediction (captured on fake)."""
     import torch
 
-    from actors.capture.context import CaptureContext, world_mesh
+    from actors.capture.workloads.context import CaptureContext, world_mesh
 
     _init_world_one()
     device = torch.device("cuda", 0)
@@ -364,8 +364,8 @@ def encoder_case(out: Path, target: list[str], cache: Path) -> dict:
     runs the same kernels (docs/capture.md, "CPU and CUDA paths")."""
     import torch
 
-    from actors.capture.context import CaptureContext, world_mesh
-    from actors.capture.custom import load_build
+    from actors.capture.workloads.context import CaptureContext, world_mesh
+    from actors.capture.workloads.custom import load_build
 
     os.environ.update(ENCODER)
     _init_world_one()

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from actors.capture.workload_config import validate as validate_workload
+from actors.capture.workloads.config import validate as validate_workload
 from orchestrator.cli.predict import predict_config
 from orchestrator.config import REPO_ROOT
 from orchestrator.studies.predict import capture_workload

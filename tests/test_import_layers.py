@@ -1,5 +1,5 @@
 """The import layers of pyproject.toml's [tool.importlinter] hold, and `lint-imports` would
-catch an upward import: the same contracts on a copy of the packages with two planted."""
+catch an upward import: the same contracts on a copy of the packages with five planted."""
 from __future__ import annotations
 
 import os
@@ -10,8 +10,8 @@ from pathlib import Path
 
 from orchestrator.config import REPO_ROOT
 
-CONTRACTS = ("orchestrator-layers", "actors-layers", "capture-beside-replay", "api-on-top",
-             "actors-below-orchestrator", "no-import-loops")
+CONTRACTS = ("orchestrator-layers", "actors-layers", "capture-beside-replay",
+             "fake-device-alone", "api-on-top", "actors-below-orchestrator", "no-import-loops")
 
 
 def _lint_imports(root: Path) -> subprocess.CompletedProcess:
@@ -51,9 +51,14 @@ def test_an_upward_import_breaks_its_contract(tmp_path):
     # reads through it (loader -> source -> archive)
     with open(tmp_path / "actors" / "trace" / "archive.py", "a") as f:
         f.write("\n\ndef _planted():\n    from actors.trace import loader  # noqa: F401\n")
+    # the fake device reaching into the workloads it runs
+    with open(tmp_path / "actors" / "capture" / "fake" / "fake_values.py", "a") as f:
+        f.write("\nfrom actors.capture.workloads import config  # noqa: E402,F401\n")
     proc = _lint_imports(tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert _kept_and_broken(proc.stdout) == (len(CONTRACTS) - 4, 4), proc.stdout
+    assert _kept_and_broken(proc.stdout) == (len(CONTRACTS) - 5, 5), proc.stdout
+    assert "actors.capture.fake.fake_values -> actors.capture.workloads" in proc.stdout, \
+        proc.stdout
     assert "No cycles are allowed in actors.trace" in proc.stdout, proc.stdout
     assert "orchestrator.units -> orchestrator.studies.sweep" in proc.stdout, proc.stdout
     assert "actors.hardlink -> orchestrator.results" in proc.stdout, proc.stdout

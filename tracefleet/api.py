@@ -10,8 +10,8 @@ the same capture cache, figures and errors (every one a ``TracefleetError``)::
     p.snapshot("llama3_8b.pickle")          # for pytorch.org/memory_viz
 
 ``workload`` is a preset name (conf/workload/), ``"PATH.py:FUNCTION"`` or a build function
-(actors/capture/custom.py's contract); ``overrides`` are the command line's keys, with ``__``
-for the dots: ``workload__seq_len=4096``, ``predict__error_band=0.05``. Calls from several
+(actors/capture/workloads/custom.py's contract); ``overrides`` are the command line's keys, with
+``__`` for the dots: ``workload__seq_len=4096``, ``predict__error_band=0.05``. Calls from several
 threads are safe and run one after another.
 """
 from __future__ import annotations

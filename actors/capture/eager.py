@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from actors.capture.worker import (rank_device, rendezvous_env, time_iterations, warm_up,
                                    workload_config)
-from actors.capture.workloads import build_workload
+from actors.capture.workloads.build import build_workload
 from actors.errors import ConfigError
 from actors.rank_base import RankWorkerBase
 

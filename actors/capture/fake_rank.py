@@ -1,5 +1,5 @@
 """Record one rank of a ``workload.device=meta`` or ``fake`` world in this process: torch's
-fake process group, the model built on meta or inside :class:`actors.capture.fake_mode.
+fake process group, the model built on meta or inside :class:`actors.capture.fake.fake_mode.
 CaptureFakeMode`, warm-ups until nothing changes between iterations (settle), then one recorded
 iteration. The world around it (which ranks are recorded, which files written) is
 meta_world.py's for a 1-D job and mesh_world.py's for an N-D mesh.
@@ -17,21 +17,21 @@ import torch.distributed as dist
 
 from actors.launcher_env import launcher_environment
 from actors.trace.conventions import trace_file_name
-from actors.capture import free_markers
-from actors.capture.cuda_dispatch import cuda_kernels
-from actors.capture.fake_ddp import ddp_on_fake
-from actors.capture.compiled_on_fake import inductor_on_fake, num_compiled_graphs
-from actors.capture.fake_idioms import fake_step_error, torch_idioms_on_fake
-from actors.capture.fake_mode import (CaptureFakeMode, ranges_outside_fake_mode,
+from actors.capture.fake import free_markers
+from actors.capture.fake.cuda_dispatch import cuda_kernels
+from actors.capture.fake.fake_ddp import ddp_on_fake
+from actors.capture.fake.compiled_on_fake import inductor_on_fake, num_compiled_graphs
+from actors.capture.fake.fake_idioms import fake_step_error, torch_idioms_on_fake
+from actors.capture.fake.fake_mode import (CaptureFakeMode, ranges_outside_fake_mode,
                                       strip_dispatch_mode_nodes)
-from actors.capture.fake_reducer import rebuild_pending
-from actors.capture.fake_values import known_values_look_real
-from actors.capture.meta_storage import unique_meta_storages
+from actors.capture.fake.fake_reducer import rebuild_pending
+from actors.capture.fake.fake_values import known_values_look_real
+from actors.capture.fake.meta_storage import unique_meta_storages
 from actors.capture.recorder import record_iteration
 from actors.errors import ConfigError
 from actors.capture.worker import warm_up, workload_config
-from actors.capture.context import Workload, world_mesh
-from actors.capture.workloads import build_workload
+from actors.capture.workloads.context import Workload, world_mesh
+from actors.capture.workloads.build import build_workload
 
 META = torch.device("meta")
 GPUS_PER_NODE = 8  # a fake world's ranks are placed so (LOCAL_RANK, NODE_RANK)
@@ -83,7 +83,7 @@ def record_workload(workload: Workload, cfg: dict, path: str, mode: CaptureFakeM
     run's frees written and the trace rewritten (``rewrite``, default
     strip_dispatch_mode_nodes); ``step`` replaces the workload's step for the recorded
     iteration only. With ``workload.gpu_kernels`` set, SDPA runs the GPU's kernels
-    (actors/capture/cuda_dispatch.py) and ``workload.info["kernel_dispatch"]`` says which. Call
+    (actors/capture/fake/cuda_dispatch.py) and ``workload.info["kernel_dispatch"]`` says which. Call
     after build(): the user's code has imported its libraries."""
     fake = mode is not None
     with known_values_look_real() if fake else nullcontext(), \

@@ -3,14 +3,14 @@ rank's trace derived from its role's.
 
 A 1-D job records rank 0 and writes its trace for every rank (actors/capture/meta_world.py).
 On a mesh the ranks differ: pipeline stages hold other layers, context-parallel ranks attend
-other chunks (actors/capture/mesh.py's ``rank_roles``), and every rank runs its collectives
-on its own process groups. So each role's first rank is recorded in a fake world of its own
-(fake process group, the job's mesh built before the fake mode, the c10d ops' groups named:
-actors/capture/group_names.py); each other rank's file is its role's trace with the group
+other chunks (actors/capture/workloads/mesh.py's ``rank_roles``), and every rank runs its
+collectives on its own process groups. So each role's first rank is recorded in a fake world of its
+own (fake process group, the job's mesh built before the fake mode, the c10d ops' groups named:
+actors/capture/fake/group_names.py); each other rank's file is its role's trace with the group
 names of that rank (whose process-group table comes from building the same mesh as that
 rank, nothing else). Ranks of one role thus differ in group names only, and a dry run
 (tracefleet-predict) replays one file per role. As on a 1-D fake capture, the recorded step
-writes the run's own frees (actors/capture/free_markers.py): storages torch's parallel code
+writes the run's own frees (actors/capture/fake/free_markers.py): storages torch's parallel code
 keeps referenced past their last use (ring attention's gathered keys and values, held by its
 rotater until the ring returns) are held as long by the faithful replay.
 """
@@ -28,16 +28,17 @@ import orjson
 import torch
 import torch.distributed as dist
 
-from actors.capture.fake_mode import strip_dispatch_mode_nodes
-from actors.capture.group_names import GroupNamingFakeMode, as_rank, group_table, name_c10d_groups
+from actors.capture.fake.fake_mode import strip_dispatch_mode_nodes
+from actors.capture.fake.group_names import (GroupNamingFakeMode, as_rank, group_table,
+                                             name_c10d_groups)
 from actors.capture.memory import MemoryMeter
 from actors.capture.fake_rank import FAKE_MEMORY_METHOD, fake_errors, fake_tensors, record_workload
-from actors.capture.mesh import build_mesh, rank_roles
-from actors.capture.meta_storage import unique_meta_storages
-from actors.capture.parallelize.eager_dtensor import eager_dtensor
-from actors.capture.subclass_frames import mark_subclass_frames
+from actors.capture.workloads.mesh import build_mesh, rank_roles
+from actors.capture.fake.meta_storage import unique_meta_storages
+from actors.capture.workloads.parallelize.eager_dtensor import eager_dtensor
+from actors.capture.fake.subclass_frames import mark_subclass_frames
 from actors.capture.worker import rank_facts, workload_config
-from actors.capture.workloads import build_workload
+from actors.capture.workloads.build import build_workload
 from actors.errors import ConfigError, TracefleetError
 from actors.gc_pause import gc_paused
 from actors.trace.conventions import trace_file_name

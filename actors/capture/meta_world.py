@@ -4,7 +4,7 @@ world size.
 On meta and fake nothing is computed and nothing communicated. A rank joins torch's fake
 process group (backend ``fake``: collectives complete at once and touch no data, but dispatch
 as ``c10d::*`` ops the ET observer records with their real sizes), builds the model (on meta;
-on fake on ``cpu`` inside :class:`actors.capture.fake_mode.CaptureFakeMode`, with the 1-D
+on fake on ``cpu`` inside :class:`actors.capture.fake.fake_mode.CaptureFakeMode`, with the 1-D
 mesh made before the mode), warms up once (the optimizer state must exist before the recorded
 iteration, as in a real run) and records one iteration. Neither meta nor fake tensors carry
 values, so neither tensor ranges nor timings nor memory are recorded.

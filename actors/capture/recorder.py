@@ -136,9 +136,9 @@ def record_iteration(step: Callable[[tuple], None], batch: tuple, model: nn.Modu
     ``tensor_ranges`` records integral tensors' value ranges (impossible on meta tensors).
     The batch is made before the observer starts: data loading is not part of the step.
     ``rewrite`` edits the parsed trace in place before it is written (the fake capture's
-    :func:`actors.capture.fake_mode.strip_dispatch_mode_nodes`); None writes it as recorded.
+    :func:`actors.capture.fake.fake_mode.strip_dispatch_mode_nodes`); None writes it as recorded.
     ``around_step`` makes a context entered around the recorded step, inside its range (the
-    fake capture's :func:`actors.capture.free_markers.recording`).
+    fake capture's :func:`actors.capture.fake.free_markers.recording`).
     Returns ``{"path", "kineto_path", "aligned_host_ops", "et_host_ops"}``.
     """
     if tensor_ranges:

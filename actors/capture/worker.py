@@ -29,9 +29,9 @@ from actors.trace.conventions import kineto_file_name, trace_file_name
 from actors.capture.memory import MemoryMeter
 from actors.capture.profiler_cost import profiler_op_cost
 from actors.capture.recorder import profiler_activities, record_iteration
-from actors.capture.context import Workload
-from actors.capture.mesh import build_mesh
-from actors.capture.workloads import WorkloadConfig, build_workload
+from actors.capture.workloads.context import Workload
+from actors.capture.workloads.mesh import build_mesh
+from actors.capture.workloads.build import WorkloadConfig, build_workload
 from actors.errors import ConfigError
 from actors.machine import machine_info
 

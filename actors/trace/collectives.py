@@ -7,7 +7,7 @@
   sizes come from its tensor arguments, named by the op schema.
 * functional collectives (``_c10d_functional::*``) name their group as a string argument;
   so do ``c10d::*`` ops of an N-D mesh captured on fake, whose ProcessGroup argument the
-  capture wrote as the group's name (actors/capture/group_names.py).
+  capture wrote as the group's name (actors/capture/fake/group_names.py).
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ actors/zero3 and the driver read them). No torch import, so trace readers parse 
 * a fake capture writes the run's own frees: a ``tracefleet::freed`` op (:data:`FREED_OP`)
   whose one input lists zero-size views of the storages freed since the previous op ran
   (or, at the end of the step, since the last one); storages the user's code held past their
-  last use die there, not at their last use (actors/capture/free_markers.py,
+  last use die there, not at their last use (actors/capture/fake/free_markers.py,
   actors/trace/recorded_frees.py).
 
 A parameter ``blocks.0.attn.qkv.weight`` belongs to the innermost module whose qualified

@@ -269,7 +269,7 @@ def _select(path, nodes: list, flat: bool) -> _Selection:
                         step, module)
             continue
         # the wrapper op is replaced by its local ops; a composite op may run several
-        # subclass calls (actors/capture/subclass_frames.py hangs them under it)
+        # subclass calls (actors/capture/fake/subclass_frames.py hangs them under it)
         if name == SUBCLASS and (parent in selected or parent in unwrapped):
             if parent in selected:
                 selected.pop(parent)[0] = None

@@ -28,7 +28,7 @@ input) also starts a new generation there: the composite op made a new tensor on
 storage (actors/trace/made_inside.py), which the next top-level op reads; without the split,
 the old tensor would seem to live on until then.
 
-Meta and fake captures never reuse an address (actors/capture/meta_storage.py; a fake trace
+Meta and fake captures never reuse an address (actors/capture/fake/meta_storage.py; a fake trace
 says so with UNIQUE_STORAGES_KEY): there a fresh return on
 a storage already seen is that same allocation handed back, e.g. an output selective
 activation checkpointing kept in forward and returns again in its recompute, and it stays in

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 def register_configs() -> None:
     """Register the predict schema and its groups' schemas in Hydra's ConfigStore."""
-    from actors.capture.workload_config import WorkloadConfig
+    from actors.capture.workloads.config import WorkloadConfig
     from actors.replay.config import ReplayConfig
     from actors.replay.memory.target import TargetConfig
     from actors.zero3.config import Zero3Config

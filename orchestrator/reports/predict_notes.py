@@ -1,6 +1,6 @@
 """The notes a prediction carries beside its figures, for the console and prediction.html:
 what each breakdown category holds, and which ops ran as the target GPU's kernels rather
-than the CPU's (actors/capture/cuda_dispatch.py's ``kernel_dispatch`` records)."""
+than the CPU's (actors/capture/fake/cuda_dispatch.py's ``kernel_dispatch`` records)."""
 from __future__ import annotations
 
 from actors.trace.categories import CATEGORY_HELP

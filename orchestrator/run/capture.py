@@ -24,16 +24,16 @@ from hydra.core.config_store import ConfigStore
 
 from actors.config_fields import check_finite, setting
 from actors.trace.conventions import kineto_file_name, trace_file_name
-from actors.capture.mesh import validate_parallelism
+from actors.capture.workloads.mesh import validate_parallelism
 from actors.trace.meta_file import META_JSON
 from actors.trace.model import MAX_WORLD_SIZE
-from actors.capture.workload_config import WorkloadConfig, validate as validate_workload
+from actors.capture.workloads.config import WorkloadConfig, validate as validate_workload
 from actors.errors import ConfigError, TracefleetError
 from actors.time_limit import time_limit
 from orchestrator.config import ClusterConfig, Transfer
 from orchestrator.run.fake_check import check_fake
 from actors.atomic_file import atomic_write
-from actors.capture.custom import load_build, resolve_entrypoint
+from actors.capture.workloads.custom import load_build, resolve_entrypoint
 
 
 @dataclass
@@ -41,7 +41,7 @@ class CaptureConfig:
     """The root config of ``tracefleet-capture``: record one ET per rank of a workload."""
 
     workload: WorkloadConfig = setting(factory=WorkloadConfig, help=(
-        "The model and how it is trained (actors/capture/workloads.py)."))
+        "The model and how it is trained (actors/capture/workloads/build.py)."))
     cluster: ClusterConfig = setting(factory=ClusterConfig, help=(
         "Where the rank actors run (shared with tracefleet)."))
     world_size: int = setting(4, help=(

@@ -12,7 +12,7 @@ import json
 import os
 from typing import Callable
 
-from actors.capture.workload_config import WorkloadDevice
+from actors.capture.workloads.config import WorkloadDevice
 from actors.trace.conventions import trace_file_name
 from actors.trace.fake_vs_real import FakeCheck, compare_captures
 

@@ -17,7 +17,7 @@ import copy
 import dataclasses
 import itertools
 
-from actors.capture.mesh import ParallelismConfig, validate_parallelism
+from actors.capture.workloads.mesh import ParallelismConfig, validate_parallelism
 from actors.errors import ConfigError
 from orchestrator.studies.fit_answer import AxisAnswer
 from orchestrator.studies.fit_search_config import Axis, FitSearchRunConfig

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from hydra.core.config_store import ConfigStore
 
-from actors.capture.checkpointing import ActivationCheckpointing
+from actors.capture.workloads.checkpointing import ActivationCheckpointing
 from actors.choices import Choice
 from actors.config_fields import setting
 from actors.errors import ConfigError

@@ -20,8 +20,8 @@ from pathlib import Path
 import orjson
 
 from actors.config_fields import check_finite
-from actors.capture.mesh import validate_parallelism
-from actors.capture.workload_config import (ModelName, Parallel, Precision, WorkloadConfig,
+from actors.capture.workloads.mesh import validate_parallelism
+from actors.capture.workloads.config import (ModelName, Parallel, Precision, WorkloadConfig,
                                             WorkloadDevice, validate as validate_workload)
 from actors.choices import Choice
 from actors.config_fields import setting
@@ -38,7 +38,7 @@ from orchestrator.reports.predict_notes import breakdown_help
 from orchestrator.studies.predict_mesh import (kernel_dispatch, mesh_facts, ranks_per_trace,
                                                roles_of)
 from actors.zero3.config import Zero3Config
-from actors.capture.custom import resolve_entrypoint
+from actors.capture.workloads.custom import resolve_entrypoint
 from orchestrator.studies.study_traces import capture_cached
 from actors.trace.meta_file import recorded_world_size
 from actors.trace.source import discover, missing_ranks

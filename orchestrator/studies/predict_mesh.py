@@ -1,6 +1,6 @@
 """What a prediction reads of a captured job's meta.json: the mesh (its degrees and the role
-of the worst rank: actors/capture/mesh.py's roles; a fake mesh capture records one rank per
-role and writes its ``mesh``), and the ops run as the target GPU's kernels."""
+of the worst rank: actors/capture/workloads/mesh.py's roles; a fake mesh capture records one rank
+per role and writes its ``mesh``), and the ops run as the target GPU's kernels."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -36,5 +36,5 @@ def roles_of(folder) -> dict[str, list[int]] | None:
 
 def kernel_dispatch(folder) -> list[dict]:
     """The ops a capture folder's recording ran as a GPU's kernels (meta.json's
-    ``kernel_dispatch``, actors/capture/cuda_dispatch.py); [] when it ran the CPU's."""
+    ``kernel_dispatch``, actors/capture/fake/cuda_dispatch.py); [] when it ran the CPU's."""
     return (read_meta(Path(folder) / META_JSON) or {}).get("kernel_dispatch") or []

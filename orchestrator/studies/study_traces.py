@@ -31,7 +31,7 @@ def workload_config(preset: str, overrides: dict | None = None):
     """The ``WorkloadConfig`` of ``conf/workload/<preset>.yaml`` with ``overrides`` (field ->
     value) on top and ``device=meta`` (a study captures shapes only); ConfigError on an unknown
     preset or field."""
-    from actors.capture.workloads import WorkloadConfig  # torch: only when a study captures
+    from actors.capture.workloads.build import WorkloadConfig  # torch: only when a study captures
 
     path = WORKLOAD_CONF_DIR / f"{preset}.yaml"
     if not path.is_file():
@@ -160,7 +160,7 @@ def traced_model(trace_dir):
     fields, world_size = meta_workload(meta_path, meta)
     import torch
 
-    from actors.capture.workloads import WorkloadConfig, build_model
+    from actors.capture.workloads.build import WorkloadConfig, build_model
 
     known = {f.name for f in dataclasses.fields(WorkloadConfig)}
     cfg = WorkloadConfig(**{k: v for k, v in fields.items() if k in known})

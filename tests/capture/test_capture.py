@@ -18,8 +18,8 @@ import ray
 
 from actors.trace.conventions import (BWD_BEGIN, BWD_END, FORWARD, MODULE_PREFIX, kineto_file_name,
                             module_range_name, parse_module_range, trace_file_name)
-from actors.capture.models.gpt.model import Block
-from actors.capture.workloads import WorkloadConfig, build_model
+from actors.capture.workloads.models.gpt.model import Block
+from actors.capture.workloads.build import WorkloadConfig, build_model
 from actors.capture.worker import workload_config
 from actors.errors import ConfigError
 from actors.trace import compute_liveness, load_trace

@@ -17,9 +17,9 @@ import ray
 import torch
 
 from actors.trace.conventions import trace_file_name
-from actors.capture.context import CaptureContext
-from actors.capture.custom import build_custom, load_build
-from actors.capture.workloads import WorkloadConfig
+from actors.capture.workloads.context import CaptureContext
+from actors.capture.workloads.custom import build_custom, load_build
+from actors.capture.workloads.build import WorkloadConfig
 from actors.errors import ConfigError
 from actors.trace import load_trace
 from orchestrator.run.capture import CaptureConfig, run_capture_job

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from actors.trace.conventions import FREED_OP, trace_file_name
-from actors.capture.custom import load_build
-from actors.capture.fake_mode import (DISPATCH_MODE_NODE, SUBCLASS_NODE, CaptureFakeMode,
+from actors.capture.workloads.custom import load_build
+from actors.capture.fake.fake_mode import (DISPATCH_MODE_NODE, SUBCLASS_NODE, CaptureFakeMode,
                                       _devices)
-from actors.capture.meta_storage import unique_meta_storages
-from actors.capture.workloads import WorkloadConfig
+from actors.capture.fake.meta_storage import unique_meta_storages
+from actors.capture.workloads.build import WorkloadConfig
 from actors.errors import ConfigError
 from actors.trace import load_trace
 from orchestrator.config import REPO_ROOT

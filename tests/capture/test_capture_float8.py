@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from actors.capture.mesh import validate_parallelism
-from actors.capture.workload_config import WorkloadConfig, validate
+from actors.capture.workloads.mesh import validate_parallelism
+from actors.capture.workloads.config import WorkloadConfig, validate
 from actors.errors import ConfigError
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine

@@ -11,8 +11,8 @@ from collections import Counter
 import orjson
 import pytest
 
-from actors.capture.mesh import validate_parallelism
-from actors.capture.workload_config import WorkloadConfig
+from actors.capture.workloads.mesh import validate_parallelism
+from actors.capture.workloads.config import WorkloadConfig
 from actors.errors import ConfigError
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
@@ -260,7 +260,7 @@ def test_pipelines_that_cannot_run_are_refused(parallelism, message):
 
 
 def test_stages_share_blocks_as_torchtitan():
-    from actors.capture.parallelize.pipeline import stage_layers
+    from actors.capture.workloads.parallelize.pipeline import stage_layers
 
     # Llama 3.1 405B over 8 stages: the embedding and the output count one block each
     assert [len(r) for r in stage_layers(126, 8)] == [15, 16, 16, 16, 16, 16, 16, 15]

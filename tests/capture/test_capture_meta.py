@@ -16,9 +16,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from actors.trace.conventions import trace_file_name
-from actors.capture.meta_storage import unique_meta_storages
+from actors.capture.fake.meta_storage import unique_meta_storages
 from actors.capture.fake_rank import record_meta_rank
-from actors.capture.workloads import WorkloadConfig, build_model
+from actors.capture.workloads.build import WorkloadConfig, build_model
 from actors.errors import ConfigError
 from actors.trace import load_trace
 from actors.trace.stats import trace_stats

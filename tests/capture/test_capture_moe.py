@@ -1,4 +1,4 @@
-"""The MoE block (actors/capture/moe.py) and expert parallel on the mesh: the routing
+"""The MoE block (actors/capture/workloads/moe.py) and expert parallel on the mesh: the routing
 assumption and the fixed router that realizes it for real, EP captured on fake at world 4
 (token counts exchanged, tokens dispatched by the assumed splits, this rank's experts only),
 a skewed routing making the ep ranks roles of their own, and the refusals."""
@@ -9,9 +9,9 @@ from collections import Counter
 import pytest
 import torch
 
-from actors.capture.mesh import ParallelismConfig, rank_roles, validate_parallelism
-from actors.capture.moe import MoE, MoeRouter, MoeSpec, assumed_loads, fixed_assignment
-from actors.capture.workload_config import WorkloadConfig, validate
+from actors.capture.workloads.mesh import ParallelismConfig, rank_roles, validate_parallelism
+from actors.capture.workloads.moe import MoE, MoeRouter, MoeSpec, assumed_loads, fixed_assignment
+from actors.capture.workloads.config import WorkloadConfig, validate
 from actors.errors import ConfigError
 from actors.trace import load_trace
 from actors.trace.conventions import trace_file_name

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from actors.trace.conventions import trace_file_name
 from actors.capture.recorder import record_iteration
 from actors.capture.worker import warm_up
-from actors.capture.workloads import WorkloadConfig, build_model, build_workload
+from actors.capture.workloads.build import WorkloadConfig, build_model, build_workload
 from actors.errors import ConfigError
 from actors.trace import compute_liveness, load_trace
 from orchestrator.config import REPO_ROOT

@@ -1,5 +1,6 @@
 """torch.compile (inductor) on workload.device=fake: inductor's own plan of buffers recorded
-(actors/capture/compiled_on_fake.py), no kernel compiled, nothing of the compiler in the trace."""
+(actors/capture/fake/compiled_on_fake.py), no kernel compiled, nothing of the compiler in the
+trace."""
 from __future__ import annotations
 
 from collections import Counter
@@ -153,7 +154,7 @@ def test_workload_compile_compiles_every_block_of_the_built_in_model(tmp_path, a
 
 
 def test_workload_compile_is_refused_where_it_is_not_built():
-    from actors.capture.workload_config import WorkloadConfig, validate
+    from actors.capture.workloads.config import WorkloadConfig, validate
 
     with pytest.raises(ConfigError, match=r"workload.compile=true with workload.parallel=zero3.*"
                                           r"a custom step compiles itself"):

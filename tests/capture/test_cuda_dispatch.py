@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from actors.capture.cuda_dispatch import DROPOUT, SDPA, cuda_kernels
-from actors.capture.sdpa_choice import SdpaCall, choose_cuda_backend
+from actors.capture.fake.cuda_dispatch import DROPOUT, SDPA, cuda_kernels
+from actors.capture.fake.sdpa_choice import SdpaCall, choose_cuda_backend
 from actors.gpu_arch import GpuArch
 
 B, H, L, E = 2, 4, 256, 32

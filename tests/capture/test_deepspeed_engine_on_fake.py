@@ -1,7 +1,7 @@
 """DeepSpeed's own engine (``deepspeed.initialize`` with the user's config) captured on fake at
 ZeRO stages 0-2: the engine runs as on cpu (torch's launcher variables set for the rank, its
 no-op parameter moves kept in place, its overflow and norm reads answered as for finite
-gradients: actors/capture/known_reads.py). Measured against the real engine in
+gradients: actors/capture/fake/known_reads.py). Measured against the real engine in
 scripts/bench_predict.py (deepspeed_engine_* rows)."""
 from __future__ import annotations
 

@@ -67,7 +67,7 @@ def test_only_the_users_reads_are_recorded(tmp_path, monkeypatch):
 
 
 def test_a_capture_made_with_other_values_is_not_reused(tmp_path, monkeypatch):
-    from actors.capture.workload_config import WorkloadConfig
+    from actors.capture.workloads.config import WorkloadConfig
     from orchestrator.studies.study_traces import capture_cached
 
     step = tmp_path / "my_step.py"

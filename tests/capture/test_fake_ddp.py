@@ -1,4 +1,4 @@
-"""DistributedDataParallel on workload.device=fake (actors/capture/fake_ddp.py): the user's own
+"""DistributedDataParallel on workload.device=fake (actors/capture/fake/fake_ddp.py): the user's own
 ``DistributedDataParallel(model, ...)`` captured on fake records what a real 2-rank gloo capture
 of the same step records (all-reduces in size and order, ops, the predicted peak against the
 measured one), at any world size; what the stand-in does not model is refused by name."""
@@ -17,7 +17,7 @@ import orjson
 import pytest
 import ray
 
-from actors.capture.workloads import WorkloadConfig
+from actors.capture.workloads.build import WorkloadConfig
 from actors.errors import ConfigError
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine

@@ -19,9 +19,9 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from actors.capture.fake_mode import CaptureFakeMode
-from actors.capture.fake_values import known_values_look_real, value_of
-from actors.capture.meta_storage import unique_meta_storages
+from actors.capture.fake.fake_mode import CaptureFakeMode
+from actors.capture.fake.fake_values import known_values_look_real, value_of
+from actors.capture.fake.meta_storage import unique_meta_storages
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
 from actors.trace import load_trace

@@ -1,4 +1,4 @@
-"""Everyday training idioms on workload.device=fake (actors/capture/fake_idioms.py): autocast,
+"""Everyday training idioms on workload.device=fake (actors/capture/fake/fake_idioms.py): autocast,
 GradScaler, gradient clipping, LR schedulers, accumulation, checkpointing, EMA / SWA copies,
 each captured on fake and for real on cpu with the same top-level ops
 (tests/support/fake_vs_real.py); and what fake cannot run, refused naming what and where."""

@@ -11,8 +11,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from actors.capture.fake_mode import CaptureFakeMode
-from actors.capture.meta_storage import unique_meta_storages
+from actors.capture.fake.fake_mode import CaptureFakeMode
+from actors.capture.fake.meta_storage import unique_meta_storages
 from actors.errors import ConfigError
 from tests.support.fake_vs_real import (as_entrypoint, capture_fake, compare_fake_to_real,
                                         known_difference)

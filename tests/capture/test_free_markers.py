@@ -1,4 +1,4 @@
-"""The fake capture's record of the run's frees (actors/capture/free_markers.py) as the ET
+"""The fake capture's record of the run's frees (actors/capture/fake/free_markers.py) as the ET
 observer writes it: one ``tracefleet::freed`` op naming the freed storages, nothing else."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import torch
 from torch.profiler import ExecutionTraceObserver
 
-from actors.capture import free_markers, meta_storage
+from actors.capture.fake import free_markers, meta_storage
 from actors.trace.conventions import FREED_OP
 
 

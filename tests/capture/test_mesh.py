@@ -8,12 +8,12 @@ import gc
 import pytest
 import torch.distributed as dist
 
-from actors.capture.group_names import as_rank, name_c10d_groups, rename_map
-from actors.capture.mesh import (ParallelismConfig, build_mesh, coordinates, dp_index,
+from actors.capture.fake.group_names import as_rank, name_c10d_groups, rename_map
+from actors.capture.workloads.mesh import (ParallelismConfig, build_mesh, coordinates, dp_index,
                                  rank_roles, sub_mesh, validate_parallelism)
-from actors.capture.fake_mode import strip_dispatch_mode_nodes
-from actors.capture.subclass_frames import mark_subclass_frames
-from actors.capture.workload_config import WorkloadConfig
+from actors.capture.fake.fake_mode import strip_dispatch_mode_nodes
+from actors.capture.fake.subclass_frames import mark_subclass_frames
+from actors.capture.workloads.config import WorkloadConfig
 from actors.errors import ConfigError, TracefleetError
 
 LLAMA = dict(model="llama", parallel="fsdp2", precision="bf16_mixed", vocab=64, d_model=64,

@@ -1,5 +1,5 @@
-"""The model registry (actors/capture/models/): every family named in ``workload.model`` is
-registered, every workload field reaches the capture cache key, and the Qwen3 family is built
+"""The model registry (actors/capture/workloads/models/): every family named in ``workload.model``
+is registered, every workload field reaches the capture cache key, and the Qwen3 family is built
 as its model card describes it."""
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from enum import Enum
 import pytest
 import torch
 
-from actors.capture.mesh import ParallelismConfig, validate_parallelism
-from actors.capture.models.registry import MODEL_SPECS, model_spec
-from actors.capture.models.llama.model import chunked_cross_entropy
-from actors.capture.moe import MoE, MoeRouter, MoeScore, MoeSpec
-from actors.capture.workload_config import ModelName, WorkloadConfig, validate
-from actors.capture.workloads import build_model
+from actors.capture.workloads.mesh import ParallelismConfig, validate_parallelism
+from actors.capture.workloads.models.registry import MODEL_SPECS, model_spec
+from actors.capture.workloads.models.llama.model import chunked_cross_entropy
+from actors.capture.workloads.moe import MoE, MoeRouter, MoeScore, MoeSpec
+from actors.capture.workloads.config import ModelName, WorkloadConfig, validate
+from actors.capture.workloads.build import build_model
 from actors.errors import ConfigError
 from actors.trace import load_trace
 from actors.trace.conventions import trace_file_name

@@ -1,5 +1,5 @@
 """Backward markers for modules returning a dict or a Hugging Face ModelOutput
-(actors/capture/output_markers.py), on cpu and on fake; and a transformers Qwen2 step with a
+(actors/capture/backward_markers.py), on cpu and on fake; and a transformers Qwen2 step with a
 foreach AdamW, whose fake trace holds the real ops and replays every one of them."""
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from actors.capture.fsdp2 import reshards_after_forward
-from actors.capture.workload_config import WorkloadConfig
+from actors.capture.workloads.fsdp2 import reshards_after_forward
+from actors.capture.workloads.config import WorkloadConfig
 from actors.errors import ConfigError
 
 

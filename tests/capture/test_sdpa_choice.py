@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from actors.capture.sdpa_choice import (CPU_FLASH, CPU_MATH, EFFICIENT, FLASH, MATH, SdpaCall,
+from actors.capture.fake.sdpa_choice import (CPU_FLASH, CPU_MATH, EFFICIENT, FLASH, MATH, SdpaCall,
                                         choose_cuda_backend, cpu_backend)
 from actors.gpu_arch import GpuArch
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.capture.workloads import WorkloadConfig
+from actors.capture.workloads.build import WorkloadConfig
 from actors.errors import ConfigError
 from actors.time_limit import TimeLimitError
 from orchestrator.config import REPO_ROOT

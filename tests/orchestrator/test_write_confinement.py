@@ -35,7 +35,7 @@ def test_atomic_write_does_not_follow_a_planted_temp_file(tmp_path):
 
 @pytest.mark.parametrize("label", ["../workload/gpt", "/etc/passwd", ".."])
 def test_a_cache_label_that_is_a_path_names_a_folder_inside_the_cache(tmp_path, label):
-    from actors.capture.workload_config import WorkloadConfig
+    from actors.capture.workloads.config import WorkloadConfig
     from orchestrator.studies.study_traces import capture_cached
 
     wl = WorkloadConfig(model="llama", parallel="local", vocab=64, d_model=32, n_layers=1,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import ray
 
-from actors.capture.workload_config import WorkloadConfig
+from actors.capture.workloads.config import WorkloadConfig
 from actors.replay.config import AllocationConfig, ReplayConfig
 from orchestrator.config import ClusterConfig, ExperimentConfig, RunConfig, TraceConfig
 from orchestrator.run.capture import CaptureConfig, run_capture_job

@@ -30,11 +30,11 @@ import orjson
 import torch
 import torch.distributed as dist
 
-from actors.capture.context import world_mesh
+from actors.capture.workloads.context import world_mesh
 from actors.capture.fake_rank import record_meta_rank
 from actors.capture.recorder import record_iteration
 from actors.capture.worker import warm_up
-from actors.capture.workloads import WorkloadConfig, build_workload
+from actors.capture.workloads.build import WorkloadConfig, build_workload
 from actors.trace import Trace, load_trace
 from actors.trace.conventions import trace_file_name
 

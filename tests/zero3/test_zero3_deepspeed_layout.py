@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from actors.capture.fake_rank import record_meta_rank
-from actors.capture.workloads import WorkloadConfig, build_workload
+from actors.capture.workloads.build import WorkloadConfig, build_workload
 from actors.rank_base import free_port
 from actors.replay.config import ReplayConfig
 from actors.replay.engine import ReplayEngine

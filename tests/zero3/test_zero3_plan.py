@@ -11,7 +11,8 @@ import torch
 from actors.trace.conventions import trace_file_name
 from actors.errors import ConfigError
 from actors.trace import compute_liveness, load_trace
-from actors.capture import finegrained_model as fg
+from actors.capture.finegrained_capture import capture_data_parallel
+from actors.capture.workloads import finegrained_model as fg
 from actors.zero3.config import Zero3Config
 from actors.zero3.leaves import granularities
 from actors.zero3.markers import read_backward_marks
@@ -27,7 +28,7 @@ MODEL = fg.FineGrainedConfig(d_model=16, num_blocks=2, linears_per_block=3, num_
 @pytest.fixture(scope="module")
 def capture(tmp_path_factory):
     """The model's recorded step on rank 0, its backward markers and the torch model."""
-    out = fg.capture_data_parallel(tmp_path_factory.mktemp("finegrained"), 2, MODEL)
+    out = capture_data_parallel(tmp_path_factory.mktemp("finegrained"), 2, MODEL)
     trace = load_trace(out / trace_file_name(0))
     return trace, read_backward_marks(trace), fg.FineGrained(MODEL)
 

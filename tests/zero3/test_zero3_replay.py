@@ -10,7 +10,8 @@ from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
 from actors.trace import load_trace
 from actors.trace.liveness import compute_liveness
-from actors.capture import finegrained_model as fg
+from actors.capture.finegrained_capture import capture_data_parallel
+from actors.capture.workloads import finegrained_model as fg
 from actors.zero3.config import Zero3Config
 from actors.zero3.extension import Zero3Extension
 from actors.zero3.markers import read_backward_marks
@@ -24,7 +25,7 @@ STRATEGIES = ["per_param", "per_module", "leaf_coalesced", "bucketed"]
 
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory):
-    out = fg.capture_data_parallel(tmp_path_factory.mktemp("finegrained"), 2, MODEL)
+    out = capture_data_parallel(tmp_path_factory.mktemp("finegrained"), 2, MODEL)
     return load_trace(out / trace_file_name(0))
 
 

@@ -71,7 +71,7 @@ def test_help_exits_0_quickly_without_torch(command, flag):
 
 def _dataclass_fields():
     """(command, dataclass field) of a few of the fields each help shows."""
-    from actors.capture.workload_config import WorkloadConfig
+    from actors.capture.workloads.config import WorkloadConfig
     from actors.replay.config import ReplayConfig
     from orchestrator.config import TraceConfig
     from orchestrator.studies.predict import PredictConfig, PredictSettings

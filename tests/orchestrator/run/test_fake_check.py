@@ -60,7 +60,7 @@ def test_check_fake_names_where_a_fakeness_branch_parts_the_runs(tmp_path):
 
 
 def test_check_fake_needs_the_fake_device():
-    from actors.capture.workload_config import WorkloadConfig, validate
+    from actors.capture.workloads.config import WorkloadConfig, validate
     from actors.errors import ConfigError
     import pytest
 

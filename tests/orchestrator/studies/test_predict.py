@@ -12,7 +12,7 @@ import sys
 import pytest
 from hydra import compose, initialize_config_dir
 
-from actors.capture.workload_config import validate as validate_workload
+from actors.capture.workloads.config import validate as validate_workload
 from actors.errors import ConfigError
 from actors.replay.memory.target import TargetConfig
 from orchestrator.config import CONF_DIR, REPO_ROOT

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from actors.capture.workload_config import WorkloadConfig, validate
+from actors.capture.workloads.config import WorkloadConfig, validate
 from actors.errors import ConfigError
 from orchestrator.reports.predict_table import prediction_table
 from tests.support.small_predict import predict_small
@@ -64,7 +64,7 @@ def test_deepspeed_offload_optimizer_leaves_the_device_figures(tmp_path):
 
 
 def test_deepspeeds_offload_knobs_are_its_own():
-    from actors.capture.zero3 import _offload_sections
+    from actors.capture.workloads.zero3 import _offload_sections
 
     with pytest.raises(ConfigError, match="zero3_offload_optimizer=cpu is DeepSpeed's offload"):
         validate(WorkloadConfig(model="llama", parallel="fsdp2", zero3_offload_optimizer="cpu"))

@@ -1,0 +1,137 @@
+"""A capture for a GPU target runs the GPU's kernels where the CPU's would allocate otherwise.
+
+Fake tensors report ``cpu``, so without this an op whose CPU and CUDA paths differ dispatches
+as on a CPU. Within :func:`cuda_kernels`, two functions of ``torch.nn.functional`` (which
+``nn.Dropout``, ``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer``, transformers and
+torchtitan call) run as on the target:
+
+* ``scaled_dot_product_attention`` picks its kernel by torch's CUDA rules for the target's
+  architecture (actors/capture/fake/sdpa_choice.py) and runs it on fake
+  (actors/capture/fake/cuda_attention.py). On a CPU, dropout (or a head dim its flash kernel
+  refuses) sends it to the math path, which keeps seq x seq score matrices no fused GPU kernel
+  holds.
+* ``dropout`` in training runs CUDA's fused ``native_dropout`` (``at::dropout`` takes it for
+  CUDA tensors): it keeps a one-byte mask per element for backward, where the CPU's path
+  multiplies by a noise tensor of the input's dtype and keeps that.
+
+Every call is logged: the kernel, what the CPU would have run, the bytes each keeps; the
+prediction shows them (docs/capture.md, "CPU and CUDA paths"). A module that bound either
+function under another name at import (``from torch.nn.functional import dropout``) is not
+reached. Inside a torch.compile region both run as torch's own: inductor lowers them for the
+device the fake tensors report (actors/capture/fake/compiled_on_fake.py), and they are not logged.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from actors.capture.fake.cuda_attention import sdpa_as_cuda
+from actors.capture.fake.sdpa_choice import CPU_MATH, MATH, SdpaCall, cpu_backend
+from actors.gpu_arch import GpuArch
+from actors.trace.dtypes import dtype_name
+
+SDPA, DROPOUT = "aten::scaled_dot_product_attention", "aten::dropout"
+
+
+def _sdpa_kept_bytes(call: SdpaCall, backend: str) -> int:
+    """Bytes a fused kernel keeps for backward besides q, k, v and the output: the float32
+    logsumexp (B x H x L; the memory-efficient kernel pads L to a multiple of 32) and the philox
+    seed and offset (two int64); none without grad."""
+    if not call.requires_grad or backend == MATH or not call.dense_4d:
+        return 0
+    b, h, length = call.q_shape[0], call.q_shape[1], call.q_shape[2]
+    rows = length if backend != "efficient" else -(-length // 32) * 32
+    return 4 * b * h * rows + 16
+
+
+def _score_bytes(call: SdpaCall) -> int:
+    """Bytes of one float32 L x S score matrix per batch and head; the math path keeps several
+    (scores, softmax, dropout's mask and output)."""
+    if not call.dense_4d:
+        return 0
+    return 4 * call.q_shape[0] * call.q_shape[1] * call.q_shape[2] * call.k_shape[2]
+
+
+@dataclass
+class DispatchLog:
+    """The calls run as the target's kernels, grouped by op, kernel and what decided it."""
+
+    arch: GpuArch
+    calls: Counter = field(default_factory=Counter)
+    kept: Counter = field(default_factory=Counter)
+    cpu_kept: Counter = field(default_factory=Counter)
+
+    def add(self, op: str, kernel: str, cpu_kernel: str, detail: str, kept_bytes: int,
+            cpu_bytes: int) -> None:
+        """One call: ``kept_bytes`` the target's kernel keeps, ``cpu_bytes`` what the CPU's
+        path would have made in its place (0 where the two agree)."""
+        key = (op, kernel, cpu_kernel, detail)
+        self.calls[key] += 1
+        self.kept[key] += kept_bytes
+        self.cpu_kept[key] += cpu_bytes
+
+    def clear(self) -> None:
+        for counter in (self.calls, self.kept, self.cpu_kept):
+            counter.clear()
+
+    def summary(self) -> list[dict]:
+        """One record per (op, kernel, CPU's kernel, detail): meta.json's ``kernel_dispatch``."""
+        fields = ("op", "kernel", "cpu_kernel", "detail")
+        return [{**dict(zip(fields, key)), "arch": str(self.arch),
+                 "num_calls": self.calls[key], "kept_bytes": self.kept[key],
+                 "cpu_bytes": self.cpu_kept[key]} for key in sorted(self.calls)]
+
+
+def _sdpa(log: DispatchLog, cpu_sdpa):
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+             enable_gqa=False):
+        # torch's own error from its own check; inside torch.compile, inductor lowers the op
+        # for the device the fake tensors report (actors/capture/fake/compiled_on_fake.py)
+        if is_causal and attn_mask is not None or torch.compiler.is_compiling():
+            return cpu_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
+                            enable_gqa=enable_gqa)
+        out, call, backend = sdpa_as_cuda(log.arch, query, key, value, attn_mask, dropout_p,
+                                          is_causal, scale, enable_gqa)
+        cpu = cpu_backend(call)
+        detail = f"{dtype_name(str(call.dtype))}, dropout {call.dropout_p:g}" + \
+            (", attn_mask" if call.has_mask else "")
+        log.add(SDPA, backend, cpu, detail, _sdpa_kept_bytes(call, backend),
+                _score_bytes(call) if cpu == CPU_MATH and backend != MATH else 0)
+        return out
+    return sdpa
+
+
+def _dropout(log: DispatchLog, cpu_dropout):
+    def dropout(input, p=0.5, training=True, inplace=False):
+        # at::dropout's fused path: CUDA, training, 0 < p < 1, not in place
+        if inplace or not training or not 0 < p < 1 or input.numel() == 0 \
+                or torch.compiler.is_compiling():
+            return cpu_dropout(input, p, training, inplace)
+        out, mask = torch.native_dropout(input, p, True)
+        grad = torch.is_grad_enabled() and input.requires_grad
+        log.add(DROPOUT, "native_dropout", "mul by noise",
+                dtype_name(str(input.dtype)), mask.numel() if grad else 0,
+                input.numel() * input.element_size() if grad else 0)
+        return out
+    return dropout
+
+
+@contextmanager
+def cuda_kernels(arch: GpuArch | None):
+    """Within the block, SDPA and dropout run as on ``arch`` (None: unchanged, yields None);
+    yields the :class:`DispatchLog`."""
+    if arch is None:
+        yield None
+        return
+    log = DispatchLog(GpuArch.coerce(arch, "workload.gpu_kernels"))
+    cpu_sdpa, cpu_dropout = F.scaled_dot_product_attention, F.dropout
+    F.scaled_dot_product_attention = _sdpa(log, cpu_sdpa)
+    F.dropout = _dropout(log, cpu_dropout)
+    try:
+        yield log
+    finally:
+        F.scaled_dot_product_attention, F.dropout = cpu_sdpa, cpu_dropout

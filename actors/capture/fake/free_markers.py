@@ -1,0 +1,83 @@
+"""The run's own frees, written into a fake capture's trace.
+
+A trace shows when each storage is used, not when the run let go of it: a tensor the user's
+code still references (the ``ModelOutput`` a Hugging Face model returns keeps the logits, 2 MiB
+on a small Llama, alive through the whole backward) outlives its last use, and a replay that
+frees at the last use predicts less than the run held. On the fake device every storage comes
+from the unique meta allocator, which learns each free (actors/capture/fake/meta_storage.py).
+While :func:`recording` is on, the fake mode (actors/capture/fake/fake_mode.py) calls
+:func:`emit` before each op: the storages freed since the last call are written as one
+``tracefleet::freed`` op (actors/trace/conventions.py: FREED_OP) whose input lists a
+zero-size view of each, so the observer names them by their storage ids, and, per storage,
+whether it was made during the recorded step (the allocator's addresses only grow): a storage
+an op made and the observer never saw as its output (the op raised: checkpoint's early stop
+ends a recompute inside its last op) is then not read as alive before the step. The op runs
+below the Python dispatch keys and does nothing; the trace's loader turns it into recorded
+frees.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from actors.capture.fake import meta_storage
+from actors.trace.conventions import FREED_OP
+
+_NAMESPACE, _NAME = FREED_OP.split("::")
+_PYTHON_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Python) | torch._C.DispatchKeySet(
+    torch._C.DispatchKey.PythonTLSSnapshot)
+_META = torch.device("meta")
+_library = None
+
+
+def _freed_op():
+    """``tracefleet::freed(Tensor[] storages) -> ()``: a no-op the observer records."""
+    global _library
+    if _library is None:
+        _library = torch.library.Library(_NAMESPACE, "DEF")
+        _library.define(f"{_NAME}(Tensor[] storages, int[] made_in_step) -> ()")
+        _library.impl(_NAME, lambda storages, made_in_step: None, "CompositeExplicitAutograd")
+    return getattr(getattr(torch.ops, _NAMESPACE), _NAME).default
+
+
+_step_start = [0]  # the first address of the recorded step (see recording)
+
+
+def emit() -> None:
+    """Write the storages freed since the last call as one ``tracefleet::freed`` op."""
+    if not meta_storage.num_freed():
+        return
+    addresses = meta_storage.take_freed()
+    made = [int(a >= _step_start[0]) for a in addresses]
+    # the views' own (empty) storages die right here: not frees of the run
+    with meta_storage.frees_paused():
+        views = []
+        # Unrecorded: two ops per freed storage were a third of a fake trace's nodes (a
+        # 405B pipeline stage wrote 490k of them), all dropped again by the rewrite.
+        torch._C._autograd._enable_record_function(False)  # this thread only
+        try:
+            for address in addresses:
+                storage = torch._C._construct_storage_from_data_pointer(address, _META, 0)
+                views.append(torch.empty(0, dtype=torch.uint8, device=_META)
+                             .set_(storage, 0, (0,), (1,)))
+        finally:  # a capture records with RecordFunction on: there is no getter to restore
+            torch._C._autograd._enable_record_function(True)
+        with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEYS):
+            _freed_op()(views, made)
+        del views
+
+
+@contextmanager
+def recording(mode):
+    """Within the block, ``mode`` (a CaptureFakeMode) writes the run's frees before each op;
+    those pending when the block ends are written at its end (inside the step's range)."""
+    _freed_op()
+    _step_start[0] = meta_storage.next_address()
+    with meta_storage.record_frees():
+        mode.emit_frees = True
+        try:
+            yield
+            emit()
+        finally:
+            mode.emit_frees = False

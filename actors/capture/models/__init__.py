@@ -1,4 +1,0 @@
-"""The built-in model families, one folder each (torchtitan's ModelSpec layout): a family's
-model code and its :class:`~actors.capture.models.spec.ModelSpec` (how to build it, its blocks,
-its feed-forward rule, its own checks, which recipes it supports), registered by name in
-:mod:`actors.capture.models.registry`; ``workload.model`` picks one."""

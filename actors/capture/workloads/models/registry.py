@@ -1,0 +1,16 @@
+"""The model families by name: ``workload.model`` -> :class:`ModelSpec`. A new family is a
+folder beside these with a ``SPEC``, one line here and its name in ``ModelName``
+(actors/capture/workloads/config.py; tests/capture/test_model_registry.py checks the two
+agree)."""
+from __future__ import annotations
+
+from actors.capture.workloads.models import deepseek_v3, gpt, llama, qwen3
+from actors.capture.workloads.models.spec import ModelSpec
+
+MODEL_SPECS: dict[str, ModelSpec] = {spec.name: spec for spec in (
+    gpt.SPEC, llama.SPEC, qwen3.SPEC, deepseek_v3.SPEC)}
+
+
+def model_spec(name: str) -> ModelSpec:
+    """The family registered as ``name`` (a ``ModelName``; custom steps have none)."""
+    return MODEL_SPECS[str(name)]
