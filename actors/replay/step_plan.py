@@ -10,6 +10,7 @@ from functools import partial
 from operator import itemgetter
 
 import torch
+from torch._prims_common import dtype_to_type  # type promotion's category of a dtype
 
 from actors.replay.memory.tensor_store import FLOAT_FILL
 from actors.replay.ops import index_safety, resolve, standins, translate
@@ -120,10 +121,11 @@ def compile_step(op: Op, device: torch.device, mode: str) -> Step:
                 return Step(op, "skip", f"takes an opaque script object ({sarg.type})")
             value = Arg("none", None)  # the default generator stands in for the recorded one
         if type(value) is Arg and value.kind == HOST_SCALAR:
+            scalar = _host_scalar(op, value.value)
             if pos >= n:
-                kwargs[sarg.name] = _host_scalar(op, value.value)
+                kwargs[sarg.name] = scalar
             else:
-                template.append(_host_scalar(op, value.value))
+                template.append(scalar)
             continue
         is_tensor = type(value) is TensorArg or value.kind == "tensor_list"
         if pos >= n:  # keyword-only
@@ -165,7 +167,7 @@ def _host_scalar(op: Op, dtype_name: str) -> torch.Tensor:
     outs = op.outputs
     if dtype is not None and len(outs) == 1 and type(outs[0]) is TensorArg:
         out = resolve.torch_dtype_or_none(outs[0].dtype)
-        if out is not None and _kind_of(out) == _kind_of(dtype):
+        if out is not None and dtype_to_type(out) is dtype_to_type(dtype):
             dtype = out
     dtype = dtype or torch.float64
     # the value a materialized tensor gets (0.0625), 1 for integers: never a zero divisor
@@ -183,14 +185,6 @@ def _wrapped_number(op: Op, value: TensorArg, schema_type: str) -> bool:
         return False
     others = [t for t in op.input_tensors() if t is not value]
     return bool(others) and all(t.shape == () and t.dtype == outs[0].dtype for t in others)
-
-
-def _kind_of(dtype: torch.dtype) -> str:
-    if dtype == torch.bool:
-        return "bool"
-    if dtype.is_complex:
-        return "complex"
-    return "float" if dtype.is_floating_point else "int"
 
 
 def index_ranges(steps: list[Step]) -> dict[int, tuple[int, int, bool]]:

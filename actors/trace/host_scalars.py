@@ -11,10 +11,10 @@ moved by a few KiB from one capture of the same step to the next.
 An input is such a number when it is a 0-dim CPU tensor of one of those dtypes whose storage
 was last returned by an earlier op, if at all, as something else: a tensor the step made
 (``torch.tensor(3)`` included) is an earlier op's output of its own shape and dtype, while a
-number may land on the address of any freed tensor, whose storage id the observer then reuses. :func:`mark_host_scalars`
-turns each into ``Arg(HOST_SCALAR, dtype name)``: no tensor id, no storage, nothing charged; the
-replay passes a CPU scalar (actors/replay/step_plan.py). A number on a freed 0-dim tensor's
-address of its own dtype stays a tensor, as every number was before.
+number may land on the address of any freed tensor, whose storage id the observer then reuses.
+:func:`mark_host_scalars` turns each into ``Arg(HOST_SCALAR, dtype name)``: no tensor id, no
+storage, nothing charged; the replay passes a CPU scalar (actors/replay/step_plan.py). A number
+on a freed 0-dim tensor's address of its own dtype stays a tensor, as every number was before.
 """
 from __future__ import annotations
 
