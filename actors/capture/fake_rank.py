@@ -23,7 +23,7 @@ from actors.capture.fake.fake_ddp import ddp_on_fake
 from actors.capture.fake.compiled_on_fake import inductor_on_fake, num_compiled_graphs
 from actors.capture.fake.fake_idioms import fake_step_error, torch_idioms_on_fake
 from actors.capture.fake.fake_mode import (CaptureFakeMode, ranges_outside_fake_mode,
-                                      strip_dispatch_mode_nodes)
+                                           strip_dispatch_mode_nodes)
 from actors.capture.fake.fake_reducer import rebuild_pending
 from actors.capture.fake.fake_values import known_values_look_real
 from actors.capture.fake.meta_storage import unique_meta_storages

@@ -22,7 +22,7 @@ import orjson
 from actors.config_fields import check_finite
 from actors.capture.workloads.mesh import validate_parallelism
 from actors.capture.workloads.config import (ModelName, Parallel, Precision, WorkloadConfig,
-                                            WorkloadDevice, validate as validate_workload)
+                                             WorkloadDevice, validate as validate_workload)
 from actors.choices import Choice
 from actors.config_fields import setting
 from actors.errors import ConfigError, writing

@@ -16,7 +16,7 @@ import torch
 from actors.trace.conventions import FREED_OP, trace_file_name
 from actors.capture.workloads.custom import load_build
 from actors.capture.fake.fake_mode import (DISPATCH_MODE_NODE, SUBCLASS_NODE, CaptureFakeMode,
-                                      _devices)
+                                           _devices)
 from actors.capture.fake.meta_storage import unique_meta_storages
 from actors.capture.workloads.build import WorkloadConfig
 from actors.errors import ConfigError

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from actors.capture.fake.group_names import as_rank, name_c10d_groups, rename_map
 from actors.capture.workloads.mesh import (ParallelismConfig, build_mesh, coordinates, dp_index,
-                                 rank_roles, sub_mesh, validate_parallelism)
+                                           rank_roles, sub_mesh, validate_parallelism)
 from actors.capture.fake.fake_mode import strip_dispatch_mode_nodes
 from actors.capture.fake.subclass_frames import mark_subclass_frames
 from actors.capture.workloads.config import WorkloadConfig

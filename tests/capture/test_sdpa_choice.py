@@ -7,7 +7,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from actors.capture.fake.sdpa_choice import (CPU_FLASH, CPU_MATH, EFFICIENT, FLASH, MATH, SdpaCall,
-                                        choose_cuda_backend, cpu_backend)
+                                             choose_cuda_backend, cpu_backend)
 from actors.gpu_arch import GpuArch
 
 BF16, FP32 = torch.bfloat16, torch.float32

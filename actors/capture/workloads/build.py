@@ -23,7 +23,7 @@ from actors.capture.workloads.mesh import batch_rows, dp_index, validate_paralle
 from actors.capture.workloads.parallelize.float8 import apply_float8
 from actors.capture.workloads.parallelize.recipe import mesh_step
 from actors.capture.workloads.config import (PARAM_DTYPES, ModelName, Parallel, WorkloadConfig,
-                                            WorkloadDevice, ffn_dim_of, moe_spec, validate)
+                                             WorkloadDevice, ffn_dim_of, moe_spec, validate)
 from actors.capture.workloads.zero3 import zero3_step
 
 

@@ -30,7 +30,7 @@ from actors.capture.workloads.parallelize.context_parallel import (apply_context
 from actors.capture.workloads.parallelize.expert_parallel import (apply_expert_parallel,
                                                                   expert_fsdp_mesh)
 from actors.capture.workloads.parallelize.tensor_parallel import (apply_tensor_parallel,
-                                                        loss_parallel_context)
+                                                                  loss_parallel_context)
 from actors.capture.workloads.fsdp2 import fsdp2_step
 from actors.capture.workloads.parallelize.pipeline import PipelineStages, pipeline_step, split_model
 
