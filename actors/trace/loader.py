@@ -13,9 +13,10 @@ calls one, so a collective (``c10d::*``, ``_c10d_functional::*``, ``record_param
 is its own op wherever it is recorded, with two exceptions: the ``record_param_comms``
 record of a ``c10d::*`` op (its first such child) completes that op, and a ``c10d::*`` op
 (or a ``record_param_comms``) under a functional collective is how eager functional
-collectives do their work. Backend
-nodes (``gloo:*``, ``nccl:*``) are neither ops nor module names: their children are
-treated as children of the backend node's parent.
+collectives do their work. Backend nodes (``gloo:*``, ``nccl:*``) are neither ops nor
+module names: their children are treated as children of the backend node's parent. Before any
+of this, links that a backend's thread made wrong (an op under a range of another thread, or
+under an op that had closed) are mended from the file's order (parent_links.py).
 
 Tensor subclasses: an op on wrapper tensors (DTensor: FSDP2's sharded parameters, gradients
 and optimizer state) is recorded with the wrappers, which have no storage of their own (every
@@ -34,7 +35,7 @@ import orjson
 from actors.errors import ReplayError, TraceError
 from actors.gc_pause import gc_paused
 from actors.trace import collectives as coll
-from actors.trace import integrity
+from actors.trace import integrity, parent_links
 from actors.trace.archive import rank_from_name
 from actors.trace.host_scalars import mark_host_scalars
 from actors.trace.made_inside import NestedAllocations, storages_made_inside
@@ -55,7 +56,6 @@ STEP_PREFIX = "ProfilerStep#"
 # Annotation frames that are not module boundaries.
 _NOT_MODULE = ("[pytorch|profiler", "autograd::engine", STEP_PREFIX, "## process_group",
                "PythonDispatchMode")  # the frame of a Python dispatch mode (selective AC)
-_BACKEND_PREFIXES = ("gloo:", "nccl:")
 _BACKWARD_MARKERS = (MODULE_BWD_BEGIN_PREFIX, MODULE_BWD_END_PREFIX)  # conventions.py
 _MAX_BACKEND_HOPS = 64  # backend nodes chained under backend nodes (bounds a parent cycle)
 # What encloses a node: no op, some op, or a functional collective (which calls c10d ops).
@@ -112,12 +112,16 @@ def _load_trace(source: TraceSource, rank: int | None, data: bytes | None) -> Tr
     flat = version < (1, 0, 2)
     nodes = doc.pop("nodes")  # _build_ops frees the raw nodes as it goes (peak memory)
     num_nodes = len(nodes)
+    key = "parent" if flat else "ctrl_deps"
+    position = parent_links.file_order(nodes)  # before the sort: the order they closed
     try:
         nodes.sort(key=lambda n: n["id"])
     except (KeyError, TypeError):
         bad = next((n for n in nodes if not isinstance(n, dict) or not isinstance(n.get("id"), int)), None)
         raise TraceError(path, f"a node has no integer 'id' (node starts {preview(bad, 80)})") from None
     integrity.check_nodes(path, nodes, flat)  # unique ids, no parent cycle
+    if position is not None:
+        parent_links.mend_parent_links(nodes, key, position)
     built = _build_ops(path, nodes, flat)
     ops, nested = built.ops, built.nested
     integrity.check_ops(path, ops)  # shapes agree with numel, arguments with the op schema
@@ -230,7 +234,7 @@ def _select(path, nodes: list, flat: bool) -> _Selection:
         nid, name, parent, is_op = _fields(path, raw, flat, schema_of)
         if parent in backend_parent:
             parent = _above_backends(parent, backend_parent)
-        if not is_op and name.startswith(_BACKEND_PREFIXES):
+        if not is_op and name.startswith(parent_links.BACKEND_PREFIXES):
             backend_parent[nid] = parent
             continue
         entry = ctx.get(parent)

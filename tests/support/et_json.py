@@ -76,10 +76,42 @@ def step_node(nid, k, parent=2):
 
 
 def write_trace(tmp_path, nodes, schema="1.1.1-chakra.0.0.4", name="t.json"):
-    """Write a trace with the process/thread roots; ``schema`` 1.0.1 takes flat nodes."""
+    """Write a trace with the process/thread roots; ``schema`` 1.0.1 takes flat nodes. The
+    nodes are written in the order they would close (`close_order`)."""
     path = tmp_path / name
-    roots = FLAT_ROOTS if schema.startswith("1.0.1") else ROOTS
-    # Reversed: the observer writes nodes on op exit, so file order is not id order.
+    flat = schema.startswith("1.0.1")
+    roots = FLAT_ROOTS if flat else ROOTS
     path.write_bytes(orjson.dumps({"schema": schema, "pid": 1, "time": "x",
-                                   "nodes": list(reversed(roots + nodes))}))
+                                   "nodes": close_order(roots + nodes, flat)}))
     return path
+
+
+def close_order(nodes: list, flat: bool = False) -> list:
+    """``nodes`` as the observer writes them, each when it closes: children before their
+    parent, siblings by id (the tree their parent links draw); nodes no root reaches (a parent
+    cycle) last. Malformed nodes (no id, no parent, a repeated id) are kept."""
+    key = "parent" if flat else "ctrl_deps"
+    ids = {n.get("id") for n in nodes}
+    children: dict[object, list[int]] = {}
+    tops = []
+    ids = {i for i in ids if type(i) is int}
+    for i in sorted(range(len(nodes)), key=lambda i: _int_or(nodes[i].get("id"))):
+        parent = nodes[i].get(key)
+        inside = type(parent) is int and parent in ids and parent != nodes[i].get("id")
+        (children.setdefault(parent, []) if inside else tops).append(i)
+    out, seen = [], set()
+    todo = [(i, False) for i in reversed(tops)]
+    while todo:
+        i, done = todo.pop()
+        if done:
+            out.append(i)
+        elif i not in seen:
+            seen.add(i)
+            todo.append((i, True))
+            todo += [(c, False) for c in reversed(children.get(nodes[i].get("id"), []))]
+    order = out + [i for i in reversed(range(len(nodes))) if i not in seen]
+    return [nodes[i] for i in order]
+
+
+def _int_or(value, default: int = -1) -> int:
+    return value if type(value) is int else default

@@ -108,15 +108,11 @@ def histogram_diff(real: Counter, fake: Counter) -> str:
                      for name in sorted(set(real) | set(fake)) if real[name] != fake[name])
 
 
-def folded_histograms(real_path: Path, fake_path: Path,
-                      ignore: frozenset = frozenset()) -> tuple[Counter, Counter]:
+def folded_histograms(real_path: Path, fake_path: Path) -> tuple[Counter, Counter]:
     """The two traces' op histograms, the engine's in-place accumulations of the real one
-    counted as the out-of-place ones fake records (see the module docstring); op names in
-    ``ignore`` left out of both."""
+    counted as the out-of-place ones fake records (see the module docstring)."""
     real = op_histogram(load_trace(real_path))
     fake = op_histogram(load_trace(fake_path))
-    for name in ignore:
-        real.pop(name, None), fake.pop(name, None)
     in_place = engine_accumulations(real_path, "aten::add_")
     real["aten::add_"] -= in_place
     real["aten::add"] += in_place
@@ -124,26 +120,22 @@ def folded_histograms(real_path: Path, fake_path: Path,
     return +real, +fake
 
 
-def compare_fake_to_real(spec: str, out_dir: Path, world_size: int = 1,
-                         ignore: frozenset = frozenset()) -> tuple[Trace, Trace]:
+def compare_fake_to_real(spec: str, out_dir: Path, world_size: int = 1) -> tuple[Trace, Trace]:
     """Capture ``spec`` both ways under ``out_dir`` and assert the same op histogram (the
-    engine's in-place accumulations folded, see the module docstring; op names in ``ignore``
-    not compared); ``(real, fake)``."""
-    diff, real_path, fake_path = _captured_diff(spec, out_dir, world_size, ignore)
+    engine's in-place accumulations folded, see the module docstring); ``(real, fake)``."""
+    diff, real_path, fake_path = _captured_diff(spec, out_dir, world_size)
     assert not diff, f"{spec}: fake and real op histograms differ: {diff}"
     return load_trace(real_path), load_trace(fake_path)
 
 
-def known_difference(spec: str, out_dir: Path, ignore: frozenset = frozenset()) -> str:
-    """Capture ``spec`` both ways under ``out_dir``; the histograms' difference (folded, op
-    names in ``ignore`` left out), for a step whose fake run is known to differ
-    (``histogram_diff``'s form)."""
-    return _captured_diff(spec, out_dir, 1, ignore)[0]
+def known_difference(spec: str, out_dir: Path) -> str:
+    """Capture ``spec`` both ways under ``out_dir``; the histograms' difference (folded), for a
+    step whose fake run is known to differ (``histogram_diff``'s form)."""
+    return _captured_diff(spec, out_dir, 1)[0]
 
 
-def _captured_diff(spec: str, out_dir: Path, world_size: int,
-                   ignore: frozenset) -> tuple[str, Path, Path]:
+def _captured_diff(spec: str, out_dir: Path, world_size: int) -> tuple[str, Path, Path]:
     """Both captures of ``spec`` under ``out_dir`` and their folded histograms' difference."""
     fake_path = capture_fake(spec, out_dir / "fake", world_size)
     real_path = capture_real(spec, out_dir / "real")
-    return histogram_diff(*folded_histograms(real_path, fake_path, ignore)), real_path, fake_path
+    return histogram_diff(*folded_histograms(real_path, fake_path)), real_path, fake_path
