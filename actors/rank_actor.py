@@ -14,10 +14,9 @@ import torch.distributed as dist
 
 from actors.machine import machine_info
 from actors.rank_base import RankWorkerBase
-from actors.replay.comm.replayer import CollectiveReplayer
+from actors.replay.comm.rank_comm import backend_for, rank_comm
 from actors.replay.config import ReplayConfig
 from actors.replay.engine import pick_device
-from actors.replay.comm.process_groups import ProcessGroups
 from actors.replay.failure import FailureReport
 from actors.replay.session import RankSession
 from actors.replay.memory.target import TargetConfig
@@ -71,13 +70,13 @@ class RankActor(RankWorkerBase):
             comm = None
             with session.stage("rendezvous", "rendezvous_s"):
                 if cfg.mode != "compute":
-                    backend = "nccl" if device.type == "cuda" else "gloo"
-                    dist.init_process_group(backend, rank=rank, world_size=world_size,
+                    dist.init_process_group(backend_for(device), rank=rank,
+                                            world_size=world_size,
                                             timeout=timedelta(seconds=cfg.collective_timeout_s))
-                    groups = ProcessGroups.create(request.pg_table, rank, world_size, backend,
-                                                  cfg.collective_timeout_s, request.group_map)
-                    comm = CollectiveReplayer(groups, device, ops=trace.ops,
-                                              cuda_sync_timing=cfg.cuda_sync_collectives)
+                    comm = rank_comm(request.pg_table, rank, world_size, device,
+                                     timeout_s=cfg.collective_timeout_s,
+                                     group_map=request.group_map, ops=trace.ops,
+                                     cuda_sync_timing=cfg.cuda_sync_collectives)
             t2 = time.perf_counter()
             profile = Path(profile_dir) / f"rank-{rank}.pt.trace.json" if profile_dir else None
             out = session.run(trace, comm, profile)

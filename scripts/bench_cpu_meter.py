@@ -31,10 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from actors import cpu_counter  # noqa: E402
-from actors.replay.comm.replayer import CollectiveReplayer  # noqa: E402
+from actors.replay.comm.process_groups import merge_group_tables  # noqa: E402
+from actors.replay.comm.rank_comm import rank_comm  # noqa: E402
 from actors.replay.config import AllocationConfig, ReplayConfig  # noqa: E402
-from actors.replay.engine import ReplayEngine  # noqa: E402
-from actors.replay.comm.process_groups import ProcessGroups, merge_group_tables  # noqa: E402
+from actors.replay.session import RankSession  # noqa: E402
 from actors.trace import load_trace  # noqa: E402
 from scripts.json_layout import emit  # noqa: E402
 
@@ -102,12 +102,11 @@ def _full_rank(rank: int, files: list[str], init_file: str, out_dir: str) -> Non
         torch.set_num_threads(1)
         traces = [load_trace(f, rank=r) for r, f in enumerate(files)]
         table = merge_group_tables([t.process_groups for t in traces], world)
-        groups = ProcessGroups.create(table, rank, world, "gloo", 120)
         trace = traces[rank]
+        comm = rank_comm(table, rank, world, torch.device("cpu"), timeout_s=120, ops=trace.ops)
 
         def make_engine(cfg):
-            comm = CollectiveReplayer(groups, torch.device("cpu"), ops=trace.ops)
-            return ReplayEngine(trace, cfg, comm=comm, rank=rank)
+            return RankSession(cfg, rank=rank).compile(trace, comm)
         Path(out_dir, f"{rank}.json").write_text(json.dumps(peaks(make_engine, "full")))
     finally:
         dist.destroy_process_group()
@@ -123,7 +122,7 @@ def full_peaks(files: list[str]) -> list[dict]:
 
 def counter_cost(trace_file: str, repeats: int) -> dict:
     """Iteration time with the counter installed / without, alternating on one engine."""
-    engine = ReplayEngine(load_trace(trace_file), _cfg("compute", "lazy", False, warmup=0))
+    engine = RankSession(_cfg("compute", "lazy", False, warmup=0)).compile(load_trace(trace_file))
     engine.run()  # warm-up
     with_s, without_s = [], []
     for i in range(repeats):
@@ -153,7 +152,7 @@ def main() -> None:
     torch.set_num_threads(1)
     rank0 = load_trace(files[0], rank=0)
     out = {"traces": args.traces, "quick": args.quick,
-           "compute_rank0": peaks(lambda cfg: ReplayEngine(rank0, cfg), "compute"),
+           "compute_rank0": peaks(lambda cfg: RankSession(cfg).compile(rank0), "compute"),
            "full": full_peaks(files),
            "cost": counter_cost(files[0], repeats)}
     emit(out, KEYS)

@@ -65,9 +65,8 @@ def synthetic(num_events: int, conf: str) -> dict:
 def dry_runs(path: str, target_name: str) -> list[dict]:
     """Accounted vs predicted peaks of a meta replay of ``path`` per allocation mode."""
     from actors.replay.config import AllocationConfig, ReplayConfig
-    from actors.replay.engine import ReplayEngine
-    from actors.replay.memory.reserved_model import ReservedMemoryModel
     from actors.replay.memory.target import TargetConfig
+    from actors.replay.session import RankSession
     from actors.trace import load_trace
 
     trace = load_trace(path)
@@ -77,9 +76,9 @@ def dry_runs(path: str, target_name: str) -> list[dict]:
         for with_model in (False, True):
             cfg = ReplayConfig(mode="compute", device="meta", iters=1, warmup_iters=0,
                                allocation=AllocationConfig(mode=mode))
-            ext = [ReservedMemoryModel(TargetConfig(name=target_name))] if with_model else []
+            target = TargetConfig(name=target_name) if with_model else None
             t0 = time.perf_counter()
-            report = ReplayEngine(trace, cfg, extensions=ext).run().to_dict()
+            report = RankSession(cfg, target=target).compile(trace).run().to_dict()
             times.append(time.perf_counter() - t0)
         model = report["cuda_allocator"]
         rows.append({"bench": "dry_run", "trace": path, "target": target_name, "mode": mode,

@@ -42,11 +42,10 @@ sys.path.insert(0, str(ROOT))
 
 from actors.rank_actor import RankActor  # noqa: E402
 from actors.rank_base import free_port  # noqa: E402
-from actors.replay.comm.replayer import CollectiveReplayer  # noqa: E402
 from actors.replay.comm.bandwidth import CommStats, message_bytes  # noqa: E402
+from actors.replay.comm.rank_comm import rank_comm  # noqa: E402
 from actors.replay.config import ReplayConfig  # noqa: E402
-from actors.replay.engine import ReplayEngine  # noqa: E402
-from actors.replay.comm.process_groups import ProcessGroups  # noqa: E402
+from actors.replay.session import RankSession  # noqa: E402
 from actors.replay.ops.resolve import torch_dtype_or_none  # noqa: E402
 from orchestrator.config import DEMO_TRACES, ClusterConfig, ExperimentConfig, RunConfig, TraceConfig  # noqa: E402
 from orchestrator.run.launch import run_replay  # noqa: E402
@@ -202,12 +201,12 @@ class CommsBenchRank(RankActor):
         if isinstance(trace_bytes, ray.ObjectRef):  # as RankActor.replay: not resolved by Ray
             trace_bytes = ray.get(trace_bytes)
         trace = self._load(request.trace_path, rank, trace_bytes)  # the replay's own parse
-        groups = ProcessGroups.create(request.pg_table, rank, world_size, "gloo",
-                                      cfg.collective_timeout_s, request.group_map)
+        comm = rank_comm(request.pg_table, rank, world_size, CPU,
+                         timeout_s=cfg.collective_timeout_s, group_map=request.group_map,
+                         ops=trace.ops)
         calls = _raw_calls(trace, world_size)
-        comm = CollectiveReplayer(groups, CPU, ops=trace.ops)
-        engine = ReplayEngine(trace, dataclasses.replace(cfg, warmup_iters=0), CPU, comm=comm,
-                              rank=rank)
+        engine = RankSession(dataclasses.replace(cfg, warmup_iters=0), rank=rank,
+                             device=CPU).compile(trace, comm)
         engine.run()  # warm-up of both sides
         _raw_round(calls, CommStats(), 1, world_size)
 

@@ -1,7 +1,7 @@
 """Traces nobody here wrote: every public GPU trace replayed on cpu and on meta; one JSON line.
 
 Each rank of each file under ``shared/traces/public/param/`` (the DLRM archive's eight rank
-members included) is loaded and replayed through `ReplayEngine` in compute mode, one
+members included) is loaded and replayed through the rank's engine (`RankSession`) in compute mode, one
 iteration, on ``cpu`` and on ``meta`` (after one warm-up there). Per run: coverage, ops
 translated from a GPU-only kernel, stand-ins (meta ops that need values), skipped ops by name
 and reason, load and iteration time. Then the DLRM archive runs on 8 ranks through the CLI
@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from actors.replay.config import AllocationConfig, ReplayConfig  # noqa: E402
-from actors.replay.engine import ReplayEngine  # noqa: E402
 from actors.replay.ops.translate import TRANSLATIONS  # noqa: E402
+from actors.replay.session import RankSession  # noqa: E402
 from actors.trace import load_trace  # noqa: E402
 from actors.trace.source import discover  # noqa: E402
 from scripts.json_layout import emit  # noqa: E402
@@ -70,7 +70,7 @@ def replay(trace, device: str) -> dict:
                        warmup_iters=1 if device == "meta" else 0, measure_memory=False,
                        allocation=AllocationConfig(mode="lazy"))
     t0 = time.perf_counter()
-    engine = ReplayEngine(trace, cfg)
+    engine = RankSession(cfg).compile(trace)
     report = engine.run().to_dict()
     return {"device": device, "status": report["status"], "error": report["error"],
             "coverage": round(report["coverage"], 4), "num_in_scope": report["num_in_scope"],

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from actors.replay.config import AllocationConfig, ReplayConfig  # noqa: E402
-from actors.replay.engine import ReplayEngine  # noqa: E402
+from actors.replay.session import RankSession  # noqa: E402
 from actors.trace import load_trace  # noqa: E402
 from actors.zero3.config import Zero3Config  # noqa: E402
 from actors.zero3.extension import zero3_extensions  # noqa: E402
@@ -55,8 +55,8 @@ def dry_run(trace, recorded: bool, iters: int) -> tuple[dict, float]:
                        measure_memory=False, meta_recorded_outputs=recorded,
                        allocation=AllocationConfig(mode="faithful"))
     t0 = time.perf_counter()
-    engine = ReplayEngine(trace, cfg, extensions=zero3_extensions(
-        Zero3Config(strategy="per_module", world_size=64), trace))
+    zero3 = Zero3Config(strategy="per_module", world_size=64)
+    engine = RankSession(cfg, extensions=lambda t: zero3_extensions(zero3, t)).compile(trace)
     setup_s = time.perf_counter() - t0
     report = engine.run().to_dict()
     if report["status"] != "ok":

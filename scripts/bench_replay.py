@@ -34,8 +34,7 @@ from actors.capture.recorder import record_iteration  # noqa: E402
 from actors.capture.workloads.build import WorkloadConfig, build_workload  # noqa: E402
 from actors.rank_base import free_port  # noqa: E402
 from actors.replay.config import AllocationConfig, ReplayConfig  # noqa: E402
-from actors.replay.engine import ReplayEngine  # noqa: E402
-from actors.replay.session import replay_rank  # noqa: E402
+from actors.replay.session import RankSession, replay_rank  # noqa: E402
 from actors.trace import load_trace  # noqa: E402
 from scripts.json_layout import emit  # noqa: E402
 
@@ -121,7 +120,7 @@ def _eager_iteration(workload):
 
 def replay_vs_eager(rank_file, workload: dict, repeats: int) -> tuple[float, float]:
     """(eager s, replay s) per iteration of the demo decoder, measured alternately."""
-    engine = ReplayEngine(load_trace(rank_file), _cfg("pre_allocate", iters=1, warmup=0))
+    engine = RankSession(_cfg("pre_allocate", iters=1, warmup=0)).compile(load_trace(rank_file))
     replay = _engine_iteration(engine)
     replay()  # warm-up (and the one iteration that checks output shapes)
     return interleaved(_eager_iteration(build_workload(WorkloadConfig(**workload), 0, 1)),
@@ -141,7 +140,8 @@ def _capture_large(out_path: Path, workload: dict, quick: bool = False) -> None:
 def meta_vs_cpu(trace_path, repeats: int) -> tuple[float, float]:
     """(meta s, cpu s) per replay iteration of one trace, measured alternately."""
     trace = load_trace(trace_path)
-    engines = [ReplayEngine(trace, _cfg("lazy", device, iters=1, warmup=0)) for device in ("meta", "cpu")]
+    engines = [RankSession(_cfg("lazy", device, iters=1, warmup=0)).compile(trace)
+               for device in ("meta", "cpu")]
     runs = [_engine_iteration(e) for e in engines]
     for run in runs:
         run()
@@ -182,7 +182,7 @@ def tiny_op_overhead(num_ops: int = 3000, iters: int = 15) -> dict:
         trace = load_trace(path)
     out = {}
     for mode in ("pre_allocate", "lazy"):
-        replay = _engine_iteration(ReplayEngine(trace, _cfg(mode, iters=1, warmup=0)))
+        replay = _engine_iteration(RankSession(_cfg(mode, iters=1, warmup=0)).compile(trace))
         replay()
         for name, direct in (("", timed(overloads)), ("_vs_raw_op", timed(raw))):
             direct()

@@ -81,25 +81,24 @@ def _init(rank: int, port: int) -> None:
 # --- our replay --------------------------------------------------------------------------
 def _ours_rank(rank: int, port: int, trace_dir: str, steps: int, warmup: int, out: str) -> None:
     _quiet_child()
-    from actors.replay.comm.replayer import CollectiveReplayer
+    from actors.replay.comm.rank_comm import rank_comm
     from actors.replay.config import ReplayConfig
-    from actors.replay.engine import ReplayEngine
-    from actors.replay.comm.process_groups import ProcessGroups
+    from actors.replay.session import RankSession
     from actors.trace import load_trace
     from actors.zero3.config import Zero3Config
     from actors.zero3.extension import zero3_extensions
 
     _init(rank, port)
     trace = load_trace(Path(trace_dir) / trace_file_name(rank), rank=rank)
-    groups = ProcessGroups.create(trace.process_groups, rank, WORLD, "gloo", 120.0)
-    comm = CollectiveReplayer(groups, torch.device("cpu"), ops=trace.ops)
+    comm = rank_comm(trace.process_groups, rank, WORLD, torch.device("cpu"), timeout_s=120.0,
+                     ops=trace.ops)
     cfg = ReplayConfig(mode="full", device="cpu", iters=1, warmup_iters=0, measure_memory=False)
     engines = {}
     for s in OURS:
         z = Zero3Config(strategy=s, param_persistence_threshold=0, prefetch=False,
                         leaf_modules=fg.LEAF_PATTERNS, prefetch_bucket_size=BUCKET_NUMEL)
-        engines[s] = ReplayEngine(trace, cfg, comm=comm, rank=rank,
-                                  extensions=zero3_extensions(z, trace))
+        session = RankSession(cfg, rank=rank, extensions=lambda t, z=z: zero3_extensions(z, t))
+        engines[s] = session.compile(trace, comm)
     step_s = {s: [] for s in OURS}
     for k in range(warmup + steps):
         for s, engine in engines.items():  # alternate: load changes hit every strategy alike

@@ -3,7 +3,7 @@
 Every case (scripts/trace_mutations.py: a window of a demo or public trace with one to three
 mutations, in one of several file forms) is written as ``rank-<r>.et.json[.gz]`` into a
 worker's own folder and run through ``load_trace``, ``orchestrator.preflight.validate.preflight``
-(``replay.mode=compute``, in-process) and ``ReplayEngine`` on ``meta`` (one iteration, no
+(``replay.mode=compute``, in-process) and the rank's replay (``RankSession``) on ``meta`` (one iteration, no
 Ray). A pool of long-lived worker processes runs the cases; a case that outlives
 ``--timeout-s`` has its worker killed (by pid) and restarted. Outcomes:
 
@@ -48,7 +48,7 @@ def _run_case(corpus, seed: int, index: int, folder: Path) -> dict:
 
     from actors.errors import TracefleetError
     from actors.replay.config import ReplayConfig
-    from actors.replay.engine import ReplayEngine
+    from actors.replay.session import RankSession
     from actors.trace import load_trace
     from orchestrator.preflight.validate import preflight
 
@@ -65,7 +65,7 @@ def _run_case(corpus, seed: int, index: int, folder: Path) -> dict:
         preflight(folder, mode="compute", executor="inline")
         stage = "replay"
         cfg = ReplayConfig(mode="compute", device="meta", iters=1, warmup_iters=0)
-        report = ReplayEngine(trace, cfg, device=torch.device("meta"), rank=rank).run().to_dict()
+        report = RankSession(cfg, rank=rank, device=torch.device("meta")).run(trace)
     except TracefleetError as e:
         return {**case, "outcome": "clear_errors", "stage": stage, "message": str(e)[:300]}
     except Exception as e:  # RecursionError and MemoryError included

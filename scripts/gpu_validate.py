@@ -217,9 +217,9 @@ def _measure(run, record_path: Path) -> dict:
 def demo_case(out: Path, target: list[str]) -> dict:
     """The demo trace replayed on cuda against the model fed by that replay."""
     from actors.replay.config import AllocationConfig, ReplayConfig
-    from actors.replay.engine import ReplayEngine
     from actors.replay.memory.model_recording import pop_snapshot
     from actors.replay.memory.target import TargetConfig
+    from actors.replay.session import RankSession
     from actors.trace import load_trace
     from orchestrator.config import DEMO_TRACES
 
@@ -231,8 +231,8 @@ def demo_case(out: Path, target: list[str]) -> dict:
     cfg = ReplayConfig(mode="compute", device="cuda", iters=2, warmup_iters=1,
                        measure_memory=False, allocation=AllocationConfig(mode="faithful"),
                        allocator_snapshot=True)
-    engine = ReplayEngine(load_trace(DEMO_TRACES / "gpt_dp_4" / "rank-0.et.json.gz"), cfg,
-                          target=tcfg)
+    engine = RankSession(cfg, target=tcfg).compile(
+        load_trace(DEMO_TRACES / "gpt_dp_4" / "rank-0.et.json.gz"))
     reports = {}
 
     def run():
@@ -314,22 +314,18 @@ def _replay_on_cuda(trace_path: Path) -> float | None:
     """Median iteration time of the trace replayed on cuda, collectives through NCCL."""
     import torch
 
-    from actors.replay.comm.process_groups import ProcessGroups
-    from actors.replay.comm.replayer import CollectiveReplayer
+    from actors.replay.comm.rank_comm import rank_comm
     from actors.replay.config import ReplayConfig
-    from actors.replay.engine import ReplayEngine
+    from actors.replay.session import RankSession
     from actors.trace import load_trace
 
     trace = load_trace(trace_path)
     cfg = ReplayConfig(mode="full", device="cuda", iters=NUM_STEPS, warmup_iters=1,
                        measure_memory=False)
-    groups = ProcessGroups.create(trace.process_groups, 0, 1, "nccl", cfg.collective_timeout_s)
-    comm = CollectiveReplayer(groups, torch.device("cuda", 0), ops=trace.ops)
-    engine = ReplayEngine(trace, cfg, comm=comm)
-    try:
-        report = engine.run().to_dict()
-    finally:
-        engine.close()
+    device = torch.device("cuda", 0)
+    comm = rank_comm(trace.process_groups, 0, 1, device, timeout_s=cfg.collective_timeout_s,
+                     ops=trace.ops)
+    report = RankSession(cfg, device=device).run(trace, comm)
     if report["status"] != "ok":
         raise RuntimeError(f"replay on cuda: {report['error']}")
     return report["iteration_time_s"]

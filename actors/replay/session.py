@@ -2,8 +2,10 @@
 extensions, run, close, report.
 
 The rank actor (actors/rank_actor.py: between the load and the run it rebuilds the process
-groups), the predictor's dry run (orchestrator/run/dry_run.py) and the benchmarks replay
-through ``RankSession``. The layers above the engine bring their extensions as a factory
+groups with actors/replay/comm/rank_comm.py), the predictor's dry run
+(orchestrator/run/dry_run.py), the benchmarks and gpu_validate replay through ``RankSession``;
+a caller that drives the engine itself (iteration by iteration) takes it from ``compile``.
+No other file builds a ``ReplayEngine`` (tests/test_seams.py). The layers above the engine bring their extensions as a factory
 ``extensions(trace) -> list`` (ZeRO-3's: ``actors.zero3.extension.zero3_extensions``), since
 this layer may not import them. ``phase`` and ``engine`` say where a failure happened
 (actors/replay/failure.py).
@@ -54,13 +56,19 @@ class RankSession:
                 return loader(source, rank=self.rank, data=data)
             return actors.trace.load_trace(source, rank=self.rank, data=data)
 
+    def compile(self, trace: Trace, comm=None) -> ReplayEngine:
+        """The engine of ``trace`` under this session's config, device, rank, target and
+        extensions, its collectives through ``comm`` (`rank_comm`'s); the caller runs and
+        closes it (``run`` does both)."""
+        extra = self._extensions(trace) if self._extensions is not None else ()
+        return ReplayEngine(trace, self.cfg, device=self.device, comm=comm, rank=self.rank,
+                            target=self.target, extensions=extra)
+
     def run(self, trace: Trace, comm=None, profile_path: Path | None = None) -> dict:
         """Compile (the engine's plan and its extensions'), run every iteration (under the
         torch profiler when ``profile_path`` is given), close the engine: the report's dict."""
         with self.stage("compile"):
-            extra = self._extensions(trace) if self._extensions is not None else ()
-            self.engine = ReplayEngine(trace, self.cfg, device=self.device, comm=comm,
-                                       rank=self.rank, target=self.target, extensions=extra)
+            self.engine = self.compile(trace, comm)
         with self.stage("iteration"):
             try:
                 report = _profiled(self.engine, profile_path) if profile_path \

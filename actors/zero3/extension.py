@@ -2,8 +2,8 @@
 their gradients reduce-scattered to shards and their optimizer state held as shards.
 
 ``zero3_extensions`` builds one when ``zero3.strategy`` is not ``none``; the rank actor and
-the predictor hand it to the engine (``ReplayEngine(..., extensions=zero3_extensions(cfg,
-trace))``). It plans once against the compiled steps, owns
+the predictor hand it to the engine (``RankSession(..., extensions=lambda trace:
+zero3_extensions(cfg, trace))``). It plans once against the compiled steps, owns
 every parameter storage and every model state of a partitioned parameter (gradients,
 optimizer state, update temporaries: the allocation policy leaves them alone), and turns each
 boundary's events into one hook.
