@@ -11,7 +11,7 @@ import platform
 from pathlib import Path
 
 from actors.errors import TraceError
-from actors.trace.meta_file import read_meta
+from actors.trace.meta_file import meta_path_of, read_meta
 
 FIELDS = ("cpu_model", "num_cpus", "num_threads", "gpu")
 
@@ -49,7 +49,7 @@ def replay_machine_warnings(trace_dir, rank_reports: list[dict],
     (per rank ``machine`` in the ``meta.json`` beside the traces; replay rank r replays trace
     rank ``trace_ranks[r]``, r itself without it); a meta.json that records no machine
     (captured before it did) gets one warning saying the two cannot be compared."""
-    meta_path = Path(str(trace_dir)) / "meta.json"
+    meta_path = meta_path_of(str(trace_dir))
     try:  # bounded; pre-flight checked its per-rank fields (meta_file.check_ranks)
         meta = read_meta(meta_path) if Path(str(trace_dir)).is_dir() else None
     except TraceError:

@@ -32,13 +32,11 @@ import psutil
 from actors.choices import Choice
 from actors.atomic_file import atomic_write
 from orchestrator.errors import ResultsError
+from orchestrator.outputs import RESULTS_CSV, RESULTS_PARQUET, ROWS_DIR
 from orchestrator.status import RunStatus
 
 log = logging.getLogger("tracefleet")
 
-ROWS_DIR = "rows"
-CSV_NAME = "results.csv"
-PARQUET_NAME = "results.parquet"
 _LOCK_NAME = ".results.lock"
 MAX_REASON_CHARS = 500
 
@@ -202,8 +200,8 @@ class ResultsStore:
         with self._lock():
             _remove_stale_temps(self.root, self.rows_dir)
             frame = self.frame()
-            for name, write in ((CSV_NAME, lambda p: frame.to_csv(p, index=False)),
-                                (PARQUET_NAME, lambda p: frame.to_parquet(p, index=False))):
+            for name, write in ((RESULTS_CSV, lambda p: frame.to_csv(p, index=False)),
+                                (RESULTS_PARQUET, lambda p: frame.to_parquet(p, index=False))):
                 tmp = self.root / f".{name}.{os.getpid()}.tmp"
                 write(tmp)
                 os.replace(tmp, self.root / name)
@@ -249,7 +247,7 @@ def _remove_stale_temps(root: Path, rows_dir: Path) -> None:
     """Delete the temp files of writers that died before their rename. Called under the
     lock: a table's temp file then belongs to no live writer; a row's (written without the
     lock) only when its pid is gone."""
-    for name in (CSV_NAME, PARQUET_NAME):
+    for name in (RESULTS_CSV, RESULTS_PARQUET):
         for tmp in root.glob(f".{name}.*.tmp"):
             tmp.unlink(missing_ok=True)
     for tmp in rows_dir.glob(".*.json.*.tmp") if rows_dir.is_dir() else ():

@@ -48,6 +48,7 @@ from actors.replay.config import ReplayConfig  # noqa: E402
 from actors.replay.session import RankSession  # noqa: E402
 from actors.replay.ops.resolve import torch_dtype_or_none  # noqa: E402
 from orchestrator.config import DEMO_TRACES, ClusterConfig, ExperimentConfig, RunConfig, TraceConfig  # noqa: E402
+from orchestrator.outputs import RunDir  # noqa: E402
 from orchestrator.run.launch import run_replay  # noqa: E402
 from scripts.json_layout import emit  # noqa: E402
 
@@ -97,7 +98,7 @@ def end_to_end(trace_dir: Path, work: Path, name: str, overrides: tuple = ()) ->
     if proc.returncode != 0:
         raise SystemExit(f"bench_distributed: {' '.join(cmd)} failed (exit {proc.returncode}):\n"
                          f"{proc.stderr[-3000:]}")
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads(RunDir(run_dir).summary.read_text())
     t = summary["timings_s"]
     out = {"world_size": summary["world_size"], **{k: round(v, 3) for k, v in t.items()}}
     out["actors_start_rendezvous_s"] = round(t["actor_start_s"] + t["trace_load_s"]
@@ -110,7 +111,7 @@ def end_to_end(trace_dir: Path, work: Path, name: str, overrides: tuple = ()) ->
 def capture_gpt(work: Path, world_size: int) -> tuple[Path, float]:
     """A ``world_size``-rank trace of the demo's workload via ``tracefleet-capture``;
     (dir, seconds)."""
-    workload = json.loads((DEMO_TRACES / "gpt_dp_4" / "meta.json").read_text())["workload"]
+    workload = json.loads(RunDir(DEMO_TRACES / "gpt_dp_4").meta.read_text())["workload"]
     out = work / f"gpt_dp_{world_size}"
     cmd = [sys.executable, "-m", "orchestrator.cli.capture", f"world_size={world_size}",
            f"out_dir={out}",

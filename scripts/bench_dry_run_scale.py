@@ -32,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from orchestrator.outputs import RunDir  # noqa: E402
 from scripts.json_layout import emit  # noqa: E402
 
 BIN = Path(sys.executable).parent
@@ -88,7 +89,7 @@ def dry_run(trace_dir: Path, iters: int, out_dir: Path, *extra: str) -> dict:
     wall_s = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"dry run failed:\n{proc.stderr[-3000:]}")
-    summary = json.loads((out_dir / "run" / "summary.json").read_text())
+    summary = json.loads(RunDir(out_dir / "run").summary.read_text())
     return {"wall_s": wall_s, "rss_bytes": int(rss_file.read_text()), "summary": summary}
 
 

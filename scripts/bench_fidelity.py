@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 from actors.replay.config import AllocationConfig, ReplayConfig  # noqa: E402
 from actors.replay.timed_iterations import median_interval  # noqa: E402
 from orchestrator.config import RunConfig, TraceConfig  # noqa: E402
+from orchestrator.outputs import RunDir  # noqa: E402
 from orchestrator.run.launch import run_replay  # noqa: E402
 from orchestrator.run.aggregate import slowest_series_s  # noqa: E402
 from orchestrator.run.original import OriginalWorkload  # noqa: E402
@@ -71,7 +72,7 @@ KEYS = {"folders": {EACH: _FOLDER}, "rounds": None, "iters": None, "memory_targe
 
 
 def _meta(folder: Path) -> dict:
-    meta = json.loads((folder / "meta.json").read_text())
+    meta = json.loads(RunDir(folder).meta.read_text())
     if not (meta.get("memory") or {}).get("peak_bytes") or not meta.get("workload"):
         raise SystemExit(f"{folder}/meta.json names no capture workload or measured memory "
                          "(memory.peak_bytes): re-capture it with tracefleet-capture")
@@ -169,7 +170,7 @@ def main() -> None:
     folders = [Path(f) for f in args.folders] or [ROOT / "demo" / "traces" / d for d in DEMOS]
     if args.quick:
         folders, args.rounds, args.iters = folders[:1], 1, 2
-    worlds = [json.loads((f / "meta.json").read_text())["world_size"] for f in folders]
+    worlds = [json.loads(RunDir(f).meta.read_text())["world_size"] for f in folders]
     # both groups (the original's, the replay's) at once: one logical CPU per rank each
     ray.init(num_cpus=2 * max(worlds), include_dashboard=False, log_to_driver=False)
     session, results = ReplaySession(), {}

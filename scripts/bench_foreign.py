@@ -34,6 +34,7 @@ from actors.replay.ops.translate import TRANSLATIONS  # noqa: E402
 from actors.replay.session import RankSession  # noqa: E402
 from actors.trace import load_trace  # noqa: E402
 from actors.trace.source import discover  # noqa: E402
+from orchestrator.outputs import RunDir  # noqa: E402
 from scripts.json_layout import emit  # noqa: E402
 
 TARGET_COVERAGE = 0.99
@@ -110,7 +111,7 @@ def cli_run(archive: Path) -> dict:
         except subprocess.TimeoutExpired:
             return out | {"error": f"no result within {CLI_TIMEOUT_S} s"}
         out.update(exit_code=proc.returncode, wall_s=round(time.perf_counter() - t0, 1))
-        summary_path = Path(run_dir) / "summary.json"
+        summary_path = RunDir(run_dir).summary
         if not summary_path.is_file():
             return out | {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
         summary = json.loads(summary_path.read_text())

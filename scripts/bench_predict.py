@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from actors.trace.conventions import trace_file_name  # noqa: E402
+from orchestrator.outputs import RunDir  # noqa: E402
 from scripts.json_layout import EACH, emit  # noqa: E402
 from actors.replay.config import AllocationConfig, ReplayConfig  # noqa: E402
 from actors.replay.session import replay_rank  # noqa: E402
@@ -179,8 +180,8 @@ def _overrides(workload: dict) -> list[str]:
 def _capture(workload: dict, device: str, out: Path, env: dict, world: int = WORLD) -> dict:
     """``tracefleet-capture`` into ``out``; its meta.json (a capture already in ``out``, from
     ``--keep`` of an earlier run, is reused)."""
-    if (out / "meta.json").is_file():
-        return json.loads((out / "meta.json").read_text())
+    if RunDir(out).meta.is_file():
+        return json.loads(RunDir(out).meta.read_text())
     cmd = [sys.executable, "-m", "orchestrator.cli.capture", *_overrides(workload),
            f"workload.device={device}", f"world_size={world}", f"out_dir={out}",
            "warmup_iters=2", "timing_iters=1", f"hydra.run.dir={out}.hydra",
@@ -191,7 +192,7 @@ def _capture(workload: dict, device: str, out: Path, env: dict, world: int = WOR
                           capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise SystemExit(f"capture failed ({' '.join(cmd[3:])}):\n{proc.stderr[-3000:]}")
-    return json.loads((out / "meta.json").read_text())
+    return json.loads(RunDir(out).meta.read_text())
 
 
 def _predict(folder: Path, zero3: Zero3Config | None, world: int = WORLD) -> tuple[int, dict]:

@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from scripts import bench_dry_run_scale as scale  # noqa: E402
 from scripts import bench_meta_dry_run as meta_bench  # noqa: E402
+from orchestrator.outputs import RunDir  # noqa: E402
 from scripts.json_layout import emit  # noqa: E402
 
 GIB = 1 << 30
@@ -103,7 +104,7 @@ def predict(tmp: Path, tag: str, cache: Path, *overrides: str) -> dict:
     cmd = [sys.executable, "-m", "orchestrator.cli.predict", *overrides,
            f"predict.cache_dir={cache}", f"hydra.run.dir={run_dir}"]
     wall, cpu, rss = timed_command(cmd, tmp / f"{tag}.log")
-    prediction = json.loads((run_dir / "prediction.json").read_text())
+    prediction = json.loads(RunDir(run_dir).prediction.read_text())
     print(f"{tag}: {wall:.1f} s, CPU {cpu:.1f} s, {rss:.2f} GiB, {prediction['timings_s']}",
           file=sys.stderr, flush=True)
     return {"s": wall, "cpu_s": cpu, "rss_gib": rss, "prediction": prediction}

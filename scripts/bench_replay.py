@@ -36,6 +36,7 @@ from actors.rank_base import free_port  # noqa: E402
 from actors.replay.config import AllocationConfig, ReplayConfig  # noqa: E402
 from actors.replay.session import RankSession, replay_rank  # noqa: E402
 from actors.trace import load_trace  # noqa: E402
+from orchestrator.outputs import RunDir  # noqa: E402
 from scripts.json_layout import emit  # noqa: E402
 
 # the keys of the JSON line (scripts/json_layout.py)
@@ -204,7 +205,7 @@ def main():
         args.iters = 1
     folder = Path(args.traces)
     rank_files = sorted(folder.glob("rank-*.et.json*"))
-    meta = json.loads((folder / "meta.json").read_text())
+    meta = json.loads(RunDir(folder).meta.read_text())
     memory = memory_ratios(rank_files[:1] if args.quick else rank_files)
     with _World1():
         eager_s, replay_s = replay_vs_eager(rank_files[0], meta["workload"], args.iters)

@@ -49,6 +49,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from orchestrator.outputs import RunDir  # noqa: E402
 from scripts.json_layout import EACH, emit  # noqa: E402
 
 ENTRY = [sys.executable, "-c", "from orchestrator.cli.main import main; main()"]
@@ -153,7 +154,7 @@ def bench_sweep(work: Path) -> dict:
                                    f"hydra.sweep.dir={work / 'sweep'}"], work)
         singles.append(_tracefleet([*point, f"{key}={threshold}",
                                     f"hydra.run.dir={work / f'single{i}'}"], work))
-    rows = pd.read_csv(work / "sweep" / "results.csv")
+    rows = pd.read_csv(RunDir(work / "sweep").results_csv)
     if len(rows) != len(thresholds):
         sys.exit(f"the sweep recorded {len(rows)} rows, expected {len(thresholds)}")
     print(f"single runs {', '.join(f'{s:.1f}' for s in singles)} s; {len(thresholds)}-point "
@@ -167,10 +168,10 @@ def bench_min_memory(work: Path) -> dict:
     run_dir = work / "min_memory"
     wall_s = _tracefleet(["experiment=min_memory", *(QUICK_DEMO[1:] if QUICK else []),
                           f"hydra.run.dir={run_dir}"], work)
-    rows = pd.read_csv(run_dir / "results.csv")
+    rows = pd.read_csv(RunDir(run_dir).results_csv)
     answers = rows[rows["kind"] == "min_memory"]
     if answers.empty:
-        sys.exit(f"experiment=min_memory recorded no answer in {run_dir / 'results.csv'}")
+        sys.exit(f"experiment=min_memory recorded no answer in {RunDir(run_dir).results_csv}")
     for _, a in answers.iterrows():
         print(f"min_memory {a['replay.allocation.mode']}: {int(a['min_capacity_bytes'])} B in "
               f"{int(a['num_steps'])} replays ({a['status']})", file=sys.stderr)
@@ -204,7 +205,7 @@ def _dry_run(work: Path, traces: Path, name: str,
     run_dir = work / name
     wall_s = _tracefleet([f"trace.dir={traces}", "replay=dry_run", "replay.warmup_iters=0",
                           "replay.iters=1", f"hydra.run.dir={run_dir}"], work, peaks)
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads(RunDir(run_dir).summary.read_text())
     if summary["status"] != "ok" or summary["world_size"] != DRY_RUN_WORLD_SIZE:
         sys.exit(f"{name} ended {summary['status']} on {summary['world_size']} ranks: "
                  f"{summary.get('error')}")

@@ -28,6 +28,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from orchestrator.outputs import MEMORY_DIR, PREDICTION_JSON, PREFLIGHT_JSON, SUMMARY_JSON, \
+    RunDir  # noqa: E402
+
 VOLATILE = "<volatile>"
 # keys whose values are measured times, places or hosts: replaced, their place kept
 _VOLATILE_KEYS = re.compile(
@@ -158,11 +161,11 @@ def _failing_actor(how: str):
 def _collect_run(out: Path, tmp: str, meta: bool) -> dict:
     files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     got = {"files": [f for f in files if not f.endswith(".png")]}
-    for name in ("summary.json", "preflight.json"):
+    for name in (SUMMARY_JSON, PREFLIGHT_JSON):
         if (out / name).is_file():
             got[name] = normalize(json.loads((out / name).read_text()), tmp)
     if meta:  # accounted timelines: ticks and bytes, no clock
-        for f in sorted((out / "memory").glob("*.csv")) if (out / "memory").is_dir() else []:
+        for f in sorted((out / MEMORY_DIR).glob("*.csv")) if (out / MEMORY_DIR).is_dir() else []:
             got[f"memory/{f.name}"] = f.read_text()
     return got
 
@@ -219,8 +222,7 @@ def _run_one(work: Path, name: str, kind: str, make, session, predict, cache: Pa
         tiny = [] if any(o.startswith(("trace.dir", "workload=custom")) for o in make) else \
             [f"workload.{k}={v}" for k, v in TINY.items() if f"workload.{k}" not in given]
         predict(predict_config(*make, f"predict.cache_dir={cache}", *tiny), out)
-        got = {"prediction.json": normalize(json.loads((out / "prediction.json").read_text()),
-                                            tmp)}
+        got = {PREDICTION_JSON: normalize(json.loads(RunDir(out).prediction.read_text()), tmp)}
         got["files"] = sorted(p.name for p in out.iterdir() if p.suffix != ".png")
         return got
     cfg = make()

@@ -37,6 +37,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from actors.trace.meta_file import META_JSON  # noqa: E402 (pure trace code: no torch)
+
 MiB = 1 << 20
 DEEP = 200_000  # nesting depth of the "deep" value
 BAD = ("wrong", "tracebacks")
@@ -235,10 +237,10 @@ def meta_cases():
                 value = {"huge": "1" + "0" * 400, "nan": "NaN"}[mutation]
                 doc = orjson.dumps(_mutated(base, path, "string")).decode()
                 data = doc.replace('"12"', value, 1).encode()
-            yield f"meta:{'.'.join(map(str, path))}:{mutation}", {"meta.json": data}, False
+            yield f"meta:{'.'.join(map(str, path))}:{mutation}", {META_JSON: data}, False
     for label, data in {"cut": orjson.dumps(base)[:50], "list": b"[]", "deep": b"[" * 100_000,
                         "huge": b" " * (65 << 20)}.items():
-        yield f"meta:file:{label}", {"meta.json": data}, True
+        yield f"meta:file:{label}", {META_JSON: data}, True
 
 
 # Overrides that are each wrong: refused (ConfigError) before any capture or cluster.

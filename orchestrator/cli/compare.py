@@ -13,6 +13,7 @@ import orjson
 
 from orchestrator.cli.app import guarded
 from orchestrator.errors import SnapshotError
+from orchestrator.outputs import RunDir
 
 _EPILOG = """SNAPSHOT is a pickle from torch.cuda.memory._dump_snapshot (record with
 torch.cuda.memory._record_memory_history() before the steps). PREDICTION is the run dir of
@@ -31,7 +32,7 @@ def predicted_file(prediction: Path, rank: int | None) -> Path:
         raise SnapshotError(prediction, "no snapshot_rank<r>.pickle here (predict with "
                                         "predict.snapshot=true)")
     if rank is None:
-        rank = _rank_of(prediction / "prediction.json")
+        rank = _rank_of(RunDir(prediction).prediction)
         rank = rank if rank in found else min(found)
     if rank not in found:
         raise SnapshotError(prediction, f"no snapshot of rank {rank} (there are ranks "

@@ -29,6 +29,7 @@ from actors.gc_pause import gc_paused
 from orchestrator.cli.app import run_app, user_errors
 from orchestrator.cli.usage import before_hydra
 from orchestrator.config import CONF_DIR
+from orchestrator.outputs import FIT_SEARCH_JSON, PREDICTION_HTML, RunDir
 
 if TYPE_CHECKING:
     from orchestrator.studies.predict import PredictConfig
@@ -85,13 +86,13 @@ def _app(cfg: DictConfig) -> None:
         if isinstance(run_cfg, FitSearchRunConfig):
             from orchestrator.studies.fit_search import run_fit_search
             run_fit_search(run_cfg, out_dir, name)
-            print(f"fit_search: {out_dir / 'fit_search.json'}")
-            print(f"page: {out_dir / 'prediction.html'}  (the job's prediction and the answers)")
+            print(f"fit_search: {out_dir / FIT_SEARCH_JSON}")
+            print(f"page: {out_dir / PREDICTION_HTML}  (the job's prediction and the answers)")
             return
         result = predict(run_cfg, out_dir, name=name)
     print(prediction_table(result))
-    print(f"prediction: {out_dir / 'prediction.json'}")
-    print(f"page: {out_dir / 'prediction.html'}")
+    print(f"prediction: {RunDir(out_dir).prediction}")
+    print(f"page: {out_dir / PREDICTION_HTML}")
 
 
 def main() -> None:

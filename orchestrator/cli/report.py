@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from orchestrator.cli.app import guarded
+from orchestrator.outputs import REPORT_PLOTS_DIR
 
 _EPILOG = """DIR is a run dir (with summary.json), a sweep root (multirun/sweep-<id>, with
 results.csv) or a min_memory run dir. Writes DIR/report.html (images embedded) and the PNGs
@@ -19,12 +20,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dir", help="a run dir, a sweep root or a min_memory run dir")
     parser.add_argument("--debug", action="store_true", help="show the traceback of errors")
     args = parser.parse_args(argv)
-    from orchestrator.reports.html_report import PLOTS_DIR, write_report  # matplotlib: after --help
+    from orchestrator.reports.html_report import write_report  # matplotlib: after --help
 
     def body() -> int:
         page = write_report(args.dir)
-        images = sorted((page.parent / PLOTS_DIR).glob("*.png"))
-        print(f"{page} ({len(images)} plots in {page.parent / PLOTS_DIR})")
+        images = sorted((page.parent / REPORT_PLOTS_DIR).glob("*.png"))
+        print(f"{page} ({len(images)} plots in {page.parent / REPORT_PLOTS_DIR})")
         return 0
 
     # OSError: an unreadable or read-only dir

@@ -25,13 +25,13 @@ from orchestrator.results import CAPACITY, KIND, MAX_FAILING_CAPACITY, MIN_CAPAC
     REASON, RUN_DIR, STATUS, THRESHOLD, ResultsStore, RowKind
 from actors.atomic_file import atomic_write
 from orchestrator.units import human_bytes
+from orchestrator.outputs import CONFIG_YAML, OOM_STUDY_PNG, REPORT_HTML, REPORT_PLOTS_DIR, \
+    RunDir
 from orchestrator.reports.html_parts import img, kv_table
 from orchestrator.reports.summary_file import read_summary
 
 log = logging.getLogger("tracefleet")
 
-REPORT_NAME = "report.html"
-PLOTS_DIR = "report"
 MAX_POINT_TIMELINES = 12  # a sweep page shows this many points' memory timelines
 MAX_REASON_CHARS = 120  # a table cell shows this much of a point's reason
 _OVERRIDE_KEY = re.compile(r"(?:^| )[+~]?([\w./@-]+)=")  # the keys in a row's ``point``
@@ -82,12 +82,12 @@ def write_report(directory) -> Path:
     rows = ResultsStore(root).frame()
     if not rows.empty:
         title, body = f"tracefleet results: {root.resolve().name}", _table_report(root, rows)
-    elif (root / "summary.json").is_file():
+    elif RunDir(root).summary.is_file():
         title, body = f"tracefleet run: {root.resolve().name}", _run_report(root)
     else:
         raise ConfigError(f"{root}: no results table (rows/*.json) and no summary.json; expected "
                           f"a tracefleet run dir, sweep root or min_memory run dir")
-    page = root / REPORT_NAME
+    page = root / REPORT_HTML
     # whole or not at all: a full disk leaves no half page
     atomic_write(page, (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>"
                         f"{html.escape(title)}</title><style>{_CSS}</style></head><body><h1>"
@@ -100,7 +100,7 @@ def load_run(run_dir: Path) -> tuple[dict, list[dict]]:
     summary, else from ``memory/rank-<r>.csv``); the flush threshold from ``config.yaml``
     when the summary lacks it."""
     summary = read_summary(run_dir)
-    config = run_dir / "config.yaml"
+    config = run_dir / CONFIG_YAML
     if summary.get("device_memory_threshold") is None and config.is_file():
         alloc = OmegaConf.load(config).get("replay", {}).get("allocation", {})
         summary["device_memory_threshold"] = alloc.get("device_memory_threshold")
@@ -176,8 +176,8 @@ def _oom_study(root: Path, rows: pd.DataFrame, out: Path) -> list[str]:
     """experiment=oom_study: its table, its plot and the memory timeline of each replay."""
     table = pd.DataFrame(study_table(rows.to_dict("records")))
     parts = ["<h2>OOM study</h2>", _frame_html(table)]
-    if plot_oom_study(rows, out / "oom_study.png"):
-        parts.append(img(out / "oom_study.png", "minimum capacity per mode and estimate"))
+    if plot_oom_study(rows, out / OOM_STUDY_PNG):
+        parts.append(img(out / OOM_STUDY_PNG, "minimum capacity per mode and estimate"))
     studied = rows[rows[KIND] == RowKind.study]
     keys = [MODE, THRESHOLD, CAPACITY]
     return parts + _point_timelines(root, studied, [k for k in keys if k in studied], out)
@@ -206,7 +206,7 @@ def _point_timelines(root: Path, points: pd.DataFrame, swept: list[str], out: Pa
     parts = []
     for _, row in points.head(MAX_POINT_TIMELINES).iterrows():
         run_dir = root / str(row.get(RUN_DIR) or "")
-        if pd.isna(row.get(RUN_DIR)) or not (run_dir / "summary.json").is_file():
+        if pd.isna(row.get(RUN_DIR)) or not RunDir(run_dir).summary.is_file():
             continue
         try:
             summary, ranks = load_run(run_dir)
@@ -244,6 +244,6 @@ def _frame_html(frame: pd.DataFrame) -> str:
 
 
 def _plots_dir(root: Path) -> Path:
-    out = root / PLOTS_DIR
+    out = root / REPORT_PLOTS_DIR
     out.mkdir(exist_ok=True)
     return out

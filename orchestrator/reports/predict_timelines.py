@@ -8,9 +8,9 @@ from pathlib import Path
 
 from actors.atomic_file import atomic_write
 from orchestrator.reports.plots import save_png
+from orchestrator.outputs import MEMORY_TIMELINES_PNG
 from orchestrator.units import byte_unit
 
-PLOT = "memory_timelines.png"
 
 
 def role_of(mesh: dict | None, roles: dict[str, list[int]] | None, rank: int) -> str:
@@ -59,5 +59,5 @@ def write_timelines(out_dir: Path, reports: dict[int, dict], roles_by_name: dict
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     fig.tight_layout()
-    save_png(fig, Path(out_dir) / PLOT)
-    return PLOT
+    save_png(fig, Path(out_dir) / MEMORY_TIMELINES_PNG)
+    return MEMORY_TIMELINES_PNG

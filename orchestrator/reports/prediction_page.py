@@ -19,11 +19,10 @@ from orchestrator.reports.plots import save_png
 from orchestrator.reports.predict_notes import breakdown_help, kernel_lines, outside_breakdown
 from orchestrator.reports.predict_table import prediction_table
 from orchestrator.units import byte_unit, human_bytes
+from orchestrator.outputs import MEMORY_PNG, PREDICTION_HTML, PREDICTION_PLOTS_DIR, STREAMS_PNG
 from orchestrator.reports.html_parts import grid, img, kv_table
 from actors.atomic_file import atomic_write
 
-PAGE_NAME = "prediction.html"
-PLOTS_DIR = "prediction"
 _VERDICT_COLORS = {"fits": "#2ca02c", "too_close": "#ff9f0e", "oom": "#c51b7d"}
 _SERIES_COLORS = {"parameters": "#4e79a7", "gradients": "#f28e2c", "optimizer_state": "#e15759",
                   "buffers": "#76b7b2", "communication": "#59a14f", "activations": "#edc949",
@@ -42,22 +41,22 @@ def write_prediction_page(out_dir, prediction: dict, extra_plots=(), extra_table
     rows)`` and ``extra_plots``: ``(title, png path)`` shown after it (fit_search's answers
     and plots). Returns the page's path."""
     out = Path(out_dir)
-    plots = out / PLOTS_DIR
+    plots = out / PREDICTION_PLOTS_DIR
     plots.mkdir(parents=True, exist_ok=True)
     title = prediction_table(prediction).splitlines()[0]
     p = prediction
     parts = [_verdict(p), "<h2>Figures</h2>", kv_table(_figures(p))]
     timeline = p.get("memory_timeline")
     if timeline and timeline.get("points"):
-        plot_memory(p, plots / "memory.png")
+        plot_memory(p, plots / MEMORY_PNG)
         parts += ["<h2>Memory over the iteration</h2>", _caption(timeline),
-                  img(plots / "memory.png", "memory over the iteration")]
+                  img(plots / MEMORY_PNG, "memory over the iteration")]
         peak = timeline.get("reserved_peak") or {}
         if peak.get("by_stream"):
-            plot_streams(peak, plots / "streams.png")
+            plot_streams(peak, plots / STREAMS_PNG)
             parts += ["<h2>Reserved at the peak, by stream</h2>", kv_table(
                 (name, human_bytes(b)) for name, b in peak["by_stream"].items()),
-                img(plots / "streams.png", "reserved bytes per stream at the peak")]
+                img(plots / STREAMS_PNG, "reserved bytes per stream at the peak")]
     else:
         parts.append("<p>No memory timeline in this prediction (made without an output "
                      "folder, or by an older tracefleet).</p>")
@@ -81,7 +80,7 @@ def write_prediction_page(out_dir, prediction: dict, extra_plots=(), extra_table
         parts += [f"<h2>{html.escape(label)}</h2>", grid(header, rows)]
     for label, path in extra_plots:
         parts += [f"<h2>{html.escape(label)}</h2>", img(Path(path), label)]
-    page = out / PAGE_NAME
+    page = out / PREDICTION_HTML
     # whole or not at all: a full disk leaves no half page
     atomic_write(page, (f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>"
                         f"{html.escape(title)}</title><style>{_CSS}</style></head><body><h1>"

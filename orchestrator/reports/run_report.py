@@ -29,9 +29,10 @@ from actors.hardlink import link_or_copy
 from orchestrator.reports.plots import not_a_bound, plot_iteration_times, plot_memory_timeline, \
     timeline_points
 from orchestrator.reports.plots import timeline_scale  # noqa: F401 (re-exported)
-from orchestrator.reports.html_report import REPORT_NAME
 from orchestrator.reports.not_run import not_run_lines
 from actors.atomic_file import atomic_write, write_with
+from orchestrator.outputs import CONFIG_YAML, ITERATION_TIMES_PNG, MEMORY_DIR, \
+    MEMORY_TIMELINE_PNG, RANKS_CSV, RANKS_PARQUET, REPORT_HTML, RunDir
 from orchestrator.status import RunStatus
 from orchestrator.units import human_bytes
 
@@ -129,7 +130,7 @@ def _replayed(rank_reports: list[dict]) -> list[dict]:
 def write_summary(summary: dict, out_dir: Path) -> Path:
     """Write (or rewrite) ``summary.json`` in ``out_dir``, whole or not at all (a run killed
     meanwhile leaves the previous one); returns its path."""
-    path = Path(out_dir) / "summary.json"
+    path = RunDir(out_dir).summary
     atomic_write(path, orjson.dumps(summary, default=str,
                                     option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
     return path
@@ -157,21 +158,22 @@ def _write_run_outputs(summary: dict, rank_reports: list[dict], out_dir: Path,
     written["summary"] = write_summary(summary, out_dir)
 
     frame = ranks_frame(summary)
-    written["ranks_csv"] = out_dir / "ranks.csv"
+    written["ranks_csv"] = out_dir / RANKS_CSV
     write_with(written["ranks_csv"], lambda buffer: frame.to_csv(buffer, index=False))
-    written["ranks_parquet"] = out_dir / "ranks.parquet"
+    written["ranks_parquet"] = out_dir / RANKS_PARQUET
     write_with(written["ranks_parquet"], lambda buffer: frame.to_parquet(buffer, index=False))
 
     if config_yaml is not None:
-        written["config"] = out_dir / "config.yaml"
+        written["config"] = out_dir / CONFIG_YAML
         atomic_write(written["config"], config_yaml.encode())
 
-    for path in _write_memory_timelines(rank_reports, out_dir / "memory"):
+    for path in _write_memory_timelines(rank_reports, out_dir / MEMORY_DIR):
         written[f"memory_{path.stem}"] = path
 
-    for name, plot in (("memory_timeline", plot_memory_timeline),
-                       ("iteration_times", plot_iteration_times)) if plots else ():
-        path = out_dir / f"{name}.png"
+    for name, file, plot in (("memory_timeline", MEMORY_TIMELINE_PNG, plot_memory_timeline),
+                             ("iteration_times", ITERATION_TIMES_PNG, plot_iteration_times)) \
+            if plots else ():
+        path = out_dir / file
         if plot(summary, _replayed(rank_reports), path):
             written[f"{name}_plot"] = path
     return written
@@ -367,7 +369,7 @@ def print_outputs(out_dir: Path, console=None) -> None:
     names = [p.name + ("/" if p.is_dir() else "") for p in sorted(out_dir.iterdir())
              if not p.name.startswith(".")]
     console.print(f"results: {out_dir} ({', '.join(names)})", markup=False)
-    page = out_dir / REPORT_NAME
+    page = out_dir / REPORT_HTML
     console.print(f"page: {page}" if page.is_file() else
                   f"page: tracefleet-report {out_dir}  (writes report.html there)", markup=False)
 

@@ -13,16 +13,16 @@ import math
 from pathlib import Path
 
 from orchestrator.errors import ResultsError
+from orchestrator.outputs import RunDir
 from orchestrator.results import read_json
 
-SUMMARY_NAME = "summary.json"
 _MAX_BYTES = 1 << 63
 _SHOWN_CHARS = 40
 
 
 def read_summary(run_dir: Path) -> dict:
     """The checked summary of ``run_dir`` (see the module docstring)."""
-    path = Path(run_dir) / SUMMARY_NAME
+    path = RunDir(run_dir).summary
     summary = read_json(path, "a run summary")
     if not isinstance(summary, dict):
         raise ResultsError(f"{path}: a run summary is a JSON object; this file holds a "

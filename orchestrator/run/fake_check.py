@@ -15,10 +15,10 @@ from typing import Callable
 from actors.capture.workloads.config import WorkloadDevice
 from actors.trace.conventions import trace_file_name
 from actors.trace.fake_vs_real import FakeCheck, compare_captures
+from orchestrator.outputs import CHECK_FAKE_JSON
 
 CHECK_WORLD_SIZE = 2
 CHECK_DIR = "check_fake"
-CHECK_JSON = "check_fake.json"
 
 
 def check_fake(cfg, out_dir: str, run_capture_job: Callable[..., object]) -> FakeCheck:
@@ -35,7 +35,7 @@ def check_fake(cfg, out_dir: str, run_capture_job: Callable[..., object]) -> Fak
         run_capture_job(side, rank0_only=rank0_only)
         paths[str(device)] = os.path.join(side.out_dir, trace_file_name(0))
     check = compare_captures(paths["cpu"], paths["fake"])
-    with open(os.path.join(out_dir, CHECK_JSON), "w") as f:
+    with open(os.path.join(out_dir, CHECK_FAKE_JSON), "w") as f:
         json.dump({"world_size": CHECK_WORLD_SIZE, "real_trace": paths["cpu"],
                    "fake_trace": paths["fake"], **check.to_dict()}, f, indent=2)
     return check

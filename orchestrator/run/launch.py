@@ -23,7 +23,9 @@ from orchestrator.cluster.rank_result import Outcome
 from orchestrator import interrupts
 from orchestrator.run.phases import PhaseClock
 from orchestrator.run.session import ReplaySession
+from orchestrator.outputs import RunDir
 from orchestrator.status import RunStatus
+from actors.atomic_file import atomic_write
 
 log = logging.getLogger("tracefleet")
 
@@ -83,7 +85,7 @@ def _write_interrupted(stop: KeyboardInterrupt, cfg: RunConfig, out_dir: Path,
             "trace_ranks": pre.ranks if pre is not None else None,
             "num_replays": len(replayed) if replayed else 0})
     report.write_run_outputs(summary, reports, out_dir, config_yaml, plots=False)
-    stop.add_note(f"{Path(out_dir) / 'summary.json'} has status interrupted, {done} of "
+    stop.add_note(f"{RunDir(out_dir).summary} has status interrupted, {done} of "
                   f"{world_size} rank(s) finished")
 
 
@@ -227,7 +229,7 @@ def _preflight_only(pre, cfg: RunConfig, out_dir: Path, timings: dict) -> dict:
                "trace_dir": str(cfg.trace.dir),
                "mode": str(cfg.replay.mode), **pre.to_dict(), "timings_s": timings}
     Path(out_dir).mkdir(parents=True, exist_ok=True)
-    (Path(out_dir) / "preflight.json").write_bytes(orjson.dumps(pre.to_dict(), option=orjson.OPT_INDENT_2))
+    atomic_write(RunDir(out_dir).preflight, orjson.dumps(pre.to_dict(), option=orjson.OPT_INDENT_2))
     report.write_summary(summary, out_dir)
     log.info("pre-flight only: %d rank(s) checked in %.2f s, %d warning(s)", pre.world_size,
              timings["preflight_s"], len(pre.warnings))

@@ -13,6 +13,7 @@ from pathlib import Path
 import orjson
 from matplotlib.figure import Figure
 
+from orchestrator.outputs import FIT_SEARCH_JSON
 from orchestrator.reports.plots import save_png
 from orchestrator.studies.fit_search_config import AC_ORDER, FitSearchRunConfig
 from actors.atomic_file import atomic_write
@@ -20,7 +21,6 @@ from orchestrator.results import ResultsStore, RowKind, make_row
 from orchestrator.status import RunStatus
 from orchestrator.units import byte_unit, human_bytes
 
-FIT_SEARCH_JSON = "fit_search.json"
 PROBE = RowKind.fit_search_probe.value  # the kind of a probe's results row
 # the command-line key of each axis (a row carries its value under that column)
 OVERRIDE_KEYS = {"batch_size": "workload.batch_size", "seq_len": "workload.seq_len",

@@ -34,6 +34,7 @@ from typing import Callable
 from actors.replay.config import AllocationMode
 from orchestrator.results import CAPACITY, MAX_FAILING_CAPACITY, MIN_CAPACITY, MODE, REASON, \
     STATUS, THRESHOLD, ResultsStore, RowKind, make_row, point_key, summary_columns
+from orchestrator.outputs import CONFIG_YAML
 from orchestrator.status import RunStatus
 from orchestrator.run.launch import quiet_replays
 from orchestrator.reports.html_report import write_report
@@ -194,7 +195,7 @@ def run_min_memory(cfg, out_dir: Path, config_yaml: str | None, session=None) ->
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if config_yaml is not None:
-        (out_dir / "config.yaml").write_text(config_yaml)
+        (out_dir / CONFIG_YAML).write_text(config_yaml)
     with quiet_replays(session) as replay:
         summary = search(cfg, out_dir, replay)
     for a in summary["searches"]:

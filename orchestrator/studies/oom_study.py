@@ -29,6 +29,7 @@ from typing import Callable
 from actors.replay.config import AllocationMode, parse_bytes
 from orchestrator.results import CAPACITY, KIND, MIN_CAPACITY, MODE, REASON, STATUS, STUDY_PART, \
     THRESHOLD, ResultsStore, RowKind, StudyPart, make_row, point_key, summary_columns
+from orchestrator.outputs import CONFIG_YAML
 from orchestrator.status import ANSWERED, RunStatus
 from orchestrator.units import human_bytes
 from orchestrator.studies.min_memory import search
@@ -158,7 +159,7 @@ def run_oom_study(cfg, out_dir: Path, config_yaml: str | None, session=None) -> 
             from omegaconf import OmegaConf
             config_yaml = OmegaConf.to_yaml(OmegaConf.structured(cfg))
     if config_yaml is not None:
-        (out_dir / "config.yaml").write_text(config_yaml)
+        (out_dir / CONFIG_YAML).write_text(config_yaml)
     with quiet_replays(session) as replay:
         summary = study(cfg, out_dir, replay)
     print(markdown(study_table(summary["rows"])))

@@ -42,13 +42,13 @@ from actors.capture.workloads.custom import resolve_entrypoint
 from orchestrator.studies.study_traces import capture_cached
 from actors.trace.meta_file import recorded_world_size
 from actors.trace.source import discover, missing_ranks
+from orchestrator.outputs import RunDir
 from orchestrator.reports.prediction_page import write_prediction_page
 from actors.atomic_file import atomic_write
 from orchestrator.run.capture import check_world_size
 
 log = logging.getLogger("tracefleet")
 
-PREDICTION_JSON = "prediction.json"
 # what FSDP2's CPUOffloadPolicy keeps in host memory (actors/trace/categories.py)
 OFFLOADED = ("parameters", "gradients", "optimizer_state")
 # bench_predict's target band, which every configuration is measured within (2026-12-01: max
@@ -341,7 +341,7 @@ def _write_outputs(out_dir: Path, result: dict, snapshots: dict, reports: dict) 
             r["cuda_allocator"].get("snapshot_s", 0.0) for r in reports.values())
         result["memory_timelines"] = write_timelines(out_dir, reports, result["per_role"])
         write_prediction_page(out_dir, result)
-        atomic_write(out_dir / PREDICTION_JSON, orjson.dumps(result, option=orjson.OPT_INDENT_2))
+        atomic_write(RunDir(out_dir).prediction, orjson.dumps(result, option=orjson.OPT_INDENT_2))
 
 
 def _plain(obj) -> dict:

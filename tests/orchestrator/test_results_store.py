@@ -6,8 +6,9 @@ import subprocess
 
 import pandas as pd
 
-from orchestrator.results import (CSV_NAME, PARQUET_NAME, ResultsStore, RowKind, make_row,
-                                  override_columns, point_key, summary_columns)
+from orchestrator.outputs import RESULTS_CSV, RESULTS_PARQUET
+from orchestrator.results import (ResultsStore, RowKind, make_row, override_columns, point_key,
+                                  summary_columns)
 from orchestrator.status import RunStatus
 from orchestrator.studies.sweep import exit_code, with_sweep_dir
 
@@ -48,8 +49,8 @@ def test_rows_are_kept_replaced_and_tabled(tmp_path):
     assert store.get(point_key(["replay.device_memory_capacity=2MiB"])) is None
     # a re-run of a point replaces its row
     store.put(make_row("point", point_key(a), a, "ok", None, "0", {"peak_memory_bytes": 11}))
-    csv = pd.read_csv(tmp_path / CSV_NAME)
-    parquet = pd.read_parquet(tmp_path / PARQUET_NAME)
+    csv = pd.read_csv(tmp_path / RESULTS_CSV)
+    parquet = pd.read_parquet(tmp_path / RESULTS_PARQUET)
     assert len(csv) == len(parquet) == 2
     assert sorted(parquet["status"]) == ["ok", "ok"]
     # "1MiB" and "1e9" (a float) in one column: stored as text so parquet takes it
@@ -90,7 +91,7 @@ def test_temp_files_of_a_killed_writer_are_removed_and_rows_kept(tmp_path):
     a = ["replay.iters=1"]
     store.put(make_row("point", point_key(a), a, "ok", None, "0"))
     dead_pid = _a_dead_pid()
-    stale = [tmp_path / f".{CSV_NAME}.{dead_pid}.tmp", tmp_path / f".{PARQUET_NAME}.{dead_pid}.tmp",
+    stale = [tmp_path / f".{RESULTS_CSV}.{dead_pid}.tmp", tmp_path / f".{RESULTS_PARQUET}.{dead_pid}.tmp",
              store.rows_dir / f".0123456789abcdef.json.{dead_pid}.tmp"]
     live_row_tmp = store.rows_dir / f".fedcba9876543210.json.{os.getpid()}.tmp"
     for path in [*stale, live_row_tmp]:
@@ -99,7 +100,7 @@ def test_temp_files_of_a_killed_writer_are_removed_and_rows_kept(tmp_path):
     store.put(make_row("point", point_key(b), b, "ok", None, "1"))
     assert not any(p.exists() for p in stale)
     assert live_row_tmp.exists()  # a live writer's row is not touched
-    assert list(pd.read_csv(tmp_path / CSV_NAME)["replay.iters"]) == [1, 2]
+    assert list(pd.read_csv(tmp_path / RESULTS_CSV)["replay.iters"]) == [1, 2]
     assert len(store.rows()) == 2
 
 
@@ -123,6 +124,6 @@ def test_a_cut_or_corrupt_row_is_named_skipped_and_its_point_runs_again(tmp_path
     assert f"skipped {wrong}: a results row is a JSON object; this file holds a list" \
         in caplog.text
     store.write_tables()  # the tables rebuild from the readable rows
-    assert list(pd.read_csv(tmp_path / CSV_NAME)["point"]) == ["a=1"]
+    assert list(pd.read_csv(tmp_path / RESULTS_CSV)["point"]) == ["a=1"]
     store.put(make_row(RowKind.point, "a=2", ["a=2"], RunStatus.ok, None, None))
     assert store.get("a=2")["status"] == "ok"  # re-run: the row is whole again

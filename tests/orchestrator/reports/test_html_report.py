@@ -9,7 +9,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from orchestrator.reports.html_report import PLOTS_DIR, REPORT_NAME, map_axes, write_report
+from orchestrator.outputs import REPORT_HTML, REPORT_PLOTS_DIR
+from orchestrator.reports.html_report import map_axes, write_report
 from orchestrator.cli.report import main as report_main
 from orchestrator.results import ResultsStore, make_row, point_key
 from tests.support.browser import chromium, require_browser
@@ -86,7 +87,7 @@ def _check_self_contained(page: Path):
     assert srcs and all(s.startswith("data:image/png;base64,") for s in srcs)
     assert not re.search(r"(?:src|href)=['\"]?(?:https?:|//|file:)", text)
     assert "<script" not in text
-    pngs = sorted((page.parent / PLOTS_DIR).glob("*.png"))
+    pngs = sorted((page.parent / REPORT_PLOTS_DIR).glob("*.png"))
     assert pngs and all(p.stat().st_size > 1000 for p in pngs)
     embedded = {base64.b64decode(s.split(",", 1)[1]) for s in srcs}
     assert embedded == {p.read_bytes() for p in pngs}  # each PNG written is the one shown
@@ -112,7 +113,7 @@ def test_run_report_reads_timelines_from_the_memory_csvs(tmp_path):
             "op_index,bytes\n" + "".join(f"{o},{b}\n" for o, b in timeline))
     (run / "summary.json").write_bytes(orjson.dumps(summary))
     write_report(run)
-    assert (run / PLOTS_DIR / "memory_timeline.png").stat().st_size > 1000
+    assert (run / REPORT_PLOTS_DIR / "memory_timeline.png").stat().st_size > 1000
 
 
 def test_sweep_report_has_every_plot(sweep_root):
@@ -134,7 +135,7 @@ def test_status_map_axes_prefer_capacity_by_mode(sweep_root):
 
 def test_report_cli_exit_codes(sweep_root, tmp_path, capsys):
     assert report_main([str(sweep_root)]) == 0
-    assert str(sweep_root / REPORT_NAME) in capsys.readouterr().out
+    assert str(sweep_root / REPORT_HTML) in capsys.readouterr().out
     assert report_main([str(tmp_path / "missing")]) == 2
     (tmp_path / "empty").mkdir()
     assert report_main([str(tmp_path / "empty")]) == 2
@@ -159,7 +160,7 @@ def test_a_cut_summary_or_row_is_named_never_a_traceback(sweep_root, tmp_path, c
         assert report_main([str(sweep_root)]) == 0
     assert f"skipped {bad_row}: a results row that is not valid JSON" in caplog.text
     assert f"{point_summary}: a run summary that is not valid JSON" in caplog.text
-    assert (sweep_root / REPORT_NAME).is_file()
+    assert (sweep_root / REPORT_HTML).is_file()
 
 
 # --- as a browser shows it ---------------------------------------------------------------------

@@ -13,7 +13,8 @@ from matplotlib.figure import Figure
 from actors.replay.memory.predicted_timeline import MAX_POINTS, SERIES
 from orchestrator.cli.predict import predict_config
 from orchestrator.config import DEMO_TRACES
-from orchestrator.reports.prediction_page import PAGE_NAME, PLOTS_DIR, write_prediction_page
+from orchestrator.outputs import PREDICTION_HTML, PREDICTION_PLOTS_DIR
+from orchestrator.reports.prediction_page import write_prediction_page
 from orchestrator.studies.predict import predict
 from tests.support.browser import chromium, dom_after_scripts, require_browser
 
@@ -58,9 +59,9 @@ def test_the_timeline_is_the_allocator_models(run):
 
 def test_the_page_is_self_contained(run):
     out, p = run
-    text = (out / PAGE_NAME).read_text()
+    text = (out / PREDICTION_HTML).read_text()
     srcs = _images(text)
-    pngs = sorted((out / PLOTS_DIR).glob("*.png"))
+    pngs = sorted((out / PREDICTION_PLOTS_DIR).glob("*.png"))
     assert {x.name for x in pngs} == {"memory.png", "streams.png"}
     assert {base64.b64decode(s.split(",", 1)[1]) for s in srcs} == {x.read_bytes() for x in pngs}
     assert "<script" not in text and not re.search(r"(?:src|href)=['\"]?(?:https?:|//|file:)",
@@ -88,14 +89,14 @@ def test_the_page_renders_in_headless_chromium(run, tmp_path):
 
     out, _ = run
     probe = tmp_path / "probe.html"
-    probe.write_text((out / PAGE_NAME).read_text().replace("</body>", _PROBE + "</body>"))
+    probe.write_text((out / PREDICTION_HTML).read_text().replace("</body>", _PROBE + "</body>"))
     m = re.search(r'<pre id="img-probe">(.*?)</pre>', dom_after_scripts(probe, tmp_path), re.S)
     assert m, "no probe output"
     sizes = json.loads(m.group(1))
     assert len(sizes) == 2 and all(done and width > 300 for done, width in sizes), sizes
     shot = tmp_path / "shot.png"
     proc = chromium(tmp_path, "--window-size=1280,1600", f"--screenshot={shot}",
-                    (out / PAGE_NAME).as_uri())
+                    (out / PREDICTION_HTML).as_uri())
     assert shot.is_file(), proc.stderr[-1500:]
     # the memory plot sits below the figures table: colored, not blank
     region = Image.open(shot).convert("RGB").crop((30, 600, 1000, 1000))
@@ -117,7 +118,7 @@ def test_the_cublas_workspace_is_said_where_the_peak_is(run):
     at = next(i for i, line in enumerate(rows) if line.startswith("| allocated peak* |"))
     assert rows[at + 1].startswith("| of which cuBLAS workspace* | ") and \
         "not in the breakdown" in rows[at + 1]
-    assert "of which cuBLAS workspace*" in (out / PAGE_NAME).read_text()
+    assert "of which cuBLAS workspace*" in (out / PREDICTION_HTML).read_text()
 
 
 def test_the_allocated_peaks_stack_is_recorded_whole(run):

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from orchestrator.config import REPO_ROOT
-from orchestrator.run.fake_check import CHECK_JSON
+from orchestrator.outputs import CHECK_FAKE_JSON
 
 # A library's "am I tracing?" branch: under fake it skips an op the real run does.
 STEP = '''
@@ -50,7 +50,7 @@ def test_check_fake_names_where_a_fakeness_branch_parts_the_runs(tmp_path):
     assert "aten::clamp: real 1, fake 0" in "\n".join(lines)
     first = next(line for line in lines if "first divergence" in line)
     assert "real node" in first and "aten::clamp" in first.split("; fake")[0]
-    check = json.loads((out / CHECK_JSON).read_text())
+    check = json.loads((out / CHECK_FAKE_JSON).read_text())
     assert check["equal"] is False and check["world_size"] == 2
     assert (out / "rank-15.et.json.gz").is_file()  # the fake capture itself at world 16
     # the clamp and its backward's ops are the whole difference

@@ -17,7 +17,8 @@ from hydra.errors import ConfigCompositionException
 from actors.errors import ConfigError
 from orchestrator.studies.fit_search import fit_search, gallop_bisect, run_fit_search
 from orchestrator.studies.fit_search_config import FitSearchRunConfig
-from orchestrator.studies.fit_search_report import FIT_SEARCH_JSON, PROBE
+from orchestrator.outputs import FIT_SEARCH_JSON
+from orchestrator.studies.fit_search_report import PROBE
 from orchestrator.studies.predict import predict
 from orchestrator.cli.predict import predict_config
 from orchestrator.config import REPO_ROOT

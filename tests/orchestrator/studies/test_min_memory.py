@@ -13,7 +13,7 @@ from actors.replay.config import AllocationConfig, ReplayConfig
 from orchestrator.config import ExperimentConfig, RunConfig, TraceConfig
 from orchestrator.studies.min_memory import bisect, combos, search
 from orchestrator.study_config import MinMemoryConfig
-from orchestrator.results import CSV_NAME
+from orchestrator.outputs import RESULTS_CSV
 from tests.support.chain_trace import N, capture_chain
 
 
@@ -80,7 +80,7 @@ def test_min_memory_finds_the_hand_computed_capacity(chain_trace, tmp_path):
     assert pre["num_steps"] == 2
     assert pre["accounted_peak_bytes"] == 4 * 4 * N  # the answer row: the reference's figures
     assert len(calls) == sum(a["num_steps"] for a in summary["searches"])
-    table = pd.read_csv(tmp_path / CSV_NAME)
+    table = pd.read_csv(tmp_path / RESULTS_CSV)
     assert set(table["kind"]) == {"probe", "min_memory"}
     probes = table[(table["kind"] == "probe") & (table["replay.allocation.mode"] == "pre_allocate")]
     assert set(probes["status"]) == {"ok", "oom"}

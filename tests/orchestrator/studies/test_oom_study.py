@@ -20,7 +20,7 @@ from orchestrator.config import ExperimentConfig, RunConfig, TraceConfig
 from orchestrator.study_config import MinMemoryConfig, OomStudyConfig
 from orchestrator.studies.oom_study import study
 from orchestrator.reports.oom_study_table import markdown, study_table
-from orchestrator.results import CSV_NAME
+from orchestrator.outputs import RESULTS_CSV
 from orchestrator.studies.zero3_estimate import nodes_of, param_counts, zero3_estimates
 
 N = 1024  # float32 elements per tensor: 4096 B each
@@ -95,7 +95,7 @@ def test_study_on_a_trace_known_by_hand(idle_trace, tmp_path):
     assert all(r["replay.device_memory_capacity"] == 2 * T for r in flush)
     assert flush[1]["num_flushes"] >= 1 and flush[0]["oom_op"] == "aten::relu"
     assert f["flush_keeps_running"] is True
-    table = pd.read_csv(tmp_path / CSV_NAME)
+    table = pd.read_csv(tmp_path / RESULTS_CSV)
     assert {"study", "probe", "min_memory"} <= set(table["kind"])
     assert len(table[table["kind"] == "study"]) == 5  # 3 modes on the device, 2 flush replays
     assert not (table["kind"] == "estimate").any()  # a hand trace has no model to estimate
@@ -136,7 +136,7 @@ def test_bad_settings_are_refused(bad, match):
 def test_study_table_reads_rows_back_from_the_results_file(idle_trace, tmp_path):
     replay, _ = _in_process(idle_trace)
     study(_cfg(idle_trace.parent, device_memory_capacity=str(4 * T)), tmp_path, replay)
-    records = pd.read_csv(tmp_path / CSV_NAME).to_dict("records")
+    records = pd.read_csv(tmp_path / RESULTS_CSV).to_dict("records")
     table = study_table(records)
     pre_row = next(r for r in records if r["kind"] == "study"
                    and r["replay.allocation.mode"] == "pre_allocate")
@@ -228,14 +228,15 @@ def test_capture_is_cached_and_its_model_rebuilt(tmp_path, monkeypatch):
 
 
 def test_the_report_shows_the_study(idle_trace, tmp_path):
-    from orchestrator.reports.html_report import PLOTS_DIR, write_report
+    from orchestrator.outputs import OOM_STUDY_PNG, REPORT_PLOTS_DIR
+    from orchestrator.reports.html_report import write_report
 
     replay, _ = _in_process(idle_trace)
     study(_cfg(idle_trace.parent, device_memory_capacity=str(4 * T)), tmp_path, replay)
     page = write_report(tmp_path).read_text()
     assert "<h2>OOM study</h2>" in page and "replay pre_allocate" in page
     assert "alt='minimum capacity per mode and estimate' src='data:image/png;base64," in page
-    assert (tmp_path / PLOTS_DIR / "oom_study.png").stat().st_size > 1000
+    assert (tmp_path / REPORT_PLOTS_DIR / OOM_STUDY_PNG).stat().st_size > 1000
 
 
 def test_an_oom_outside_an_op_says_so():

@@ -17,7 +17,7 @@ from actors.zero3.config import Zero3Config
 from actors.zero3.extension import zero3_extensions
 from orchestrator.studies import study_traces
 from orchestrator.config import CONF_DIR, DEMO_TRACES, register_configs
-from orchestrator.results import CSV_NAME
+from orchestrator.outputs import RESULTS_CSV
 from tests.orchestrator.studies.test_oom_study import TINY_LLAMA
 from tests.orchestrator.studies.test_sweep_cli import ENTRY, _env, ray_temp  # noqa: F401 (ray_temp: a fixture)
 
@@ -73,7 +73,7 @@ def test_oom_study_runs_on_a_tiny_llama(tmp_path, ray_temp):  # noqa: F811
         cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [p.name for p in cache.iterdir()] == [folder.name]  # the cached capture, reused
-    table = pd.read_csv(run_dir / CSV_NAME)
+    table = pd.read_csv(run_dir / RESULTS_CSV)
     device_rows = table[table["study_part"] == "device"].set_index("replay.allocation.mode")
     assert device_rows.loc["pre_allocate", "status"] == "oom"
     assert device_rows.loc["lazy", "status"] == "ok"
@@ -110,7 +110,7 @@ def test_zero3_compare_runs_every_strategy(tmp_path, ray_temp):  # noqa: F811
          f"cluster.temp_dir={ray_temp}"],
         cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = pd.read_csv(root / CSV_NAME)
+    rows = pd.read_csv(root / RESULTS_CSV)
     rows = rows.set_index(rows["zero3"].fillna("none"))  # the table reads the choice none as null
     assert sorted(rows.index) == sorted(["none", "per_param", "per_module", "bucketed",
                                          "leaf_coalesced"])

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from orchestrator.config import REPO_ROOT
-from orchestrator.results import CSV_NAME, PARQUET_NAME, ROWS_DIR
+from orchestrator.outputs import RESULTS_CSV, RESULTS_PARQUET, ROWS_DIR
 from tests.support.chain_trace import TENSOR_BYTES, capture_chain
 from tests.support.bounds import CLUSTER_START_S
 
@@ -65,8 +65,8 @@ def test_multirun_records_every_point_and_resumes(tmp_path, ray_temp):
     first = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=240)
     assert first.returncode == 1, first.stderr[-3000:]  # one point is OOM: not all ok
     root = _sweep_root(tmp_path)
-    table = pd.read_csv(root / CSV_NAME)
-    assert len(table) == len(pd.read_parquet(root / PARQUET_NAME)) == 2
+    table = pd.read_csv(root / RESULTS_CSV)
+    assert len(table) == len(pd.read_parquet(root / RESULTS_PARQUET)) == 2
     by_capacity = table.set_index("replay.device_memory_capacity")
     assert by_capacity.loc["1MiB", "status"] == "oom" and "oom" in by_capacity.loc["1MiB", "reason"]
     assert by_capacity.loc["1GiB", "status"] == "ok" and pd.isna(by_capacity.loc["1GiB", "reason"])
@@ -85,7 +85,7 @@ def test_multirun_records_every_point_and_resumes(tmp_path, ray_temp):
     assert again.returncode == 1, again.stderr[-3000:]
     assert (again.stdout + again.stderr).count("already recorded") == 2
     assert _sweep_root(tmp_path) == root  # same command, same root
-    table = pd.read_csv(root / CSV_NAME)
+    table = pd.read_csv(root / RESULTS_CSV)
     assert sorted(table["finished_at"]) == finished  # nothing ran again
 
 
@@ -108,7 +108,7 @@ def test_killed_sweep_keeps_its_finished_rows(tmp_path, ray_temp):
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     root = _sweep_root(tmp_path)
-    for table in (pd.read_csv(root / CSV_NAME), pd.read_parquet(root / PARQUET_NAME)):
+    for table in (pd.read_csv(root / RESULTS_CSV), pd.read_parquet(root / RESULTS_PARQUET)):
         assert list(table["status"]) == ["oom"]
         assert list(table["replay.device_memory_capacity"]) == ["1MiB"]
 
@@ -123,7 +123,7 @@ def test_a_refused_point_is_recorded_and_the_sweep_exits_2(tmp_path, ray_temp):
            "experiment.report=false", f"hydra.sweep.dir={tmp_path / 'sweep'}"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=240)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    table = pd.read_csv(tmp_path / "sweep" / CSV_NAME).set_index("replay.allocation.mode")
+    table = pd.read_csv(tmp_path / "sweep" / RESULTS_CSV).set_index("replay.allocation.mode")
     assert table.loc["pre_allocate", "status"] == "invalid"
     assert "device_memory_threshold" in table.loc["pre_allocate", "reason"]
     assert table.loc["lazy", "status"] == "ok"
@@ -142,7 +142,7 @@ def test_min_memory_run_finds_the_known_answer_on_one_cluster(tmp_path, ray_temp
          f"cluster.temp_dir={ray_temp}"],
         cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    table = pd.read_csv(run_dir / CSV_NAME)
+    table = pd.read_csv(run_dir / RESULTS_CSV)
     answers = table[table["kind"] == "min_memory"].set_index("replay.allocation.mode")
     assert answers.loc["lazy", "min_capacity_bytes"] == 3 * TENSOR_BYTES
     assert answers.loc["pre_allocate", "min_capacity_bytes"] == 4 * TENSOR_BYTES
@@ -179,4 +179,4 @@ def test_resume_names_a_cut_row_and_runs_its_point_again(tmp_path):
     assert "Traceback" not in out and out.count("already recorded") == 1
     assert f"skipped {cut}: a results row that is not valid JSON (cut short" in out
     assert orjson.loads(cut.read_bytes())["status"] == "ok"  # run again, written whole
-    assert sorted(pd.read_csv(root / CSV_NAME)["experiment.name"]) == ["a", "b"]
+    assert sorted(pd.read_csv(root / RESULTS_CSV)["experiment.name"]) == ["a", "b"]

@@ -26,7 +26,7 @@ from tests.support.bounds import CLUSTER_START_S, LOAD_MARGIN_S
 from tests.support.ray_nodes import WORKER_IP, kill_node, ray_two_node_cluster, wait_for_title
 
 from orchestrator.config import DEMO_TRACES, REPO_ROOT
-from orchestrator.results import CSV_NAME, PARQUET_NAME, ROWS_DIR
+from orchestrator.outputs import RESULTS_CSV, RESULTS_PARQUET, ROWS_DIR
 from orchestrator.cluster.stale_cluster import RECORD_NAME
 from tests.orchestrator.studies.test_sweep_cli import ENTRY, ray_temp  # noqa: F401 (fixture)
 
@@ -43,7 +43,7 @@ def _env() -> dict:
 
 
 def _table(root: Path) -> pd.DataFrame:
-    return pd.read_csv(root / CSV_NAME)
+    return pd.read_csv(root / RESULTS_CSV)
 
 
 @pytest.mark.parametrize("cpus_per_rank, after", [(1, "ok"), (2, "failed")],
@@ -125,7 +125,7 @@ def test_driver_killed_mid_point_resumes_losing_only_that_point(tmp_path, ray_te
                                   stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + point_s
-        while not list(tmp_path.glob(f"multirun/*/{CSV_NAME}")):  # the first point's row
+        while not list(tmp_path.glob(f"multirun/*/{RESULTS_CSV}")):  # the first point's row
             assert driver.poll() is None and time.monotonic() < deadline, "no first row"
             time.sleep(0.2)
         wait_for_title(driver.pid, REPLAYING, timeout_s=start_s + LOAD_MARGIN_S,
@@ -135,7 +135,7 @@ def test_driver_killed_mid_point_resumes_losing_only_that_point(tmp_path, ray_te
     finally:
         driver.kill()  # SIGKILL, the driver only: its Ray is left to fend for itself
         driver.wait(timeout=30)
-    for table in (_table(root), pd.read_parquet(root / PARQUET_NAME)):
+    for table in (_table(root), pd.read_parquet(root / RESULTS_PARQUET)):
         assert list(table["replay.iters"]) == [1] and list(table["status"]) == ["ok"]
     first_finished = _table(root)["finished_at"][0]
     # what the killed driver's Ray left running (Ray 2.60: the raylet's agents outlive it)

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from orchestrator.config import REPO_ROOT
-from orchestrator.results import CSV_NAME
+from orchestrator.outputs import RESULTS_CSV
 from tests.support.chain_trace import TENSOR_BYTES, capture_chain
 from tests.support.ray_nodes import ray_two_node_cluster
 from tests.support.bounds import CLUSTER_START_S
@@ -40,7 +40,7 @@ def _points(trace_dir, sweep_dir) -> list[str]:
 
 def _check(proc, sweep_dir: Path):
     assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
-    table = pd.read_csv(sweep_dir / CSV_NAME)
+    table = pd.read_csv(sweep_dir / RESULTS_CSV)
     assert sorted(table["status"]) == ["ok", "oom"]
     # each point ran in its own Ray task (the launcher's), not in the launching process
     assert "_run_job pid=" in proc.stdout + proc.stderr
