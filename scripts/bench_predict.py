@@ -159,6 +159,13 @@ CONFIGS = {
                                       "vocab": 8192},
     "fsdp2_reshard_never_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"),
                                        "reshard_after_forward": "never"},
+    # each parameter's AdamW step in backward, its gradient freed right after (torchtitan's
+    # optimizer.early_step_in_backward); a short batch, so the plain step's peak is the update's
+    "fsdp2_optimizer_in_backward_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"),
+                                               "optimizer_in_backward": True, "batch_size": 1,
+                                               "seq_len": 32},
+    "fsdp2_short_batch_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "batch_size": 1,
+                                     "seq_len": 32},
     **ECOSYSTEM,
 }
 # rows run at another world size than WORLD
@@ -219,13 +226,14 @@ def _predict(folder: Path, zero3: Zero3Config | None, world: int = WORLD) -> tup
 
 def _optimizer_of(step):
     """The optimizer a step uses: ``step.optimizer`` (the recipes), else the one its closure
-    holds (a user's ``opt``), else None."""
+    holds (a user's ``opt``), else None (the optimizer in backward has one per parameter)."""
     import torch
 
+    # one torch.optim.Optimizer (the tracker hooks its step); not the step in backward's many
     found = getattr(step, "optimizer", None)
     step = getattr(step, "__wrapped__", step)  # the capture names a user's step's errors
     cells = [c.cell_contents for c in (getattr(step, "__closure__", None) or ())]
-    return found or next((c for c in cells if isinstance(c, torch.optim.Optimizer)), None)
+    return next((c for c in (found, *cells) if isinstance(c, torch.optim.Optimizer)), None)
 
 
 def _tracker_rank(workload: dict, env: dict, out: str) -> None:

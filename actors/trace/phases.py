@@ -2,13 +2,17 @@
 
 Per ProfilerStep window: ops before the first backward op are forward, ops up to the last
 backward op are backward, the rest is the update (the optimizer step). A backward op is one
-recorded inside an autograd node's range (``...Backward0``, ``AccumulateGrad``).
+recorded inside an autograd node's range (``...Backward0``, ``AccumulateGrad``). An op of an
+optimizer's step (torch.optim's ``Optimizer.step#`` range) is the update wherever it runs: with
+the step in backward (a parameter's post-accumulate-grad hook, torchtitan's
+``optimizer.early_step_in_backward``) it runs between backward ops.
 """
 from __future__ import annotations
 
 import re
 
 from actors.trace.model import Op, Trace
+from actors.trace.optimizer_lifetimes import STEP_RANGE
 
 _BACKWARD = re.compile(r"(Backward\d*|AccumulateGrad)$")
 FWD, BWD, UPDATE = "forward", "backward", "update"
@@ -28,4 +32,7 @@ def phases(trace: Trace) -> list[str]:
         if bwd:
             for i in range(bwd[0], end):
                 out[i] = BWD if i <= bwd[-1] else UPDATE
+        for i in range(first, end):
+            if trace.ops[i].module.startswith(STEP_RANGE):
+                out[i] = UPDATE
     return out

@@ -17,6 +17,7 @@ def _job_line(p: dict) -> str:
         # eager one's (the README's 8B: 76.9 against 82.0 GiB reserved)
         knobs = [name for key, name in (("compile", "compiled per block"), ("float8", "float8"),
                                         ("cpu_offload", "CPU offload"),
+                                        ("optimizer_in_backward", "optimizer in backward"),
                                         ("tie_embeddings", "tied embeddings")) if wl.get(key)]
         if wl.get("loss_chunks", 1) > 1:
             knobs.append(f"loss in {wl['loss_chunks']} chunks")

@@ -127,6 +127,12 @@ class WorkloadConfig:
         "fsdp2: FSDP2's CPUOffloadPolicy (torchtitan's training.enable_cpu_offload): parameter "
         "shards, their gradients and the optimizer state (and its step) in host memory. "
         "tracefleet-predict counts those storages as host bytes, not the GPU's."))
+    optimizer_in_backward: bool = setting(False, help=(
+        "fsdp2: each parameter's AdamW step runs in backward as soon as its gradient shard is "
+        "reduced, and the gradient is freed right after (torchtitan's "
+        "optimizer.early_step_in_backward: a post-accumulate-grad hook per parameter; "
+        "actors/capture/workloads/optimizer_in_backward.py): no step holds the whole model's "
+        "gradients. Not with grad_accum_steps > 1 or pp."))
     precision: Precision = setting(Precision.fp32, help=(
         "fp32, bf16 (pure), fp16 (pure) or bf16_mixed (bf16 compute, fp32 masters and "
         "reduction)."))
@@ -434,6 +440,13 @@ def _validate_recipe(cfg: WorkloadConfig) -> None:
                           "built-in models on a 1-D mesh (parallel local, ddp or fsdp2) on fake, "
                           "cpu or cuda; a custom step compiles itself (torch.compile in its "
                           "build)")
+    if cfg.optimizer_in_backward and (cfg.parallel != Parallel.fsdp2 or cfg.grad_accum_steps > 1
+                                      or cfg.parallelism.pp > 1):
+        raise ConfigError(f"workload.optimizer_in_backward=true with {where}, grad_accum_steps="
+                          f"{cfg.grad_accum_steps}, pp={cfg.parallelism.pp}: the step in "
+                          "backward is FSDP2's (its reduce-scatter runs the parameter's hook), "
+                          "once per step: use parallel=fsdp2, grad_accum_steps=1 and no pp "
+                          "(torchtitan refuses the same)")
     if cfg.cpu_offload and cfg.parallel != Parallel.fsdp2:
         raise ConfigError(f"workload.cpu_offload=true is FSDP2's CPUOffloadPolicy; {where} "
                           "(DeepSpeed's: workload.zero3_offload_optimizer / zero3_offload_param "

@@ -18,6 +18,7 @@ import torch.nn as nn
 
 from actors.capture.workloads.data_parallel import micro_batch_loss
 from actors.capture.workloads.moe import MoE
+from actors.capture.workloads.optimizer_in_backward import OptimizersInBackward
 
 
 def reshards_after_forward(cfg, index: int, num_blocks: int, pipelined: bool = False) -> bool:
@@ -60,7 +61,10 @@ def fsdp2_step(model: nn.Module, cfg, blocks: nn.ModuleList, device: torch.devic
                         **{**kwargs, "mesh": experts_mesh})
         fully_shard(block, reshard_after_forward=reshard, **kwargs)
     fully_shard(model, **kwargs)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    if getattr(cfg, "optimizer_in_backward", False):
+        opt = OptimizersInBackward(model.parameters(), lambda ps: torch.optim.AdamW(ps, lr=cfg.lr))
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
 
     def step(batch):
         opt.zero_grad(set_to_none=True)
