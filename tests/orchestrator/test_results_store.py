@@ -91,7 +91,8 @@ def test_temp_files_of_a_killed_writer_are_removed_and_rows_kept(tmp_path):
     a = ["replay.iters=1"]
     store.put(make_row("point", point_key(a), a, "ok", None, "0"))
     dead_pid = _a_dead_pid()
-    stale = [tmp_path / f".{RESULTS_CSV}.{dead_pid}.tmp", tmp_path / f".{RESULTS_PARQUET}.{dead_pid}.tmp",
+    stale = [tmp_path / f".{RESULTS_CSV}.{dead_pid}.tmp",
+             tmp_path / f".{RESULTS_PARQUET}.{dead_pid}.tmp",
              store.rows_dir / f".0123456789abcdef.json.{dead_pid}.tmp"]
     live_row_tmp = store.rows_dir / f".fedcba9876543210.json.{os.getpid()}.tmp"
     for path in [*stale, live_row_tmp]:

@@ -23,6 +23,10 @@ ALLGATHER_BASE = ("c10d::_allgather_base_(Tensor output_tensor, Tensor input_ten
 FUNC_ALL_GATHER = ("_c10d_functional::all_gather_into_tensor(Tensor input, int group_size, "
                    "str group_name) -> Tensor")
 FUNC_WAIT = "_c10d_functional::wait_tensor(Tensor tensor) -> Tensor"
+BROADCAST = ("c10d::broadcast_(Tensor[] tensors, __torch__.torch.classes.c10d.ProcessGroup "
+             "process_group, int root_rank, int root_tensor, bool asyncOp, int timeout=-1) -> "
+             "(Tensor[], __torch__.torch.classes.c10d.Work)")
+FLATTEN = "aten::flatten_dense_tensors(Tensor[] tensors) -> Tensor"
 PROCESS_ROOT = "[pytorch|profiler|execution_trace|process]"
 THREAD_ROOT = "[pytorch|profiler|execution_trace|thread]"
 
@@ -68,6 +72,14 @@ def flat_node(nid, name, parent=2, inputs=(), outputs=(), schema=""):
 
 ROOTS = [node(1, PROCESS_ROOT, parent=1), node(2, THREAD_ROOT, parent=1)]
 FLAT_ROOTS = [flat_node(1, PROCESS_ROOT, parent=1), flat_node(2, THREAD_ROOT, parent=1)]
+
+
+def broadcast_node(nid, t, parent=2, dtype="float"):
+    """A gloo-shaped c10d::broadcast_ of tensor id/storage ``t`` (8 elements) from root 0."""
+    return node(nid, "c10d::broadcast_", parent=parent, schema=BROADCAST,
+                inputs=[tensor_list(tensor(t, t, 8, dtype)), scalar("<Object>", "Object"),
+                        scalar(0), scalar(0), scalar(False, "Bool"), scalar(-1)],
+                outputs=[tensor_list(tensor(t, t, 8, dtype))])
 
 
 def step_node(nid, k, parent=2):

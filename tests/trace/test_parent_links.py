@@ -7,14 +7,10 @@ import orjson
 
 from actors.trace import load_trace
 from actors.trace.parent_links import file_order, mend_parent_links
-from tests.support.et_json import ALLGATHER_BASE, CLONE, ROOTS, VIEW, close_order, node, \
-    tensor, tensor_list, scalar, write_trace
+from tests.support.et_json import ALLGATHER_BASE, CLONE, FLATTEN, ROOTS, VIEW, broadcast_node, \
+    close_order, node, scalar, tensor, tensor_list, write_trace
 
-FLATTEN = "aten::flatten_dense_tensors(Tensor[] tensors) -> Tensor"
 CAT = "aten::cat(Tensor[] tensors, int dim=0) -> Tensor"
-BROADCAST = ("c10d::broadcast_(Tensor[] tensors, __torch__.torch.classes.c10d.ProcessGroup "
-             "process_group, int root_rank, int root_tensor, bool asyncOp, int timeout=-1) -> "
-             "(Tensor[], __torch__.torch.classes.c10d.Work)")
 
 
 def _write(tmp_path, nodes_in_file_order):
@@ -34,19 +30,13 @@ def _cat(nid, parent, t):
                 inputs=[tensor_list(tensor(t, t, 8)), scalar(0)], outputs=[tensor(t + 1, t + 1, 8)])
 
 
-def _bcast(nid, parent, t):
-    return node(nid, "c10d::broadcast_", parent=parent, schema=BROADCAST,
-                inputs=[tensor_list(tensor(t, t, 8)), scalar("<Object>", "Object"), scalar(0),
-                        scalar(0), scalar(False, "Bool"), scalar(-1)],
-                outputs=[tensor_list(tensor(t, t, 8))])
-
-
 def _ddp_broadcast(flatten_parent, cat_parent):
     """DDP's two buffer buckets in a forward: flatten, broadcast, flatten again; the second
     flatten and its cat recorded under the given parents (a ``gloo:broadcast`` range, 9, that
     opened after the second flatten on gloo's thread and closed before it)."""
     return [node(3, "DistributedDataParallel.forward"), _flatten(4, 3, 10), _cat(5, 4, 10),
-            _bcast(6, 3, 11), _flatten(7, flatten_parent, 20), _cat(8, cat_parent, 20),
+            broadcast_node(6, 11, parent=3), _flatten(7, flatten_parent, 20),
+            _cat(8, cat_parent, 20),
             node(9, "gloo:broadcast", parent=3)]
 
 
@@ -90,8 +80,7 @@ def test_links_are_left_alone_where_no_backend_ran(tmp_path):
     with_backend = nodes + [node(5, "gloo:all_reduce")]
     position = file_order(with_backend)
     assert position[4] < position[3] < position[1]
-    assert mend_parent_links(sorted(with_backend, key=lambda n: n["id"]), "ctrl_deps",
-                             position) == 0
+    assert mend_parent_links(sorted(with_backend, key=lambda n: n["id"]), False, position) == 0
 
 
 def test_a_malformed_link_is_left_to_the_loader(tmp_path):
@@ -100,5 +89,5 @@ def test_a_malformed_link_is_left_to_the_loader(tmp_path):
     bad = node(4, "aten::relu", parent=[3])
     nodes = sorted(ROOTS + [node(3, "x"), bad, node(5, "gloo:broadcast", parent=3)],
                    key=lambda n: n["id"])
-    assert mend_parent_links(nodes, "ctrl_deps", {n["id"]: i for i, n in enumerate(nodes)}) == 0
+    assert mend_parent_links(nodes, False, {n["id"]: i for i, n in enumerate(nodes)}) == 0
     assert bad["ctrl_deps"] == [3]

@@ -14,8 +14,9 @@ from actors.trace import TensorArg, compute_liveness, load_trace, read_json
 from actors.trace.collectives import C10D_KINDS, FUNCTIONAL, FUNCTIONAL_CALLS
 from actors.trace.source import discover
 from orchestrator.config import REPO_ROOT
-from tests.support.et_json import (ADD, ADD_, CLONE, EMBEDDING, EMPTY, ONES, RELU, VIEW, node, scalar, step_node,
-                     tensor, tensor_list, write_trace)
+from tests.support.et_json import (ADD, ADD_, CLONE, EMBEDDING, EMPTY, FLATTEN, ONES, RELU, VIEW,
+                                   broadcast_node, node, scalar, step_node, tensor, tensor_list,
+                                   write_trace)
 
 REPO = REPO_ROOT
 DEMO_DP = REPO / "demo" / "traces" / "gpt_dp_4"
@@ -352,23 +353,11 @@ def test_tensor_arg_extent():
 
 # ---------------------------------------------------------------- parent links around collectives
 
-BROADCAST = ("c10d::broadcast_(Tensor[] tensors, __torch__.torch.classes.c10d.ProcessGroup "
-             "process_group, int root_rank, int root_tensor, bool asyncOp, int timeout=-1) -> "
-             "(Tensor[], __torch__.torch.classes.c10d.Work)")
 ALLREDUCE = ("c10d::allreduce_(Tensor[] tensors, __torch__.torch.classes.c10d.ProcessGroup "
              "process_group, __torch__.torch.classes.c10d.ReduceOp reduce_op, "
              "Tensor? sparse_indices, bool asyncOp, int timeout=-1) -> "
              "(Tensor[], __torch__.torch.classes.c10d.Work)")
 FUNC_ALL_REDUCE = "_c10d_functional::all_reduce(Tensor input, str reduce_op, str group_name) -> Tensor"
-FLATTEN = "aten::flatten_dense_tensors(Tensor[] tensors) -> Tensor"
-
-
-def _bcast(nid, t, parent=2, dtype="float"):
-    """A gloo-shaped c10d::broadcast_ of tensor id/storage ``t`` (8 elements) from root 0."""
-    return node(nid, "c10d::broadcast_", parent=parent, schema=BROADCAST,
-                inputs=[tensor_list(tensor(t, t, 8, dtype)), scalar("<Object>", "Object"),
-                        scalar(0), scalar(0), scalar(False, "Bool"), scalar(-1)],
-                outputs=[tensor_list(tensor(t, t, 8, dtype))])
 
 
 def _rpc(nid, parent, t, name="broadcast", dtype="Long"):
@@ -388,8 +377,8 @@ def test_collective_nested_under_the_previous_one_is_its_own_op(tmp_path):
     both backend nodes sit under the first broadcast."""
     trace = load_trace(write_trace(tmp_path, [
         node(3, "DistributedDataParallel.forward"),
-        _bcast(4, 10, parent=3), node(5, "gloo:broadcast", parent=4),
-        _bcast(6, 11, parent=4, dtype="long int"), node(7, "gloo:broadcast", parent=4),
+        broadcast_node(4, 10, parent=3), node(5, "gloo:broadcast", parent=4),
+        broadcast_node(6, 11, parent=4, dtype="long int"), node(7, "gloo:broadcast", parent=4),
         _relu(8, parent=3, k=20),
     ]))
     assert _collectives(trace) == [(4, "broadcast", "float32"), (6, "broadcast", "int64")]
@@ -398,8 +387,8 @@ def test_collective_nested_under_the_previous_one_is_its_own_op(tmp_path):
 
 def test_nccl_collective_nested_under_the_previous_one_keeps_its_own_record(tmp_path):
     trace = load_trace(write_trace(tmp_path, [
-        _bcast(3, 10), _rpc(4, 3, 10, dtype="Float"), node(5, "nccl:broadcast", parent=3),
-        _bcast(6, 11, parent=3, dtype="long int"), _rpc(7, 6, 11),
+        broadcast_node(3, 10), _rpc(4, 3, 10, dtype="Float"), node(5, "nccl:broadcast", parent=3),
+        broadcast_node(6, 11, parent=3, dtype="long int"), _rpc(7, 6, 11),
     ]))
     calls = [op.collective for op in trace.collectives]
     assert [(op.node_id, c.kind, c.dtype, c.source, c.pg_name) for op, c in zip(trace.collectives, calls)] \
@@ -413,7 +402,7 @@ def test_collective_under_an_unrelated_op_is_its_own_op(tmp_path):
     trace = load_trace(write_trace(tmp_path, [
         node(3, "aten::flatten_dense_tensors", schema=FLATTEN,
              inputs=[tensor_list(tensor(20, 20, 8))], outputs=[tensor(21, 21, 8)]),
-        _relu(4, parent=3, k=30), _bcast(5, 11, parent=3, dtype="long int"),
+        _relu(4, parent=3, k=30), broadcast_node(5, 11, parent=3, dtype="long int"),
     ]))
     assert [op.node_id for op in trace.ops] == [3, 5]
     assert _collectives(trace) == [(5, "broadcast", "int64")]
