@@ -1,8 +1,8 @@
 """Traces nobody here wrote: every public GPU trace replayed on cpu and on meta; one JSON line.
 
 Each rank of each file under ``shared/traces/public/param/`` (the DLRM archive's eight rank
-members included) is loaded and replayed through the rank's engine (`RankSession`) in compute mode, one
-iteration, on ``cpu`` and on ``meta`` (after one warm-up there). Per run: coverage, ops
+members included) is loaded and replayed through the rank's engine (`RankSession`) in compute
+mode, one iteration, on ``cpu`` and on ``meta`` (after one warm-up there). Per run: coverage, ops
 translated from a GPU-only kernel, stand-ins (meta ops that need values), skipped ops by name
 and reason, load and iteration time. Then the DLRM archive runs on 8 ranks through the CLI
 (``tracefleet trace.dir=<archive> replay=dry_run``). Target: coverage >= 0.99 everywhere.

@@ -3,8 +3,8 @@
 Every case (scripts/trace_mutations.py: a window of a demo or public trace with one to three
 mutations, in one of several file forms) is written as ``rank-<r>.et.json[.gz]`` into a
 worker's own folder and run through ``load_trace``, ``orchestrator.preflight.validate.preflight``
-(``replay.mode=compute``, in-process) and the rank's replay (``RankSession``) on ``meta`` (one iteration, no
-Ray). A pool of long-lived worker processes runs the cases; a case that outlives
+(``replay.mode=compute``, in-process) and the rank's replay (``RankSession``) on ``meta`` (one
+iteration, no Ray). A pool of long-lived worker processes runs the cases; a case that outlives
 ``--timeout-s`` has its worker killed (by pid) and restarted. Outcomes:
 
 * ``clear_errors``: a project error (``actors.errors.TracefleetError``), raised or as the

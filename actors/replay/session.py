@@ -5,10 +5,10 @@ The rank actor (actors/rank_actor.py: between the load and the run it rebuilds t
 groups with actors/replay/comm/rank_comm.py), the predictor's dry run
 (orchestrator/run/dry_run.py), the benchmarks and gpu_validate replay through ``RankSession``;
 a caller that drives the engine itself (iteration by iteration) takes it from ``compile``.
-No other file builds a ``ReplayEngine`` (tests/test_seams.py). The layers above the engine bring their extensions as a factory
-``extensions(trace) -> list`` (ZeRO-3's: ``actors.zero3.extension.zero3_extensions``), since
-this layer may not import them. ``phase`` and ``engine`` say where a failure happened
-(actors/replay/failure.py).
+No other file builds a ``ReplayEngine`` (tests/test_seams.py). The layers above the engine
+bring their extensions as a factory ``extensions(trace) -> list`` (ZeRO-3's:
+``actors.zero3.extension.zero3_extensions``), since this layer may not import them.
+``phase`` and ``engine`` say where a failure happened (actors/replay/failure.py).
 """
 from __future__ import annotations
 

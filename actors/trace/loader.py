@@ -112,7 +112,6 @@ def _load_trace(source: TraceSource, rank: int | None, data: bytes | None) -> Tr
     flat = version < (1, 0, 2)
     nodes = doc.pop("nodes")  # _build_ops frees the raw nodes as it goes (peak memory)
     num_nodes = len(nodes)
-    key = "parent" if flat else "ctrl_deps"
     position = parent_links.file_order(nodes)  # before the sort: the order they closed
     try:
         nodes.sort(key=lambda n: n["id"])
@@ -121,7 +120,7 @@ def _load_trace(source: TraceSource, rank: int | None, data: bytes | None) -> Tr
         raise TraceError(path, f"a node has no integer 'id' (node starts {preview(bad, 80)})") from None
     integrity.check_nodes(path, nodes, flat)  # unique ids, no parent cycle
     if position is not None:
-        parent_links.mend_parent_links(nodes, key, position)
+        parent_links.mend_parent_links(nodes, flat, position)
     built = _build_ops(path, nodes, flat)
     ops, nested = built.ops, built.nested
     integrity.check_ops(path, ops)  # shapes agree with numel, arguments with the op schema

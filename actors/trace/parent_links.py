@@ -38,13 +38,16 @@ def file_order(nodes: list) -> dict[int, int] | None:
     backend range (no backend thread ran beside the recorded one: nothing to mend)."""
     if not any(isinstance(n, dict) and _name(n).startswith(BACKEND_PREFIXES) for n in nodes):
         return None
-    return {n["id"]: i for i, n in enumerate(nodes) if isinstance(n, dict) and type(n.get("id")) is int}
+    return {n["id"]: i for i, n in enumerate(nodes)
+            if isinstance(n, dict) and type(n.get("id")) is int}
 
 
-def mend_parent_links(nodes: list, key: str, position: dict[int, int]) -> int:
-    """Give each node of ``nodes`` (raw nodes sorted by id, parent links acyclic) whose recorded
-    parent is a backend range or cannot have held it the innermost node of its thread open when
-    it opened; ``position`` is `file_order`'s. Returns how many links changed."""
+def mend_parent_links(nodes: list, flat: bool, position: dict[int, int]) -> int:
+    """Give each node of ``nodes`` (raw nodes sorted by id, parent links acyclic; ``flat``: the
+    1.0.1 layout) whose recorded parent is a backend range or cannot have held it the innermost
+    node of its thread open when it opened; ``position`` is `file_order`'s. Returns how many
+    links changed."""
+    key = "parent" if flat else "ctrl_deps"
     by_id = {n["id"]: n for n in nodes}
     backend = {n["id"] for n in nodes if _name(n).startswith(BACKEND_PREFIXES)}
     roots = {n["id"] for n in nodes if _name(n).startswith(_ROOT_PREFIX)}
