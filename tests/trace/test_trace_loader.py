@@ -12,6 +12,7 @@ import pytest
 from actors.errors import TraceError
 from actors.trace import TensorArg, compute_liveness, load_trace, read_json
 from actors.trace.collectives import C10D_KINDS, FUNCTIONAL, FUNCTIONAL_CALLS
+from actors.trace.parent_links import file_order, mend_parent_links
 from actors.trace.source import discover
 from orchestrator.config import REPO_ROOT
 from tests.support.et_json import (ADD, ADD_, CLONE, EMBEDDING, EMPTY, FLATTEN, ONES, RELU, VIEW,
@@ -184,10 +185,19 @@ def test_capture_ranks(tmp_path):
 
 
 def test_top_level_selection(gloo_trace_dir):
-    """Ops are the outermost nodes with an op schema; their nested children are not ops."""
+    """Ops are the outermost nodes with an op schema; their nested children are not ops.
+
+    Parent links are read as the loader mends them (test_parent_links covers the mend): gloo's
+    thread records the functional reduce-scatter's own ``chunk``/``copy_`` under the
+    ``gloo:all_reduce`` range, under the functional op or under its ``wait_tensor`` from one run
+    to the next, and they are the collective's work in each, never ops of their own."""
     path = gloo_trace_dir / "rank-0.json"
     trace = load_trace(path)
-    nodes = {n["id"]: n for n in read_json(path)["nodes"]}
+    raw = read_json(path)["nodes"]
+    position = file_order(raw)
+    nodes = {n["id"]: n for n in sorted(raw, key=lambda n: n["id"])}
+    if position is not None:
+        mend_parent_links(list(nodes.values()), False, position)
     has_schema = {nid for nid, n in nodes.items()
                   if any(a["name"] == "op_schema" and a["value"] for a in n["attrs"])}
 
