@@ -48,6 +48,7 @@ from actors.trace.model import MAX_WORLD_SIZE, Op, ProcessGroupInfo, Step, Trace
 from actors.trace.op_schema import parse_schema
 from actors.trace.schema import NodeView, OpSchemaReader, parse_version
 from actors.trace.source import TraceSource, as_source
+from actors.trace.subclass_wrappers import add_tensor_storages, drop_wrapper_ops
 from actors.trace.tensor_ids import UNIQUE_STORAGES_KEY, TensorIdAssigner, refill_starts
 
 PG_INIT = "## process_group:init ##"
@@ -152,6 +153,7 @@ def _load_trace(source: TraceSource, rank: int | None, data: bytes | None) -> Tr
                        "num_dropped_ops": built.num_dropped,
                        "dropped_ops": built.dropped_ops,
                        "num_orphan_ops": built.num_orphans,
+                       "num_wrapper_ops": built.num_wrapper_ops,
                        "num_recorded_frees": len(recorded_frees),
                        "num_host_scalars": num_host_scalars})
 
@@ -172,8 +174,11 @@ class _Built:
     num_orphans: int
     nested: NestedAllocations
     step_first_ids: list[int]  # first node id of each step
-    freed_marks: list  # (node id, storage ids) of each FREED_OP node
+    freed_marks: list  # (node id, storage ids, the node it was written at) of each FREED_OP
     backward_marks: list  # (node id, name) of each module backward marker, in id order
+    # ops on tensor-subclass wrappers that ran no frame of the subclass: no work, no memory
+    # (actors/trace/subclass_wrappers.py)
+    num_wrapper_ops: int
 
 
 def _build_ops(path, nodes: list, flat: bool) -> "_Built":
@@ -186,10 +191,12 @@ def _build_ops(path, nodes: list, flat: bool) -> "_Built":
     """
     sel = _select(path, nodes, flat)
     top_level, num_orphans, dropped = _keep_in_steps(path, sel, flat)
+    num_wrapper_ops = drop_wrapper_ops(top_level, sel.frame_inputs, sel.under_frame,
+                                       lambda raw: _side_values(raw, flat))
     ops, steps = _make_ops(path, top_level, sel, flat)
     return _Built(ops, sel.pgs, steps, sum(c for c, _ in dropped.values()), dropped, num_orphans,
                   sel.nested, [span[0] for span in sel.step_spans], sel.freed_marks,
-                  sel.backward_marks)
+                  sel.backward_marks, num_wrapper_ops)
 
 
 @dataclass
@@ -203,8 +210,10 @@ class _Selection:
     lost_ops: dict  # selected op id -> the never-written range above it (orphans)
     pgs: list[ProcessGroupInfo]
     nested: NestedAllocations
-    freed_marks: list  # (node id, storage ids) of each FREED_OP node
+    freed_marks: list  # (node id, storage ids, the node it was written at) of each FREED_OP
     backward_marks: list  # (node id, name) of each module backward marker
+    frame_inputs: set  # storage ids of the PythonSubclass frames' tensor inputs
+    under_frame: set  # ids of the nodes under a PythonSubclass frame
 
 
 def _select(path, nodes: list, flat: bool) -> _Selection:
@@ -216,7 +225,7 @@ def _select(path, nodes: list, flat: bool) -> _Selection:
     its ops are top-level ops of the step window they ran in, when that range opened inside the
     window (``_assign_steps``); the rest of the window's ops are untouched. Empties ``nodes``.
     """
-    sel = _Selection([], {}, [], [], {}, [], NestedAllocations(), [], [])
+    sel = _Selection([], {}, [], [], {}, [], NestedAllocations(), [], [], set(), set())
     top_level, rpc_child, step_spans, nested = sel.top_level, sel.rpc_child, sel.step_spans, \
         sel.nested
     # Per node id: (what encloses it, step index, module name). Parents precede children in
@@ -229,10 +238,14 @@ def _select(path, nodes: list, flat: bool) -> _Selection:
     lost: dict[int, int] = {}  # node id -> the never-written range above it (orphans)
     unwrapped: set[int] = set()  # ids of wrapper ops dropped for their subclass's local ops
     schema_of = OpSchemaReader(flat)
+    prev = (0, 0)  # (id, parent) of the node before
     for raw in nodes:
         nid, name, parent, is_op = _fields(path, raw, flat, schema_of)
         if parent in backend_parent:
             parent = _above_backends(parent, backend_parent)
+        before, prev = prev, (nid, parent)
+        if parent in sel.under_frame:
+            sel.under_frame.add(nid)
         if not is_op and name.startswith(parent_links.BACKEND_PREFIXES):
             backend_parent[nid] = parent
             continue
@@ -247,7 +260,11 @@ def _select(path, nodes: list, flat: bool) -> _Selection:
         if step >= 0:
             step_spans[step][1] = nid
         if name == FREED_OP:
-            sel.freed_marks.append((nid, freed_storages(NodeView(raw, flat).side("inputs")[0])))
+            # written as the node before began: its child, or its sibling right after it
+            opener = before[0] if parent == before[0] or (parent == before[1]
+                                                          and nid == before[0] + 1) else None
+            sel.freed_marks.append((nid, freed_storages(NodeView(raw, flat).side("inputs")[0]),
+                                    opener))
             continue
         if is_op:
             collective = name == "record_param_comms" or name in coll.C10D_KINDS
@@ -272,12 +289,17 @@ def _select(path, nodes: list, flat: bool) -> _Selection:
                         step, module)
             continue
         # the wrapper op is replaced by its local ops; a composite op may run several
-        # subclass calls (actors/capture/fake/subclass_frames.py hangs them under it)
-        if name == SUBCLASS and (parent in selected or parent in unwrapped):
-            if parent in selected:
-                selected.pop(parent)[0] = None
-                unwrapped.add(parent)
+        # subclass calls, under its nested ops (linear: t, mm) or, on fake, under it
+        # (actors/capture/fake/subclass_frames.py hangs them there)
+        owner = (parent if parent in selected or parent in unwrapped else top_of.get(parent)) \
+            if name == SUBCLASS else None
+        if owner is not None and (owner in selected or owner in unwrapped):
+            if owner in selected:
+                selected.pop(owner)[0] = None
+                unwrapped.add(owner)
             ctx[nid] = (_FREE, step, module)
+            sel.under_frame.add(nid)
+            add_tensor_storages(_side_values(raw, flat)[0], sel.frame_inputs)
             continue
         step, module = _annotation(path, sel, raw, flat, nid, name, step, module)
         if parent in top_of:  # an annotation inside an op (a record_function range)

@@ -1,9 +1,13 @@
 """The run's own frees, as a fake capture recorded them (pure data).
 
 A ``tracefleet::freed`` node (actors/trace/conventions.py: FREED_OP) lists storages the run
-let go of since the op before it started, each with whether the step made it: the storage
-dies after the last top-level op that began before the node (the one it is nested in, or the
-one before it). The loader turns the nodes into ``Trace.recorded_frees`` ((storage
+let go of since the op before it started, each with whether the step made it. The fake mode
+writes it as an op's dispatch begins, after the observer opened that op's node: as its child,
+or its sibling with the next id. Written so at a top-level op, it frees before that op (after
+the one before it): ``(x + exp(y)) * z`` lets go of ``exp``'s output before ``mul`` runs,
+where a replay that held it through ``mul`` charged a loss-parallel backward 8 MiB the run did
+not hold. Written anywhere else, the storage dies after the last top-level op that began before
+the node (the one it is nested in, or the one before it). The loader turns the nodes into ``Trace.recorded_frees`` ((storage
 generation, op index, made in the step) triples). A faithful replay holds each storage until
 then where that is later than its last use (a tensor the user's code kept: a
 ``ModelOutput``'s logits through backward), and lets go of one that existed before the step
@@ -30,13 +34,16 @@ def freed_storages(values) -> list[tuple[int, bool]]:
             if isinstance(v, list) and len(v) == 6 and type(v[1]) is int and v[1] > 0]
 
 
-def free_positions(marks: list[tuple[int, list]],
+def free_positions(marks: list[tuple[int, list, int | None]],
                    op_node_ids: list[int]) -> dict[int, list]:
     """Op index -> ``(storage id, made in the step)`` freed after that op, for FREED_OP nodes
-    ``(node id, freed_storages)``; a node before every op frees nothing the trace holds."""
+    ``(node id, freed_storages, id of the node it was written at or None)``; ``op_node_ids``
+    increase. A node before every op frees nothing the trace holds."""
     after: dict[int, list[int]] = {}
-    for node_id, storage_ids in marks:
+    for node_id, storage_ids, opener in marks:
         end = bisect.bisect_left(op_node_ids, node_id) - 1
+        if end >= 0 and op_node_ids[end] == opener:
+            end -= 1  # written as that op began: freed before it
         if end >= 0 and storage_ids:
             after.setdefault(end, []).extend(storage_ids)
     return after

@@ -210,3 +210,34 @@ def test_recorded_frees_hold_what_the_step_kept(tmp_path):
     # tuple), and a few scalars the step's locals keep
     kept_bytes = 64 * 16 * DIM * 4 + 64 * DIM * 4
     assert kept_bytes <= _faithful_peak(fake) - _faithful_peak(real) <= kept_bytes + 64
+
+
+def _temporary_step(ctx):
+    """``(h.detach() + neg(h)) * 0.5``: ``neg``'s output (which autograd does not save) is let go of
+    as the ``add`` returns, before the ``mul`` runs, as loss parallel's backward lets go of
+    ``exp(x)`` in ``(grad_input + exp(x)) * grad_output``."""
+    torch.manual_seed(0)
+    model = nn.Linear(DIM, 64 * DIM).to(ctx.device)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def step(batch):
+        h = model(batch[0])
+        ((h.detach() + torch.neg(h)) * 0.5).mean().backward()  # one gradient path
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return model, lambda: (torch.randn(256, DIM, device=ctx.device),), step
+
+
+def test_a_free_written_as_an_op_begins_is_before_it(tmp_path):
+    """The fake mode writes the run's frees as an op's dispatch begins, after the observer
+    opened that op's node; read as frees after it, ``neg``'s output was held through ``mul``
+    (one activation too many at the forward's peak). Fake and real peak alike, but for the
+    scalars the step's locals keep (test_recorded_frees_hold_what_the_step_kept)."""
+    spec = as_entrypoint(_temporary_step, "temporary")
+    fake = load_trace(capture_fake(spec, tmp_path / "fake"))
+    real = load_trace(capture_real(spec, tmp_path / "real"))
+    neg = next(op.index for op in fake.ops if op.name == "aten::neg")
+    neg_out = fake.ops[neg].outputs[0].suid
+    assert [end for suid, end, _ in fake.recorded_frees if suid == neg_out] == [neg + 1]  # add
+    assert 0 <= _faithful_peak(fake) - _faithful_peak(real) <= 64

@@ -1,0 +1,69 @@
+"""Tensor-subclass wrappers (DTensor, AsyncCollectiveTensor, torchao's float8 tensors): the
+arguments that hold no memory of their own, and the ops left on them.
+
+A wrapper subclass is made by ``_make_wrapper_subclass``: it has no storage, and the observer
+writes every wrapper of a trace on one shared storage id (the null data pointer's), whatever its
+shape. Seen in a real pipeline x tensor-parallel capture: the whole vocabulary's logits
+(4 x 256 x 4096 floats), the output projection's weight and every block's activations on one id.
+Read as a storage it was one tensor as large as the largest wrapper, live from the first wrapper
+op to the last: 16 MiB the run never held, on a last stage that peaked at 96 MiB.
+
+The subclass's own work is recorded under a ``PythonSubclass`` frame, whose tensor inputs are
+the wrappers; the loader keeps the frame's ops in place of the wrapper op (on a composite op,
+``linear`` into ``t`` and ``mm``, the frames lie under its nested ops). So a trace's wrapper
+storage ids are those of the frames' tensor inputs that no op under a frame uses: the ops under a
+frame work on local tensors, and a plain tensor passed to a subclass op is used there too.
+
+A wrapper op that reached no frame (``to`` of a DTensor to the dtype it has, the pipeline
+schedule's ``detach_`` of a stage's output, ``_wrap_tensor_autograd`` making an
+AsyncCollectiveTensor) did no work and made no memory the trace shows: `drop_wrapper_ops` drops
+every op with an argument on a wrapper storage.
+
+Pure trace code: raw node values in.
+"""
+from __future__ import annotations
+
+_TENSOR_FIELDS = 6  # [tensor id, storage id, offset, numel, itemsize, device]
+
+
+def add_tensor_storages(values, out: set[int]) -> None:
+    """Add the storage id of every tensor of an observer value list (a tensor, or a list of
+    them, per argument) to ``out``; whatever else the list holds is skipped."""
+    for value in values if isinstance(values, list) else ():
+        if _is_tensor(value):
+            out.add(value[1])
+        elif isinstance(value, list):
+            for item in value:
+                if _is_tensor(item):
+                    out.add(item[1])
+
+
+def _is_tensor(value) -> bool:
+    return (isinstance(value, list) and len(value) == _TENSOR_FIELDS and type(value[0]) is int
+            and type(value[1]) is int and isinstance(value[5], str))
+
+
+def drop_wrapper_ops(top_level: list, frame_inputs: set[int], under_frame: set[int],
+                     side_values) -> int:
+    """Drop (in place) from ``top_level`` (``[raw node, step, module]`` per op) every op with an
+    argument on a wrapper storage: ``frame_inputs`` are the storage ids of the ``PythonSubclass``
+    frames' tensor inputs, ``under_frame`` the ids of the nodes under a frame, ``side_values``
+    reads a raw node's (input values, output values). Returns how many were dropped."""
+    local: set[int] = set()
+    for raw, _, _ in top_level:
+        if raw["id"] in under_frame:
+            for values in side_values(raw):
+                add_tensor_storages(values, local)
+    wrappers = frame_inputs - local
+    if not wrappers:
+        return 0
+    kept = []
+    for entry in top_level:
+        used: set[int] = set()
+        for values in side_values(entry[0]):
+            add_tensor_storages(values, used)
+        if not used & wrappers:
+            kept.append(entry)
+    num_dropped = len(top_level) - len(kept)
+    top_level[:] = kept
+    return num_dropped
