@@ -227,6 +227,27 @@ def test_pp_stages_are_roles_each_with_its_own_layers(pp_job):
     assert all(peaks) and peaks[0] != peaks[1]
 
 
+def test_pp_x_tp_without_fsdp_keeps_the_last_stages_logits_vocabulary_sharded(tmp_path):
+    """pp 2 x tp 2 at world 4: no rank left for FSDP2 (none is applied, as torchtitan), and the
+    last stage's cross-entropy runs on vocabulary-sharded logits (loss parallel): no op there
+    makes the whole vocabulary's logits, the schedule keeps each micro-batch's shard."""
+    vocab = 1000  # a width no other tensor has
+    meta = _capture(tmp_path, {"pp": 2, "tp": 2}, n_layers=4, precision="fp32", vocab=vocab)
+    assert meta["mesh"]["roles"] == {"pp stage 0": [0, 1], "pp stage 1": [2, 3]}
+    last = load_trace(tmp_path / trace_file_name(2))
+    kinds = Counter((op.collective.kind, op.collective.source) for op in last.collectives)
+    # no FSDP2 (its c10d all-gathers and reduce-scatters): tp's functional ones, the pipeline's
+    # p2p
+    assert {source for _, source in kinds} == {"functional", "c10d"}
+    assert {kind for kind, source in kinds if source == "c10d"} == {"send", "recv"}
+    # loss parallel's max, sum of exponentials and target logits, per micro-batch
+    assert kinds["all_reduce", "functional"] >= 3 * 2
+    widths = {t.shape[-1] for op in last.ops for t in op.output_tensors() if t.shape}
+    assert vocab // 2 in widths and vocab not in widths
+    assert last.meta["num_wrapper_ops"] > 0  # the DTensor logits' .float() and detach_
+    assert _dry_run(tmp_path / trace_file_name(2))["accounted_peak_bytes"] > 0
+
+
 def test_preflight_pairs_every_send_with_its_receive(pp_job, tmp_path):
     out, _, _ = pp_job
     assert preflight(out, mode="full", executor="inline").world_size == 4

@@ -44,7 +44,10 @@ def test_dp_shard_takes_the_rest_and_the_product_must_be_the_world():
     ({}, {"tp": 8}, 16, r"n_heads=4 and n_kv_heads=4 must be divisible by tp=8"),
     ({"seq_len": 36}, {"cp": 4}, 16, r"seq_len=36 must be divisible by tp x 2 cp = 8"),
     ({"vocab": 66}, {"tp": 4}, 16, r"vocab=66 is not divisible by tp=4"),
-    ({}, {"tp": 4, "dp_shard": 1}, 4, r"leave at least 2 ranks there"),
+    # no dp rank: no FSDP2, as torchtitan, whose mixed precision and knobs are FSDP2's
+    ({}, {"tp": 4, "dp_shard": 1}, 4, r"no FSDP2 shards the parameters .*precision=bf16_mixed"),
+    ({"precision": "fp32", "cpu_offload": True}, {"tp": 2, "pp": 2}, 4,
+     r"workload.cpu_offload=True is FSDP2's"),
 ])
 def test_what_cannot_split_is_refused(fields, parallelism, world, message):
     cfg = WorkloadConfig(**{**LLAMA, **fields}, parallelism=ParallelismConfig(**parallelism))
@@ -58,6 +61,9 @@ def test_a_mesh_needs_fsdp2_and_the_llama_recipe():
                                             parallelism=ParallelismConfig(tp=2)), 4)
     validate_parallelism(_wl(tp=2), 4)  # passes
     validate_parallelism(_wl(), 3)  # 1-D: any world
+    unsharded = WorkloadConfig(**{**LLAMA, "precision": "fp32"},
+                               parallelism=ParallelismConfig(tp=2, pp=2))
+    validate_parallelism(unsharded, 4)  # tp x pp, no FSDP2 (as torchtitan)
 
 
 def test_coordinates_roles_and_data_ranks():

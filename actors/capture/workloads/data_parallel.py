@@ -55,6 +55,7 @@ def data_parallel_step(model: nn.Module, cfg, device: torch.device, world_size: 
                 g.copy_(chunk.view_as(g))
         opt.step()
 
+    step.optimizer = opt
     return step
 
 

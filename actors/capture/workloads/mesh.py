@@ -249,8 +249,7 @@ def validate_parallelism(cfg, world_size: int) -> None:
                           "logits (loss parallel) and pp in the last stage's schedule; use "
                           "loss_chunks=1 there")
     if degrees["dp_replicate"] * degrees["dp_shard"] * cp == 1:
-        raise ConfigError(f"{where}: the mesh recipes shard parameters with FSDP2 over "
-                          "dp_shard x cp (as torchtitan); leave at least 2 ranks there")
+        _validate_unsharded(cfg, where)
     kv_heads = cfg.n_kv_heads or cfg.n_heads
     if cfg.n_heads % tp or kv_heads % tp:
         raise ConfigError(f"{where}: workload.n_heads={cfg.n_heads} and n_kv_heads={kv_heads} "
@@ -274,6 +273,21 @@ def validate_parallelism(cfg, world_size: int) -> None:
                           "parallel styles (Float8ColwiseParallel, ...): not built; float8 "
                           "runs with FSDP2, HSDP, cp and pp")
     _validate_pipeline(cfg, par, pp, where)
+
+
+def _validate_unsharded(cfg, where: str) -> None:
+    """No data-parallel ranks (only tp, pp): torchtitan applies no FSDP there, so the FSDP2
+    knobs have nothing to act on, and it trains such a job in float32 (mixed precision is
+    FSDP's ``MixedPrecisionPolicy``): refused rather than predicted as another job."""
+    fsdp_knobs = {"precision": cfg.precision == "bf16_mixed", "cpu_offload": cfg.cpu_offload,
+                  "reshard_after_forward": cfg.reshard_after_forward != "default",
+                  "optimizer_in_backward": cfg.optimizer_in_backward}
+    fsdp_only = [f"{name}={getattr(cfg, name)}" for name, is_set in fsdp_knobs.items() if is_set]
+    if fsdp_only:
+        raise ConfigError(f"{where}: no rank is left for dp_shard x cp, so no FSDP2 shards "
+                          f"the parameters (as torchtitan), and workload.{', '.join(fsdp_only)} "
+                          "is FSDP2's; use precision fp32 or bf16 and FSDP2's defaults, or "
+                          "leave at least 2 ranks for dp_shard")
 
 
 def _validate_experts(cfg, par: ParallelismConfig, world_size: int, where: str) -> None:

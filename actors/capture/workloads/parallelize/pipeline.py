@@ -14,7 +14,10 @@ micro-batches of ``batch_size`` samples: gpipe (every forward, then every backwa
 rank's stages; activations and their gradients go between neighbouring stages by send/recv on
 the pp group. FSDP2 shards each stage (its blocks, then the stage), without resharding after
 forward (torchtitan's default under pp: the micro-batches' forwards would all-gather again;
-``workload.reshard_after_forward=always`` reshards).
+``workload.reshard_after_forward=always`` reshards); with no data-parallel ranks, nothing does.
+The schedule's ``step`` returns the last stage's outputs (``return_outputs=True``, torch's
+default, which torchtitan keeps): the stage holds every micro-batch's logits (vocabulary-sharded
+under tp: loss parallel) until the step ends.
 The stages' shapes are given to ``PipelineStage`` (no shape inference, which exchanges
 pickled metadata the fake process group cannot carry).
 """
@@ -144,9 +147,10 @@ def pipeline_step(stages: list[LlamaStage], cfg, device: torch.device, pp_mesh, 
                                                    reduce_dtype=torch.float32)
     pipes = []
     for index, stage in zip(stage_ids(pp_rank, pp, par.pp_stages_per_rank), stages):
-        for block in stage.layers.values():
-            fully_shard(block, **kwargs)
-        fully_shard(stage, **kwargs)
+        if fsdp_mesh is not None:  # None: no dp_shard x cp ranks, no FSDP (as torchtitan)
+            for block in stage.layers.values():
+                fully_shard(block, **kwargs)
+            fully_shard(stage, **kwargs)
         inp, out = _io(cfg, index, num_stages, cfg.batch_size, seq, hidden_seq, device,
                        act_dtype)
         pipes.append(pipelining.PipelineStage(stage, index, num_stages, device, input_args=inp,

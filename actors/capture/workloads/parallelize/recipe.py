@@ -8,9 +8,14 @@ units of their own over ``efsdp``.
 
 The step is FSDP2's (actors/capture/workloads/fsdp2.py): every block then the root
 ``fully_shard``-ed, AdamW, micro-batches; with pp, the pipeline schedule's over this rank's stages
-(:mod:`.pipeline`). Around it: each micro-batch cut to the rank's share of the sequence
+(:mod:`.pipeline`). With no rank left for ``dp_replicate x dp_shard x cp`` (tp and pp only),
+torchtitan applies no FSDP and neither does the recipe: the plain local step, or the schedule
+over unsharded stages. Around it: each micro-batch cut to the rank's share of the sequence
 (cp), and the whole step under ``loss_parallel`` (tp), whose cross-entropy on sharded logits
-runs in forward and backward.
+runs in forward and backward; under pp too, where the last stage's output stays a
+vocabulary-sharded DTensor the schedule's loss takes (as torchtitan), so neither the loss nor
+the schedule, which keeps every micro-batch's output until the step ends, holds the whole
+vocabulary's logits.
 
 On fake, the parallelize and ``fully_shard`` calls run under ``unset_fake_temporarily``: they
 slice the mesh, which reads its (real) rank tensors with ops that have no fake kernel
@@ -31,6 +36,7 @@ from actors.capture.workloads.parallelize.expert_parallel import (apply_expert_p
                                                                   expert_fsdp_mesh)
 from actors.capture.workloads.parallelize.tensor_parallel import (apply_tensor_parallel,
                                                                   loss_parallel_context)
+from actors.capture.workloads.data_parallel import data_parallel_step
 from actors.capture.workloads.fsdp2 import fsdp2_step
 from actors.capture.workloads.parallelize.pipeline import PipelineStages, pipeline_step, split_model
 
@@ -47,7 +53,7 @@ def mesh_step(model: nn.Module, cfg, blocks: nn.ModuleList, device: torch.device
     pp_mesh = sub_mesh(mesh, par, world_size, "pp")
     fsdp_mesh = sub_mesh(mesh, par, world_size, "dp_replicate", "dp_shard_cp")
     # loss parallel keeps the logits a DTensor: not as a pipeline stage's output
-    loss_parallel = tp_mesh is not None and pp_mesh is None
+    loss_parallel = tp_mesh is not None
     fake = detect_fake_mode() is not None
     with unset_fake_temporarily():  # a no-op outside a fake mode
         parts = [model] if pp_mesh is None else split_model(
@@ -59,7 +65,9 @@ def mesh_step(model: nn.Module, cfg, blocks: nn.ModuleList, device: torch.device
                 apply_context_parallel(part, cp_mesh)
             if par.ep > 1:
                 apply_expert_parallel(part, mesh.expert_mesh["ep"])
-        if pp_mesh is None:
+        if pp_mesh is None and fsdp_mesh is None:  # tp only: no FSDP (validate_parallelism)
+            inner = data_parallel_step(model, cfg, device, 0)
+        elif pp_mesh is None:
             experts_mesh = expert_fsdp_mesh(mesh.expert_mesh) if par.ep > 1 else None
             inner = fsdp2_step(model, cfg, blocks, device, world_size, fsdp_mesh, experts_mesh)
         else:
