@@ -248,6 +248,19 @@ def test_pp_x_tp_without_fsdp_keeps_the_last_stages_logits_vocabulary_sharded(tm
     assert _dry_run(tmp_path / trace_file_name(2))["accounted_peak_bytes"] > 0
 
 
+def test_tp_alone_runs_the_local_step_on_dtensors(tmp_path):
+    """tp 2 at world 2, no dp rank: the local step (AdamW on the tp-split DTensors, no gradient
+    collective), loss parallel as with FSDP2."""
+    cfg = CaptureConfig(workload=WorkloadConfig(**{**TINY, "precision": "fp32"},
+                                                parallelism={"tp": 2, "dp_shard": 1}),
+                        world_size=2, out_dir=str(tmp_path))
+    run_capture_job(cfg, rank0_only=True)
+    trace = load_trace(tmp_path / trace_file_name(0))
+    assert {op.collective.source for op in trace.collectives} == {"functional"}
+    assert any(op.name == "aten::_foreach_mul_" or op.name.startswith("aten::_fused_adamw")
+               or op.name == "aten::addcdiv_" for op in trace.ops)  # AdamW on the local shards
+
+
 def test_preflight_pairs_every_send_with_its_receive(pp_job, tmp_path):
     out, _, _ = pp_job
     assert preflight(out, mode="full", executor="inline").world_size == 4
