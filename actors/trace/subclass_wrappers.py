@@ -19,6 +19,12 @@ schedule's ``detach_`` of a stage's output, ``_wrap_tensor_autograd`` making an
 AsyncCollectiveTensor) did no work and made no memory the trace shows: `drop_wrapper_ops` drops
 every op with an argument on a wrapper storage.
 
+An empty tensor has no data either, and the observer writes it on the same null pointer's id:
+FSDP2's local shard of a parameter smaller than the world, an expert that got no token. Such a
+tensor is real (an op on it runs), holds nothing, and is no wrapper: only tensors with elements
+count here, so the null id is a wrapper storage by its wrappers, and an op on empty tensors is
+kept.
+
 Pure trace code: raw node values in.
 """
 from __future__ import annotations
@@ -27,8 +33,9 @@ _TENSOR_FIELDS = 6  # [tensor id, storage id, offset, numel, itemsize, device]
 
 
 def add_tensor_storages(values, out: set[int]) -> None:
-    """Add the storage id of every tensor of an observer value list (a tensor, or a list of
-    them, per argument) to ``out``; whatever else the list holds is skipped."""
+    """Add the storage id of every tensor with elements of an observer value list (a tensor, or
+    a list of them, per argument) to ``out``; empty tensors and whatever else the list holds
+    are skipped."""
     for value in values if isinstance(values, list) else ():
         if _is_tensor(value):
             out.add(value[1])
@@ -39,8 +46,10 @@ def add_tensor_storages(values, out: set[int]) -> None:
 
 
 def _is_tensor(value) -> bool:
+    """A tensor with elements (see the module docstring: empty ones are no wrappers)."""
     return (isinstance(value, list) and len(value) == _TENSOR_FIELDS and type(value[0]) is int
-            and type(value[1]) is int and isinstance(value[5], str))
+            and type(value[1]) is int and type(value[3]) is int and value[3] > 0
+            and isinstance(value[5], str))
 
 
 def drop_wrapper_ops(top_level: list, frame_inputs: set[int], under_frame: set[int],

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from actors.trace import compute_liveness, load_trace
 from actors.trace.subclass_wrappers import add_tensor_storages, drop_wrapper_ops
-from tests.support.et_json import node, step_node, tensor, write_trace
+from tests.support.et_json import node, step_node, tensor, tensor_list, write_trace
 
 LINEAR = "aten::linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor"
 MM = "aten::mm(Tensor self, Tensor mat2) -> Tensor"
@@ -18,6 +18,7 @@ TO = ("aten::to.dtype(Tensor(a) self, ScalarType dtype, bool non_blocking=False,
       "MemoryFormat? memory_format=None) -> Tensor(a)")
 DETACH_ = "aten::detach_(Tensor(a!) self) -> Tensor(a!)"
 RELU = "aten::relu(Tensor self) -> Tensor"
+CAT = "aten::cat(Tensor[] tensors, int dim=0) -> Tensor"
 WRAPPER = 50  # the storage id every wrapper shows
 LOGITS = 4096  # the global logits' elements (the largest wrapper)
 
@@ -51,22 +52,29 @@ def _nodes(local_input=21):
              outputs=[_wrapped(32, LOGITS)]),
         node(19, "aten::relu", parent=3, schema=RELU, inputs=[tensor(24, 24, 2048)],
              outputs=[tensor(25, 25, 2048)]),
+        # an empty tensor is written on the null pointer's id too: a real op, kept
+        node(26, "aten::cat", parent=3, schema=CAT,
+             inputs=[tensor_list(tensor(25, 25, 2048), _wrapped(27, 0))],
+             outputs=[tensor(28, 28, 2048)]),
     ]
 
 
 def test_a_composite_op_is_its_frames_local_ops(tmp_path):
     trace = load_trace(write_trace(tmp_path, _nodes()))
     assert [(op.node_id, op.name) for op in trace.ops] == [
-        (4, "aten::relu"), (13, "aten::t"), (16, "aten::mm"), (19, "aten::relu")]
+        (4, "aten::relu"), (13, "aten::t"), (16, "aten::mm"), (19, "aten::relu"),
+        (26, "aten::cat")]
     assert trace.meta["num_wrapper_ops"] == 2  # to and detach_
 
 
 def test_the_wrappers_storage_holds_no_memory(tmp_path):
     trace = load_trace(write_trace(tmp_path, _nodes()))
-    storages = {t.storage_id for op in trace.ops for t in op.input_tensors() + op.output_tensors()}
-    assert WRAPPER not in storages
+    on_wrapper = [t.numel for op in trace.ops for t in op.input_tensors() + op.output_tensors()
+                  if t.storage_id == WRAPPER]
+    assert on_wrapper == [0]  # the cat's empty input
     live = compute_liveness(trace.ops, trace.num_storages)
-    # the local mm's output and the relu's, never the global logits' 16 KiB
+    # the local mm's output and the relu's, then the relu's and the cat's: never the global
+    # logits' 16 KiB
     assert live.lower_bound_bytes == (2048 + 2048) * 4
 
 
@@ -82,8 +90,8 @@ def test_a_plain_tensor_passed_to_a_frame_is_no_wrapper():
     assert [entry[0]["id"] for entry in top] == [5]
 
 
-def test_tensor_storages_read_tensors_and_tensor_lists():
+def test_tensor_storages_read_tensors_and_tensor_lists_with_elements():
     out = set()
     add_tensor_storages([[1, 7, 0, 8, 4, "cpu"], [[2, 8, 0, 4, 4, "cuda:0"]], 3, "x",
-                         [1, 2, 3, 4, 5, 6]], out)
+                         [1, 2, 3, 4, 5, 6], [3, 9, 0, 0, 4, "cpu"]], out)
     assert out == {7, 8}
