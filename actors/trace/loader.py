@@ -260,11 +260,7 @@ def _select(path, nodes: list, flat: bool) -> _Selection:
         if step >= 0:
             step_spans[step][1] = nid
         if name == FREED_OP:
-            # written as the node before began: its child, or its sibling right after it
-            opener = before[0] if parent == before[0] or (parent == before[1]
-                                                          and nid == before[0] + 1) else None
-            sel.freed_marks.append((nid, freed_storages(NodeView(raw, flat).side("inputs")[0]),
-                                    opener))
+            sel.freed_marks.append(_freed_mark(raw, flat, nid, parent, before))
             continue
         if is_op:
             collective = name == "record_param_comms" or name in coll.C10D_KINDS
@@ -288,18 +284,9 @@ def _select(path, nodes: list, flat: bool) -> _Selection:
             ctx[nid] = (_IN_FUNCTIONAL if name in coll.FUNCTIONAL_CALLS else max(enclosing, _IN_OP),
                         step, module)
             continue
-        # the wrapper op is replaced by its local ops; a composite op may run several
-        # subclass calls, under its nested ops (linear: t, mm) or, on fake, under it
-        # (actors/capture/fake/subclass_frames.py hangs them there)
-        owner = (parent if parent in selected or parent in unwrapped else top_of.get(parent)) \
-            if name == SUBCLASS else None
-        if owner is not None and (owner in selected or owner in unwrapped):
-            if owner in selected:
-                selected.pop(owner)[0] = None
-                unwrapped.add(owner)
-            ctx[nid] = (_FREE, step, module)
-            sel.under_frame.add(nid)
-            add_tensor_storages(_side_values(raw, flat)[0], sel.frame_inputs)
+        if name == SUBCLASS and _enter_frame(sel, raw, flat, parent, selected, unwrapped,
+                                             top_of):
+            ctx[nid] = (_FREE, step, module)  # the frame's local ops are top-level
             continue
         step, module = _annotation(path, sel, raw, flat, nid, name, step, module)
         if parent in top_of:  # an annotation inside an op (a record_function range)
@@ -308,6 +295,33 @@ def _select(path, nodes: list, flat: bool) -> _Selection:
     nodes.clear()
     sel.top_level = [t for t in top_level if t[0] is not None]
     return sel
+
+
+def _freed_mark(raw: dict, flat: bool, nid: int, parent: int, before: tuple[int, int]) -> tuple:
+    """A FREED_OP node's ``(id, freed storages, the node it was written at or None)``: the
+    fake mode writes it as that node began, as its child or its sibling with the next id
+    (actors/trace/recorded_frees.py)."""
+    opener = before[0] if parent == before[0] or (parent == before[1]
+                                                  and nid == before[0] + 1) else None
+    return nid, freed_storages(NodeView(raw, flat).side("inputs")[0]), opener
+
+
+def _enter_frame(sel: _Selection, raw: dict, flat: bool, parent: int, selected: dict,
+                 unwrapped: set, top_of: dict) -> bool:
+    """Whether a ``PythonSubclass`` frame belongs to a wrapper op selected outside any op (its
+    parent, or the op its parent runs inside): a composite op runs several, under its nested
+    ops (``linear``: ``t``, ``mm``) or, on fake, under it (actors/capture/fake/subclass_frames.py
+    hangs them there). The wrapper op is then dropped for the frames' local ops, and the frame's
+    tensor inputs noted (actors/trace/subclass_wrappers.py)."""
+    owner = parent if parent in selected or parent in unwrapped else top_of.get(parent)
+    if owner not in selected and owner not in unwrapped:
+        return False
+    if owner in selected:
+        selected.pop(owner)[0] = None
+        unwrapped.add(owner)
+    sel.under_frame.add(raw["id"])
+    add_tensor_storages(_side_values(raw, flat)[0], sel.frame_inputs)
+    return True
 
 
 def _above_backends(parent: int, backend_parent: dict[int, int]) -> int:
