@@ -132,6 +132,10 @@ CONFIGS = {
     "pp_1f1b_fsdp2_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.pp": 2},
     "pp_gpipe_fsdp2_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.pp": 2,
                                   "parallelism.pp_schedule": "gpipe"},
+    # the same FSDP2 job at 4 and 8 ranks (fsdp2_bf16_mixed: 2): what shrinks with the world
+    # (shards, their gradients and optimizer state, the update's temporaries) shrinks in both
+    "fsdp2_bf16_mixed_world4": _recipe("fsdp2", "bf16_mixed"),
+    "fsdp2_bf16_mixed_world8": _recipe("fsdp2", "bf16_mixed"),
     # pp 2 x tp 2, no FSDP (no dp rank left, as torchtitan), fp32 (torchtitan's mixed
     # precision is FSDP's): the last stage's cross-entropy on vocabulary-sharded logits (loss
     # parallel), each micro-batch's kept by the schedule; a large vocabulary, so they weigh
@@ -176,7 +180,8 @@ CONFIGS = {
 # rows run at another world size than WORLD
 WORLDS = {"fsdp2_tp_sp_bf16_mixed": 4, "hsdp_bf16_mixed": 4, "fsdp2_cp_bf16_mixed": 4,
           "pp_1f1b_fsdp2_bf16_mixed": 4, "pp_gpipe_fsdp2_bf16_mixed": 4, "moe_ep_bf16_mixed": 4,
-          "pp_tp_loss_parallel_fp32": 4,
+          "pp_tp_loss_parallel_fp32": 4, "fsdp2_bf16_mixed_world4": 4,
+          "fsdp2_bf16_mixed_world8": 8,
           "qwen3_tp_sp_bf16_mixed": 4, "qwen3_moe_ep_bf16_mixed": 4,
           "deepseek_v3_mla_moe_ep_bf16_mixed": 4}
 # DeepSpeed's rows: the plain capture the emulation partitions (DeepSpeed's bf16 mode runs the
