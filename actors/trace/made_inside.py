@@ -21,17 +21,19 @@ import bisect
 from actors.trace.model import Op
 
 
-def _storage_ids(values, out: set, extent: dict | None = None) -> None:
-    """Storage ids of every tensor tuple ``[tensor_id, storage_id, offset, numel, itemsize,
-    device]`` in a node side's (possibly nested) values; ``extent``: storage id -> the most
-    bytes a tuple reaches. Iterative: a malformed trace may nest lists as deep as the JSON
-    parser allows, deeper than Python's recursion limit."""
+def tensor_storage_ids(values, out: set, extent: dict | None = None,
+                       with_elements: bool = False) -> None:
+    """Add the storage ids of every tensor tuple ``[tensor_id, storage_id, offset, numel,
+    itemsize, device]`` in a node side's (possibly nested) values to ``out``; ``extent``:
+    storage id -> the most bytes a tuple reaches; ``with_elements``: only tensors with elements
+    (actors/trace/subclass_wrappers.py). Iterative: a malformed trace may nest lists as deep as
+    the JSON parser allows, deeper than Python's recursion limit."""
     todo = [values] if isinstance(values, list) else []
     while todo:
         for v in todo.pop():
             if isinstance(v, list):
                 if len(v) == 6 and isinstance(v[5], str) and type(v[1]) is int:
-                    if v[1]:
+                    if v[1] and (not with_elements or type(v[3]) is int and v[3] > 0):
                         out.add(v[1])
                         if extent is not None and all(type(x) is int and x >= 0 for x in v[2:5]):
                             nbytes = (v[2] + v[3]) * v[4]
@@ -55,9 +57,9 @@ class NestedAllocations:
         """A nested op node's input and output values (``values`` lists); ``top``: the node id
         of the top-level op it runs inside (None: unknown)."""
         made: set[int] = set()
-        _storage_ids(outputs, made, self.extent)
+        tensor_storage_ids(outputs, made, self.extent)
         used: set[int] = set()
-        _storage_ids(inputs, used, self.extent)
+        tensor_storage_ids(inputs, used, self.extent)
         if top is not None:
             for sid in used:
                 self.last_use_top[sid] = top

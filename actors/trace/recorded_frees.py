@@ -7,14 +7,14 @@ or its sibling with the next id. Written so at a top-level op, it frees before t
 the one before it): ``(x + exp(y)) * z`` lets go of ``exp``'s output before ``mul`` runs,
 where a replay that held it through ``mul`` charged a loss-parallel backward 8 MiB the run did
 not hold. Written anywhere else, the storage dies after the last top-level op that began before
-the node (the one it is nested in, or the one before it). The loader turns the nodes into ``Trace.recorded_frees`` ((storage
-generation, op index, made in the step) triples). A faithful replay holds each storage until
-then where that is later than its last use (a tensor the user's code kept: a
-``ModelOutput``'s logits through backward), and lets go of one that existed before the step
-there instead of keeping it all iteration (the previous step's gradients, freed by a
-``zero_grad`` at the start); one the step made that the trace first shows as an input (its
-making op raised and was never written) is not alive before that use. Storages freed without
-ever being seen by an op of the trace are not named in it.
+the node (the one it is nested in, or the one before it). The loader turns the nodes into
+``Trace.recorded_frees`` ((storage generation, op index, made in the step) triples). A
+faithful replay holds each storage until then where that is later than its last use (a tensor
+the user's code kept: a ``ModelOutput``'s logits through backward), and lets go of one that
+existed before the step there instead of keeping it all iteration (the previous step's
+gradients, freed by a ``zero_grad`` at the start); one the step made that the trace first shows
+as an input (its making op raised and was never written) is not alive before that use.
+Storages freed without ever being seen by an op of the trace are not named in it.
 """
 from __future__ import annotations
 

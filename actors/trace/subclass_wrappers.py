@@ -29,27 +29,13 @@ Pure trace code: raw node values in.
 """
 from __future__ import annotations
 
-_TENSOR_FIELDS = 6  # [tensor id, storage id, offset, numel, itemsize, device]
+from actors.trace.made_inside import tensor_storage_ids
 
 
 def add_tensor_storages(values, out: set[int]) -> None:
-    """Add the storage id of every tensor with elements of an observer value list (a tensor, or
-    a list of them, per argument) to ``out``; empty tensors and whatever else the list holds
-    are skipped."""
-    for value in values if isinstance(values, list) else ():
-        if _is_tensor(value):
-            out.add(value[1])
-        elif isinstance(value, list):
-            for item in value:
-                if _is_tensor(item):
-                    out.add(item[1])
-
-
-def _is_tensor(value) -> bool:
-    """A tensor with elements (see the module docstring: empty ones are no wrappers)."""
-    return (isinstance(value, list) and len(value) == _TENSOR_FIELDS and type(value[0]) is int
-            and type(value[1]) is int and type(value[3]) is int and value[3] > 0
-            and isinstance(value[5], str))
+    """Add the storage id of every tensor with elements of an observer value list to ``out``
+    (empty tensors are no wrappers: see the module docstring)."""
+    tensor_storage_ids(values, out, with_elements=True)
 
 
 def drop_wrapper_ops(top_level: list, frame_inputs: set[int], under_frame: set[int],

@@ -52,7 +52,7 @@ def mesh_step(model: nn.Module, cfg, blocks: nn.ModuleList, device: torch.device
     cp_mesh = sub_mesh(mesh, par, world_size, "cp")
     pp_mesh = sub_mesh(mesh, par, world_size, "pp")
     fsdp_mesh = sub_mesh(mesh, par, world_size, "dp_replicate", "dp_shard_cp")
-    # loss parallel keeps the logits a DTensor: not as a pipeline stage's output
+    # under pp too: the last stage's logits stay vocabulary-sharded (the module docstring)
     loss_parallel = tp_mesh is not None
     fake = detect_fake_mode() is not None
     with unset_fake_temporarily():  # a no-op outside a fake mode
