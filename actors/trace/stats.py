@@ -57,6 +57,7 @@ def trace_stats(trace: Trace, top: int = 10) -> dict:
         "num_ops": len(trace.ops),
         "num_dropped_ops": trace.meta.get("num_dropped_ops", 0),
         "num_orphan_ops": trace.meta.get("num_orphan_ops", 0),
+        "num_wrapper_ops": trace.meta.get("num_wrapper_ops", 0),
         "steps": [s.name for s in trace.steps],
         "num_op_names": len(names),
         "op_histogram": [{"name": n, "count": c} for n, c in names.most_common(top)],

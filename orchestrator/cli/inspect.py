@@ -73,7 +73,10 @@ def _print_human(report: dict) -> None:
             ("replayable ops", f"{s['num_ops']:,} ({s['num_op_names']} distinct; "
                                f"{s['num_dropped_ops']} outside ProfilerStep windows dropped"
                                + (f"; {s['num_orphan_ops']} under a range never closed, "
-                                  "placed by position" if s["num_orphan_ops"] else "") + ")"),
+                                  "placed by position" if s["num_orphan_ops"] else "")
+                               + (f"; {s['num_wrapper_ops']} on tensor-subclass wrappers that "
+                                  "reached no frame dropped (no work, no memory)"
+                                  if s["num_wrapper_ops"] else "") + ")"),
             ("steps", steps),
             ("parameter-like", f"{s['params']['num_storages']} storages, "
                                f"{human_bytes(s['params']['bytes'])}"),

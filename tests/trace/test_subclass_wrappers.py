@@ -8,6 +8,7 @@ the local ops, then a ``to`` of the DTensor logits (to its own dtype: no frame) 
 from __future__ import annotations
 
 from actors.trace import compute_liveness, load_trace
+from actors.trace.stats import trace_stats
 from actors.trace.subclass_wrappers import add_tensor_storages, drop_wrapper_ops
 from tests.support.et_json import node, step_node, tensor, tensor_list, write_trace
 
@@ -65,6 +66,7 @@ def test_a_composite_op_is_its_frames_local_ops(tmp_path):
         (4, "aten::relu"), (13, "aten::t"), (16, "aten::mm"), (19, "aten::relu"),
         (26, "aten::cat")]
     assert trace.meta["num_wrapper_ops"] == 2  # to and detach_
+    assert trace_stats(trace)["num_wrapper_ops"] == 2  # tracefleet-inspect names them
 
 
 def test_the_wrappers_storage_holds_no_memory(tmp_path):
