@@ -34,7 +34,7 @@ from actors.errors import ConfigError
 from orchestrator.studies.fit_answer import AxisAnswer
 from orchestrator.studies.fit_layout import search_layout, with_layout
 from orchestrator.studies.fit_search_config import AC_ORDER, Axis, FitSearchRunConfig
-from orchestrator.studies.worker_pool import in_workers, tell_parent
+from orchestrator.cluster.worker_pool import in_workers, tell_parent
 from orchestrator.studies.predict import PredictConfig, Verdict, predict
 from orchestrator.reports.prediction_page import write_prediction_page
 from orchestrator.studies.fit_search_report import (ANSWER_COLUMNS, FitSearchRecorder, answer_rows,

@@ -1,8 +1,8 @@
-"""The pool of worker processes a study's independent searches run in (fit_search's axes):
-results in submission order, messages from the tasks as they are sent (a probe's progress
+"""The pool of local worker processes independent work runs in (fit_search's axes, a mesh
+job's roles recorded at once: orchestrator/run/roles.py): results in submission order, messages from the tasks as they are sent (a probe's progress
 line the moment it is done, not when its whole search ends), and no worker outlives the call.
 
-A worker runs one search for minutes (a 70B probe captures and dry-runs a model), so on any
+A worker runs one task for minutes (a 70B probe captures and dry-runs a model), so on any
 exit but the normal one (a signal, a search that raised) the other workers are not waited
 for: they are killed by pid before the pool is shut down. Workers are spawned (not forked): a
 capture patches torch process-wide, and a forked copy of a driver holding Ray's threads
@@ -32,14 +32,17 @@ def tell_parent(message) -> None:
 
 
 def in_workers(fn: Callable, tasks: list[tuple], num_workers: int,
-               on_message: Callable = lambda message: None) -> Iterator:
+               on_message: Callable = lambda message: None,
+               fresh_process: bool = False) -> Iterator:
     """``fn(*task)`` of every task, in ``num_workers`` spawned processes, yielded in the
     tasks' order as each is ready; ``fn`` must be importable by name (module level). What a
-    task sends with ``tell_parent`` reaches ``on_message`` in this process while it waits."""
+    task sends with ``tell_parent`` reaches ``on_message`` in this process while it waits.
+    ``fresh_process``: each task in a process of its own (its memory is its own: a task's
+    peak is not raised by what the one before left)."""
     spawn = multiprocessing.get_context("spawn")
     queue = spawn.SimpleQueue()  # handed to each worker as it starts (it cannot be an argument)
     pool = ProcessPoolExecutor(num_workers, mp_context=spawn, initializer=_attach,
-                               initargs=(queue,))
+                               initargs=(queue,), max_tasks_per_child=1 if fresh_process else None)
 
     def drain() -> None:
         while not queue.empty():

@@ -1,4 +1,4 @@
-"""The pool fit_search's axes run in (orchestrator/studies/worker_pool.py) and a second signal
+"""The pool fit_search's axes run in (orchestrator/cluster/worker_pool.py) and a second signal
 (orchestrator/interrupts.py): no process a command started outlives it."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 
 import psutil
 
-from orchestrator.studies.worker_pool import in_workers
+from orchestrator.cluster.worker_pool import in_workers
 from tests.support.bounds import LOAD_MARGIN_S
 
 START_TIMEOUT_S = 120  # spawned workers import this project on a loaded machine
@@ -56,7 +56,7 @@ def _gone(procs: list[psutil.Process]) -> bool:
 def test_sigterm_kills_the_workers_instead_of_waiting_for_their_searches(tmp_path):
     proc, started = _start(tmp_path, '''
         import time
-        from orchestrator.studies.worker_pool import in_workers
+        from orchestrator.cluster.worker_pool import in_workers
         results = in_workers(time.sleep, [(0,), (600,), (600,)], 2)
         next(results)  # both workers are up: the first task is done, two sleep 600 s
         print("ready", flush=True)
@@ -110,7 +110,7 @@ def test_a_second_signal_during_a_slow_cleanup_kills_what_the_command_started(tm
 
 
 def _report_then_wait(label: str, wait_s: float) -> str:
-    from orchestrator.studies.worker_pool import tell_parent
+    from orchestrator.cluster.worker_pool import tell_parent
 
     tell_parent(f"{label} started")
     time.sleep(wait_s)
