@@ -1,0 +1,72 @@
+"""The bound on a recording's resident memory and the peak it measures
+(actors/memory_limit.py)."""
+from __future__ import annotations
+
+import signal
+import threading
+
+import psutil
+import pytest
+
+from actors.memory_limit import MemoryLimitError, PeakRss, memory_limit
+
+MIB = 2**20
+
+
+def _grow(num_mib: int) -> list:
+    """Hold ``num_mib`` MiB, touched page by page (resident, not just reserved), computing
+    all the while (the bound ticks on CPU time)."""
+    held = []
+    for _ in range(num_mib):
+        held.append(bytearray(MIB))
+        held[-1][::4096] = b"x" * len(held[-1][::4096])
+    return held
+
+
+def test_a_block_past_its_bound_is_stopped_naming_the_key_and_the_size():
+    with PeakRss() as before:
+        pass
+    limit = before.bytes + 64 * MIB
+    with pytest.raises(MemoryLimitError, match=r"roles\.memory_limit_gib=[\d.]+ GiB: the test "
+                       r"block held [\d.]+ GiB resident \(stopped at .*test_memory_limit\.py"):
+        with memory_limit(limit, "roles.memory_limit_gib", "the test block"):
+            held = _grow(512)
+            while True:  # past the bound the next tick stops it; never reached otherwise
+                held[0][0] = 1
+    # the timer and the handler are put back: nothing fires after the block
+    assert signal.getitimer(signal.ITIMER_PROF) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGPROF) in (signal.SIG_DFL, None, signal.SIG_IGN)
+
+
+def test_a_block_within_its_bound_and_no_bound_run_to_their_end():
+    with PeakRss() as before:
+        pass
+    with memory_limit(before.bytes + 1024 * MIB, "k", "w"):
+        assert len(_grow(32)) == 32
+    with memory_limit(0, "k", "w"):  # 0: no bound
+        assert len(_grow(32)) == 32
+
+
+def test_off_the_main_thread_the_block_runs_unbounded():
+    done = []
+
+    def run():
+        with memory_limit(1, "k", "w"):  # 1 byte: any tick would stop it
+            done.append(len(_grow(16)))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(60)
+    assert done == [16]
+
+
+def test_peak_rss_is_the_blocks_own_high_water_mark():
+    base = psutil.Process().memory_info().rss
+    with PeakRss() as big:
+        held = _grow(256)
+        del held
+    with PeakRss() as small:
+        _grow(8)
+    assert big.bytes - base > 200 * MIB
+    if small.method == "vmhwm":  # the mark was reset: the first block's peak is not counted
+        assert small.bytes < big.bytes - 150 * MIB
