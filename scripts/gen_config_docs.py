@@ -157,6 +157,13 @@ def _capture_root() -> str:
                       *_root_rows(dataclasses.fields(CaptureConfig))])
 
 
+def _capture_sections() -> list[tuple[str, type]]:
+    """(name, dataclass) of tracefleet-capture's own sections (not the groups above)."""
+    groups = {group for group, _ in _groups()}
+    return [(f.name, type(_default(f))) for f in dataclasses.fields(CaptureConfig)
+            if dataclasses.is_dataclass(_default(f)) and f.name not in groups]
+
+
 def render() -> str:
     """The page, from the groups' dataclasses."""
     groups = _groups()
@@ -173,6 +180,8 @@ def render() -> str:
     sections += [_table(f"`{name}` ({cli})", cls, f"{name}.")
                  for name, cls, cli in PREDICT_SECTIONS]
     sections.append(_capture_root())
+    sections += [_table(f"`{name}` (tracefleet-capture)", cls, f"{name}.")
+                 for name, cls in _capture_sections()]
     head = ["| group | dataclass | keys you will type |", "| --- | --- | --- |", *rows]
     return "\n\n".join([INTRO.rstrip("\n"), "\n".join(head), OUTRO.rstrip("\n"),
                         *sections]) + "\n"
@@ -182,7 +191,7 @@ def undocumented() -> list[str]:
     """Keys whose field has no help (the page would show a blank): the groups', then
     tracefleet-predict's root and its own sections'."""
     keyed = [(group, cls) for group, cls in _groups()]
-    keyed += [(name, cls) for name, cls, _ in PREDICT_SECTIONS]
+    keyed += [(name, cls) for name, cls, _ in PREDICT_SECTIONS] + _capture_sections()
     missing = [k for group, cls in keyed for k, f, _ in _keys(cls, f"{group}.") if not help_of(f)]
     roots = [*_predict_root_fields(),
              *((CaptureConfig, f) for f in dataclasses.fields(CaptureConfig))]

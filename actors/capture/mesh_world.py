@@ -20,8 +20,9 @@ import gc
 import gzip
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import ContextManager
 
 import orjson
@@ -31,6 +32,7 @@ import torch.distributed as dist
 from actors.capture.fake.fake_mode import strip_dispatch_mode_nodes
 from actors.capture.fake.group_names import (GroupNamingFakeMode, as_rank, group_table,
                                              name_c10d_groups)
+from actors.capture.environment_reads import environment_reads, note_reads
 from actors.capture.memory import MemoryMeter
 from actors.capture.fake_rank import FAKE_MEMORY_METHOD, fake_errors, fake_tensors, record_workload
 from actors.capture.workloads.mesh import build_mesh, rank_roles
@@ -41,7 +43,11 @@ from actors.capture.worker import rank_facts, workload_config
 from actors.capture.workloads.build import build_workload
 from actors.errors import ConfigError, TracefleetError
 from actors.gc_pause import gc_paused
+from actors.memory_limit import PeakRss
 from actors.trace.conventions import trace_file_name
+
+# records a job's roles: (tasks, bound) -> each task's record_role result, in the tasks' order
+RunRoles = Callable[[list["RoleTask"], Callable[[str], ContextManager]], Iterator[dict]]
 
 
 def _fake_group(rank: int, world_size: int) -> None:
@@ -104,44 +110,90 @@ def _write(doc: dict, path: str) -> None:
         f.write(orjson.dumps(doc))
 
 
+@dataclass(frozen=True)
+class RoleTask:
+    """One role of a mesh job to record: its first rank recorded, its other ranks' files
+    derived (all of them, or none with ``num_files``). Picklable: a worker process or a Ray
+    task records it as this process would."""
+
+    cfg: dict
+    out_dir: str
+    role: str
+    ranks: tuple[int, ...]
+    world_size: int
+    num_files: int | None
+    mesh: dict  # the job's mesh, as every fact names it: degrees, description, roles
+
+
+def mesh_role_tasks(cfg: dict, out_dir: str, world_size: int,
+                    num_files: int | None = None) -> list[RoleTask]:
+    """The roles of ``cfg``'s mesh job, one task each, in the mesh's order."""
+    wl = workload_config(cfg)
+    par = wl.parallelism
+    roles = rank_roles(par, world_size,
+                       skewed_experts=wl.moe_experts > 0 and wl.moe_routing_skew > 0)
+    mesh = {"degrees": par.degrees(world_size), "description": par.describe(world_size),
+            "roles": roles}
+    return [RoleTask(cfg, out_dir, role, tuple(ranks), world_size, num_files, mesh)
+            for role, ranks in roles.items()]
+
+
+def record_role(task: RoleTask, bound: Callable[[str], ContextManager]) -> dict:
+    """Record ``task``'s role in this process: ``{"facts": [one per written rank],
+    "environment": the variables the step read}``; each fact carries the recording's
+    seconds and its peak resident memory (actors/memory_limit.py's ``PeakRss``)."""
+    os.makedirs(task.out_dir, exist_ok=True)
+    wl = workload_config(task.cfg)
+    par, first_rank = wl.parallelism, task.ranks[0]
+    no_memory = MemoryMeter(torch.device("meta")).result()
+    no_memory["method"] = FAKE_MEMORY_METHOD
+    start = time.perf_counter()
+    with environment_reads() as names, PeakRss() as peak:
+        with bound(f"recording of rank {first_rank} (role {task.role})"), gc_paused():
+            workload, first = record_mesh_rank(task.cfg, task.out_dir, first_rank,
+                                               task.world_size)
+    record_s = time.perf_counter() - start
+    written = [first_rank] if task.num_files else list(task.ranks)
+    doc = _read(first) if len(written) > 1 else None
+    if doc is not None:
+        recorded = mesh_group_table(par, task.world_size, first_rank)
+        if group_table(doc) != recorded:
+            raise TracefleetError(f"rank {first_rank}'s trace lists other process groups "
+                                  "than its mesh makes (the step made groups of its own?): "
+                                  "its role's other ranks cannot be derived from it")
+    facts = []
+    for rank in written:
+        path = first if rank == first_rank else os.path.join(task.out_dir,
+                                                               trace_file_name(rank))
+        if rank != first_rank:
+            _write(as_rank(doc, mesh_group_table(par, task.world_size, rank),
+                           f"rank {rank} from rank {first_rank}"), path)
+        facts.append({**rank_facts(rank, task.world_size, workload, path, None, [], no_memory),
+                      "recorded_as_rank": first_rank, "record_s": record_s, "role": task.role,
+                      "mesh": task.mesh, "record_peak_rss_bytes": peak.bytes,
+                      "record_peak_rss_method": peak.method})
+    del doc, workload
+    gc.collect()  # the role's cycles, made while the GC was paused: before the next role's
+    return {"facts": facts, "environment": sorted(names)}
+
+
+def _in_order(tasks: list[RoleTask], bound: Callable[[str], ContextManager]) -> Iterator[dict]:
+    return (record_role(task, bound) for task in tasks)
+
+
 def run_mesh_capture(cfg: dict, out_dir: str, world_size: int, num_files: int | None = None,
-                     bound: Callable[[str], ContextManager] = lambda _what: nullcontext()
-                     ) -> list[dict]:
+                     bound: Callable[[str], ContextManager] = lambda _what: nullcontext(),
+                     run_roles: RunRoles | None = None) -> list[dict]:
     """Capture the fake mesh job of ``cfg`` into out_dir: one recorded rank per role, the
     other ranks' files derived (see the module docstring); their facts in rank order.
     ``num_files`` set: write only the recorded ranks' files (one per role: what a dry run
-    needs). Each role's recording runs in ``bound(what)`` (the caller's time limit)."""
-    os.makedirs(out_dir, exist_ok=True)
-    wl = workload_config(cfg)
-    par = wl.parallelism
-    roles = rank_roles(par, world_size, skewed_experts=wl.moe_experts > 0 and
-                       wl.moe_routing_skew > 0)
-    no_memory = MemoryMeter(torch.device("meta")).result()
-    no_memory["method"] = FAKE_MEMORY_METHOD
-    mesh_info = {"degrees": par.degrees(world_size), "description": par.describe(world_size),
-                 "roles": roles}
+    needs). Each role's recording runs in ``bound(what)`` (the caller's limits).
+    ``run_roles(tasks, bound)`` records the roles (their ``record_role`` results, in the
+    tasks' order): the driver's worker processes or Ray tasks; by default one after another
+    in this process."""
+    tasks = mesh_role_tasks(cfg, out_dir, world_size, num_files)
     facts = []
-    for role, ranks in roles.items():
-        start = time.perf_counter()
-        with bound(f"recording of rank {ranks[0]} (role {role})"), gc_paused():
-            workload, first = record_mesh_rank(cfg, out_dir, ranks[0], world_size)
-        record_s = time.perf_counter() - start
-        written = [ranks[0]] if num_files else ranks
-        doc = _read(first) if len(written) > 1 else None
-        if doc is not None:
-            recorded = mesh_group_table(par, world_size, ranks[0])
-            if group_table(doc) != recorded:
-                raise TracefleetError(f"rank {ranks[0]}'s trace lists other process groups "
-                                      "than its mesh makes (the step made groups of its own?): "
-                                      "its role's other ranks cannot be derived from it")
-        for rank in written:
-            path = first if rank == ranks[0] else os.path.join(out_dir, trace_file_name(rank))
-            if rank != ranks[0]:
-                _write(as_rank(doc, mesh_group_table(par, world_size, rank),
-                               f"rank {rank} from rank {ranks[0]}"), path)
-            facts.append({**rank_facts(rank, world_size, workload, path, None, [], no_memory),
-                          "recorded_as_rank": ranks[0], "record_s": record_s, "role": role,
-                          "mesh": mesh_info})
-        del doc, workload
-        gc.collect()  # the role's cycles, made while the GC was paused: before the next role's
+    for result in (run_roles or _in_order)(tasks, bound):
+        note_reads(result["environment"])  # read in a worker: the capture's reads too
+        facts += result["facts"]
     return sorted(facts, key=lambda f: f["rank"])

@@ -29,9 +29,10 @@ from actors.trace.meta_file import META_JSON
 from actors.trace.model import MAX_WORLD_SIZE
 from actors.capture.workloads.config import WorkloadConfig, validate as validate_workload
 from actors.errors import ConfigError, TracefleetError
-from actors.time_limit import time_limit
+from actors.capture.bound import RecordingBound
 from orchestrator.config import ClusterConfig, Transfer
 from orchestrator.run.fake_check import check_fake
+from orchestrator.run.roles_config import RolesConfig
 from actors.atomic_file import atomic_write
 from actors.capture.workloads.custom import load_build, resolve_entrypoint
 
@@ -80,6 +81,9 @@ class CaptureConfig:
     overwrite: bool = setting(False, help=(
         "Replace rank traces already in out_dir (otherwise refuse, so no stale rank is mixed "
         "in)."))
+    roles: RolesConfig = setting(factory=RolesConfig, help=(
+        "On fake, a mesh job's roles (one recorded rank each): how many are recorded at once "
+        "and where (orchestrator/run/roles.py)."))
     transfer: Transfer = setting(Transfer.path, help=(
         "path: ranks write into out_dir (shared filesystem); object_store: ranks send the "
         "bytes back through Ray and the driver writes them."))
@@ -102,6 +106,7 @@ class CaptureConfig:
                               f"{self.timing_iters} must be >= 1 (the last warm-up iteration "
                               "is the memory-measured one)")
         self.cluster.validate()
+        self.roles.validate()
 
     def rank_cfg(self) -> dict:
         """What each rank's run_capture reads."""
@@ -159,11 +164,11 @@ def prepare_out_dir(out_dir: str, overwrite: bool) -> None:
 
 def run_capture_job(cfg: CaptureConfig, rank0_only: bool = False,
                     timeout_key: str = "capture_timeout_s",
-                    stall_key: str = "capture_stall_s") -> dict:
+                    stall_key: str = "capture_stall_s", roles_key: str = "roles") -> dict:
     """Capture ``cfg.world_size`` rank traces into cfg.out_dir; returns the meta dict.
     ``rank0_only`` (meta and fake: every rank's trace is rank 0's) writes rank 0's alone.
-    ``timeout_key``, ``stall_key``: the settings a stopped capture names (the caller's own
-    for the bounds)."""
+    ``timeout_key``, ``stall_key``, ``roles_key``: the settings a stopped capture names (the
+    caller's own for the bounds)."""
     cfg.validate()
     out_dir = os.path.abspath(cfg.out_dir)
     prepare_out_dir(out_dir, cfg.overwrite)
@@ -173,15 +178,16 @@ def run_capture_job(cfg: CaptureConfig, rank0_only: bool = False,
             # the fake device's machinery (FakeTensorMode, Dynamo, inductor's scheduler) costs
             # ~2 s to import: only a capture on meta or fake pays it
             from actors.capture.meta_world import run_meta_capture
+            from orchestrator.run.roles import role_runner  # the fake device's imports too
 
-            # in this process: each recording is bounded here (on Ray the actors are killed)
-            def bound(what: str):
-                return time_limit(cfg.capture_timeout_s, timeout_key,
-                                  f"the {cfg.workload.device} capture's {what}",
-                                  stall_s=cfg.capture_stall_s, stall_key=stall_key)
-
+            # each recording is bounded where it runs: here, or in its role's worker
+            bound = RecordingBound(cfg.workload.device, cfg.capture_timeout_s, timeout_key,
+                                   cfg.capture_stall_s, stall_key,
+                                   int(cfg.roles.memory_limit_gib * 2**30),
+                                   f"{roles_key}.memory_limit_gib")
             ranks = run_meta_capture(cfg.rank_cfg(), out_dir, cfg.world_size,
-                                     num_files=1 if rank0_only else None, bound=bound)
+                                     num_files=1 if rank0_only else None, bound=bound,
+                                     run_roles=role_runner(cfg.roles, roles_key))
         else:
             ranks = _capture_on_ray(cfg, out_dir)
         meta = build_meta(cfg, ranks, out_dir, time.perf_counter() - start)
@@ -293,4 +299,12 @@ def build_meta(cfg: CaptureConfig, ranks: list[dict], out_dir: str, wall_s: floa
             meta[key] = first[key]
     if "recorded_as_rank" in first:  # meta/fake: one rank recorded, its trace written for all
         meta["recorded_rank"] = first["recorded_as_rank"]
+    # a mesh job: each role's recording, measured where it ran (orchestrator/run/roles.py)
+    recordings = [r for r in ranks if "role" in r and r["rank"] == r["recorded_as_rank"]]
+    if recordings:
+        meta["role_recordings"] = [
+            {"role": r["role"], "rank": r["rank"], "record_s": r["record_s"],
+             "peak_rss_bytes": r["record_peak_rss_bytes"],
+             "peak_rss_method": r["record_peak_rss_method"], "node_id": r.get("node_id")}
+            for r in recordings]
     return meta

@@ -46,6 +46,7 @@ from orchestrator.outputs import RunDir
 from orchestrator.reports.prediction_page import write_prediction_page
 from actors.atomic_file import atomic_write
 from orchestrator.run.capture import check_world_size
+from orchestrator.run.roles_config import RolesConfig
 
 log = logging.getLogger("tracefleet")
 
@@ -103,6 +104,9 @@ class PredictSettings:
         "Stop a capture on meta or fake whose step stays at the very same place (every "
         "frame's line) this long, seconds, with an error naming the place, well before "
         "capture_timeout_s: a wait or a loop that never ends; 0: only the whole bound."))
+    roles: RolesConfig = setting(factory=RolesConfig, help=(
+        "A mesh job captured on fake: how many of its roles (one recorded rank each) are "
+        "recorded at once, and where (orchestrator/run/roles.py)."))
 
 
 @dataclass
@@ -153,6 +157,7 @@ class PredictConfig:
         if self.predict.capture_timeout_s <= 0:
             raise ConfigError(f"predict.capture_timeout_s={self.predict.capture_timeout_s:g}; "
                               "expected seconds > 0")
+        self.predict.roles.validate("predict.roles")
         if self.predict.capture_stall_s < 0:
             raise ConfigError(f"predict.capture_stall_s={self.predict.capture_stall_s:g}; "
                               "expected seconds >= 0 (0: no stall bound)")
@@ -194,7 +199,8 @@ def _capture(cfg: PredictConfig, name: str) -> tuple[Path, dict]:
                                     timeout_s=cfg.predict.capture_timeout_s,
                                     timeout_key="predict.capture_timeout_s",
                                     stall_s=cfg.predict.capture_stall_s,
-                                    stall_key="predict.capture_stall_s")
+                                    stall_key="predict.capture_stall_s",
+                                    roles=cfg.predict.roles, roles_key="predict.roles")
     took = time.perf_counter() - start
     if reused:
         log.info("predict: capture reused from the cache: %s", folder)

@@ -25,6 +25,7 @@ from actors.errors import ConfigError, TraceError
 from actors.trace.meta_file import META_JSON, environment_changes, meta_path_of, read_meta
 from actors.trace.meta_file import workload as meta_workload
 from orchestrator.config import WORKLOAD_CONF_DIR
+from orchestrator.run.roles_config import RolesConfig
 
 
 def workload_config(preset: str, overrides: dict | None = None):
@@ -93,14 +94,17 @@ def _entrypoint_file(entrypoint: str) -> Path | None:
 def capture_cached(workload, world_size: int, cache_dir: str, label: str,
                    rank0_only: bool = False, timeout_s: float | None = None,
                    timeout_key: str = "capture_timeout_s", stall_s: float | None = None,
-                   stall_key: str = "capture_stall_s") -> tuple[Path, bool]:
+                   stall_key: str = "capture_stall_s", roles: RolesConfig | None = None,
+                   roles_key: str = "roles") -> tuple[Path, bool]:
     """``(folder, reused)``: the workload's traces (a ``WorkloadConfig`` on meta or fake) at
     ``world_size``, captured into ``cache_dir`` unless an earlier run did. ``rank0_only``
     writes rank 0's file alone (on meta and fake it is every rank's: actors/capture/
     meta_world.py), with ``meta.json`` naming the world size. ``timeout_s`` bounds the
     capture (None: the default ``capture_timeout_s``; ``timeout_key`` names the setting),
-    ``stall_s`` its time at one place (``capture_stall_s``, named by ``stall_key``). A
-    capture that fails or is stopped leaves no temporary folder behind."""
+    ``stall_s`` its time at one place (``capture_stall_s``, named by ``stall_key``);
+    ``roles`` says how a mesh job's roles are recorded (named by ``roles_key``): not part of
+    the cache key, since the traces do not depend on it. A capture that fails or is stopped
+    leaves no temporary folder behind."""
     root = Path(os.path.expanduser(cache_dir))
     key = capture_key(workload, world_size, rank0_only)
     # a name, never a path: a preset named by a path (workload=../workload/gpt) stays in root
@@ -126,10 +130,11 @@ def capture_cached(workload, world_size: int, cache_dir: str, label: str,
     shutil.rmtree(tmp, ignore_errors=True)
     bound = {} if timeout_s is None else {"capture_timeout_s": timeout_s}
     bound |= {} if stall_s is None else {"capture_stall_s": stall_s}
+    bound |= {} if roles is None else {"roles": roles}
     try:
         run_capture_job(CaptureConfig(workload=workload, world_size=world_size, out_dir=str(tmp),
                                       overwrite=True, **bound), rank0_only=rank0_only,
-                        timeout_key=timeout_key, stall_key=stall_key)
+                        timeout_key=timeout_key, stall_key=stall_key, roles_key=roles_key)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -21,7 +21,7 @@ from actors.trace.conventions import trace_file_name
 from actors.time_limit import time_limit as real_time_limit
 from actors.trace.liveness import compute_liveness
 from orchestrator.preflight.validate import preflight
-from orchestrator.run import capture as capture_module
+from actors.capture import bound as bound_module
 from orchestrator.run.capture import CaptureConfig, run_capture_job
 
 TINY = dict(model="llama", parallel="fsdp2", precision="bf16_mixed", device="fake", vocab=64,
@@ -199,7 +199,7 @@ def pp_job(tmp_path_factory):
         return real_time_limit(seconds, key, what, **stall)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(capture_module, "time_limit", time_limit)
+        patch.setattr(bound_module, "time_limit", time_limit)
         meta = _capture(out, {"pp": 2}, n_layers=4)
     return out, meta, bounded
 

@@ -1,0 +1,164 @@
+"""Where a mesh job's roles are recorded: one after another in this process, several at once
+in local worker processes, or as Ray tasks spread over a cluster's nodes.
+
+A job on an N-D mesh records one rank per role (actors/capture/mesh_world.py): the eight
+stages of a pipeline, the chunks of context parallelism. The recordings are independent, so
+they can run side by side; what bounds that is memory (one 405B stage holds ~13 GiB while it
+is recorded). Each recording runs in a process of its own under the capture's time bound and
+``roles.memory_limit_gib``; a worker the kernel killed is named by its role. With
+``num_workers=0`` the first role is recorded alone and its measured peak sizes the rest: as
+many at once as this machine's CPUs and available memory hold. On Ray each task reserves
+one CPU (and the memory bound), the tasks are spread over the nodes by a placement group,
+and each task's trace files come back to the driver through the object store.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from actors.capture.mesh_world import RoleTask, RunRoles, record_role
+from actors.errors import TracefleetError
+from orchestrator.cluster.worker_pool import in_workers
+from orchestrator.config import ClusterConfig
+from orchestrator.run.roles_config import RoleExecutor, RolesConfig
+
+log = logging.getLogger("tracefleet")
+GIB = 2**30
+MEMORY_SHARE = 0.8  # of the available memory the auto-sized roles may hold together
+
+
+def role_runner(cfg: RolesConfig, key: str = "roles") -> RunRoles | None:
+    """What records the roles (mesh_world.RunRoles); None: one after another in this
+    process. ``cfg`` is validated by the config that holds it."""
+    if cfg.executor == RoleExecutor.ray:
+        return lambda tasks, bound: _on_ray(tasks, bound, cfg, key)
+    if cfg.num_workers == 1:
+        return None
+    return lambda tasks, bound: _locally(tasks, bound, cfg.num_workers, key)
+
+
+def _done(task: RoleTask, result: dict, index: int, num_tasks: int, where: str = "") -> dict:
+    fact = result["facts"][0]
+    log.info("capture: role %s (rank %d) recorded in %.1f s, peak %.2f GiB resident%s "
+             "[%d/%d]", task.role, task.ranks[0], fact["record_s"],
+             fact["record_peak_rss_bytes"] / GIB, where, index + 1, num_tasks)
+    return result
+
+
+def _locally(tasks: list[RoleTask], bound, num_workers: int, key: str) -> Iterator[dict]:
+    """The roles in spawned processes, one process per role, ``num_workers`` at a time (0:
+    sized by the first role's peak)."""
+    done = 0
+    if num_workers == 0:
+        first = next(_in_processes(tasks[:1], bound, 1, key))
+        yield _done(tasks[0], first, 0, len(tasks))
+        done, rest = 1, tasks[1:]
+        num_workers = _workers_for(first["facts"][0]["record_peak_rss_bytes"], len(rest))
+        log.info("capture: %d role(s) left, %d at once (role %s peaked at %.2f GiB; %.1f GiB "
+                 "available)", len(rest), num_workers, tasks[0].role,
+                 first["facts"][0]["record_peak_rss_bytes"] / GIB,
+                 psutil.virtual_memory().available / GIB)
+    for offset, result in enumerate(_in_processes(tasks[done:], bound, num_workers, key)):
+        yield _done(tasks[done + offset], result, done + offset, len(tasks))
+
+
+def _workers_for(peak_bytes: int, num_left: int) -> int:
+    """How many roles of ``peak_bytes`` this machine records at once."""
+    by_memory = int(psutil.virtual_memory().available * MEMORY_SHARE // max(peak_bytes, 1))
+    return max(1, min(os.cpu_count() or 1, num_left, by_memory))
+
+
+def _in_processes(tasks: list[RoleTask], bound, num_workers: int, key: str) -> Iterator[dict]:
+    results = in_workers(record_role, [(task, bound) for task in tasks], num_workers,
+                         fresh_process=True)
+    for task in tasks:
+        try:
+            yield next(results)
+        except BrokenProcessPool:
+            raise TracefleetError(
+                f"a worker process recording the roles died (killed by the kernel: out of "
+                f"memory?) before role {task.role} (rank {task.ranks[0]}) was recorded; set "
+                f"{key}.memory_limit_gib to stop a role that grows too large by name, or "
+                f"record fewer at once ({key}.num_workers)") from None
+
+
+def _record_on_node(task: RoleTask, bound) -> dict:
+    """A Ray task: record ``task`` into a folder on this node; the files' bytes come back."""
+    import ray
+
+    with tempfile.TemporaryDirectory(prefix="tracefleet-role-") as tmp:
+        result = record_role(dataclasses.replace(task, out_dir=tmp), bound)
+        files = {}
+        for fact in result["facts"]:
+            name = os.path.basename(fact["path"])
+            files[name] = Path(fact["path"]).read_bytes()
+            fact["path"] = os.path.join(task.out_dir, name)
+    return {**result, "files": files, "node_id": ray.get_runtime_context().get_node_id()}
+
+
+def _on_ray(tasks: list[RoleTask], bound, cfg: RolesConfig, key: str) -> Iterator[dict]:
+    """The roles as Ray tasks, ``num_workers`` at a time, spread over the nodes by a
+    placement group of one bundle each; every wait bounded."""
+    import ray
+    from ray.util.placement_group import remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from orchestrator.cluster.connect import connect
+    from orchestrator.cluster.placement import reserve_bundles
+    from orchestrator.cluster.rank_result import failure_text
+
+    num_bundles = min(max(cfg.num_workers, 1), len(tasks))
+    memory = int(cfg.memory_limit_gib * GIB)
+    cluster = ClusterConfig(address=cfg.ray_address)
+    handle = connect(cluster, num_bundles)
+    pg = None
+    try:
+        bundle = {"CPU": 1, **({"memory": memory} if memory else {})}
+        pg = reserve_bundles(bundle, num_bundles, "SPREAD", cluster.timeout_s)
+        # max_calls=1: a process per role, so its peak and its bound are its own
+        remote = ray.remote(max_calls=1)(_record_on_node)
+        refs = [remote.options(
+            num_cpus=1, **({"memory": memory} if memory else {}), max_retries=0,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                pg, placement_group_bundle_index=index % num_bundles)).remote(task, bound)
+            for index, task in enumerate(tasks)]
+        # each bundle records its roles one after another, each within the time bound
+        rounds = -(-len(tasks) // num_bundles)
+        deadline = (time.monotonic() + rounds * bound.timeout_s + cluster.timeout_s
+                    if bound.timeout_s > 0 else None)
+        for index, (task, ref) in enumerate(zip(tasks, refs)):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _ = ray.wait([ref], timeout=left)
+            if not ready:
+                raise TracefleetError(f"role {task.role} (rank {task.ranks[0]}) was not "
+                                      f"recorded on Ray within {rounds} x the capture's bound "
+                                      f"({bound.timeout_key}={bound.timeout_s:g}) + "
+                                      f"cluster.timeout_s={cluster.timeout_s:g} s")
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayTaskError as exc:
+                if isinstance(exc.cause, TracefleetError):
+                    raise exc.cause from None
+                raise TracefleetError(f"role {task.role} (rank {task.ranks[0]}) failed on Ray: "
+                                      f"{failure_text(exc)}") from None
+            except ray.exceptions.RayError as exc:
+                raise TracefleetError(f"the Ray task recording role {task.role} (rank "
+                                      f"{task.ranks[0]}) died: {failure_text(exc)}") from None
+            for name, data in result.pop("files").items():
+                Path(task.out_dir, name).write_bytes(data)
+            for fact in result["facts"]:
+                fact["node_id"] = result["node_id"]
+            yield _done(task, result, index, len(tasks), f" on node {result['node_id'][:8]}")
+    finally:
+        if pg is not None:
+            remove_placement_group(pg)
+        handle.shutdown()

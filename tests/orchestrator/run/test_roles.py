@@ -1,0 +1,116 @@
+"""A mesh job's roles recorded at once (orchestrator/run/roles.py): in local worker processes
+the same traces as one after another, each role measured and bounded where it runs, and on a
+two-node Ray cluster the roles on both nodes."""
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from tests.support.ray_nodes import two_node_cluster  # noqa: F401 (fixture)
+
+from actors.capture.workloads.config import WorkloadConfig
+from actors.errors import ConfigError
+from actors.memory_limit import MemoryLimitError
+from actors.trace import load_trace
+from actors.trace.conventions import trace_file_name
+from orchestrator.run.capture import CaptureConfig, run_capture_job
+from orchestrator.run.roles_config import RolesConfig
+
+pytestmark = pytest.mark.slow
+
+# pp 2 x dp 2 at world 4: two roles (the stages), each recorded once, its dp peer derived
+TINY = dict(model="llama", parallel="fsdp2", precision="bf16_mixed", device="fake", vocab=64,
+            d_model=64, n_layers=2, n_heads=4, seq_len=32, batch_size=2,
+            parallelism={"pp": 2})
+WORLD_SIZE = 4
+
+
+def _capture(out_dir, roles: RolesConfig) -> dict:
+    return run_capture_job(CaptureConfig(workload=WorkloadConfig(**TINY), world_size=WORLD_SIZE,
+                                         out_dir=str(out_dir), roles=roles))
+
+
+def _ops(out_dir) -> list[list[str]]:
+    return [[op.name for op in load_trace(out_dir / trace_file_name(rank)).ops]
+            for rank in range(WORLD_SIZE)]
+
+
+@pytest.fixture(scope="module")
+def in_order(tmp_path_factory):
+    out = tmp_path_factory.mktemp("in_order")
+    return out, _capture(out, RolesConfig(num_workers=1))
+
+
+def test_roles_in_workers_record_what_one_after_another_does(in_order, tmp_path, caplog):
+    serial_dir, serial_meta = in_order
+    caplog.set_level(logging.INFO, logger="tracefleet")
+    meta = _capture(tmp_path, RolesConfig(num_workers=2))
+    assert _ops(tmp_path) == _ops(serial_dir)
+    for m in (serial_meta, meta):
+        recordings = m["role_recordings"]
+        assert [r["role"] for r in recordings] == list(m["mesh"]["roles"])
+        assert len(recordings) == 2 and all(r["peak_rss_bytes"] > 0 for r in recordings)
+    # the workers' peaks are their own processes', not the driver's: a fresh process per role
+    assert [m["rank"] for m in meta["ranks"]] == list(range(WORLD_SIZE))
+    assert sum("recorded in" in r.message for r in caplog.records) == 2
+
+
+def test_auto_sizes_the_rest_by_the_first_role(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="tracefleet")
+    meta = _capture(tmp_path, RolesConfig(num_workers=0))
+    assert len(meta["role_recordings"]) == 2
+    sized = [r.message for r in caplog.records if "at once" in r.message]
+    assert len(sized) == 1 and sized[0].startswith("capture: 1 role(s) left, 1 at once")
+
+
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_a_role_past_its_memory_bound_is_stopped_by_name(tmp_path, num_workers):
+    # any process holding torch is past 0.05 GiB resident: the first tick stops the recording
+    with pytest.raises(MemoryLimitError, match=r"roles\.memory_limit_gib=0\.05 GiB: the fake "
+                       r"capture's recording of rank 0 \(role pp stage 0\) held [\d.]+ GiB"):
+        _capture(tmp_path, RolesConfig(num_workers=num_workers, memory_limit_gib=0.05))
+    assert not list(tmp_path.glob("rank-*"))  # nothing a rerun would refuse
+
+
+@pytest.mark.parametrize("roles, match", [
+    (RolesConfig(num_workers=-1), r"roles\.num_workers=-1"),
+    (RolesConfig(memory_limit_gib=float("nan")), r"roles\.memory_limit_gib=nan"),
+    (RolesConfig(num_workers=0, executor="ray"), r"roles\.executor=ray with roles\.num_workers=0"),
+])
+def test_roles_settings_no_executor_can_honour_are_refused(tmp_path, roles, match):
+    with pytest.raises(ConfigError, match=match):
+        _capture(tmp_path, roles)
+
+
+def test_roles_on_a_two_node_ray_cluster_land_on_both_nodes(two_node_cluster, in_order,  # noqa: F811
+                                                            tmp_path):
+    serial_dir, _ = in_order
+    meta = _capture(tmp_path, RolesConfig(num_workers=2, executor="ray",
+                                          ray_address=two_node_cluster.address))
+    nodes = [r["node_id"] for r in meta["role_recordings"]]
+    assert len(set(nodes)) == 2, nodes
+    assert _ops(tmp_path) == _ops(serial_dir)  # the files came back through the object store
+    on_disk = json.loads((tmp_path / "meta.json").read_text())
+    assert [r["node_id"] for r in on_disk["role_recordings"]] == nodes
+
+
+def test_predict_records_the_roles_at_once_and_predicts_the_same(tmp_path):
+    from orchestrator.cli.predict import predict_config
+    from orchestrator.run.capture import register_configs
+    from orchestrator.studies.predict import predict
+
+    register_configs()  # the capture schemas, as tracefleet-capture registers them
+    small = [f"workload.{k}={v}" for k, v in dict(
+        vocab=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, seq_len=32,
+        batch_size=1, activation_checkpointing="none").items()]
+    results = [predict(predict_config(
+        "workload=llama3_8b", f"predict.cache_dir={tmp_path / name}", "world_size=4",
+        "target=h100_80gb", "workload.parallelism.cp=2", *small,
+        f"predict.roles.num_workers={workers}"), tmp_path / f"out_{name}")
+        for name, workers in (("in_order", 1), ("at_once", 2))]
+    assert results[0]["predicted_reserved_peak_bytes"] == results[1]["predicted_reserved_peak_bytes"]
+    assert results[0]["per_role"].keys() == results[1]["per_role"].keys()
+    with pytest.raises(ConfigCompositionException, match="predict.roles.executor=everywhere"):
+        predict_config("workload=llama3_8b", "predict.roles.executor=everywhere")
