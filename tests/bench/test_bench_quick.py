@@ -119,3 +119,12 @@ def test_bench_snapshot():
                      out["snapshot_s"], out["snapshot_bytes"], out["snapshot_events"],
                      out["reserved_peak_bytes"])
     assert "n_layers=2" in out["job"]
+
+
+def test_bench_roles():
+    out = run_bench("roles")
+    assert [r["num_workers"] for r in out["runs"]] == [1, 2]
+    assert all(r["num_roles"] == 2 and positive(r["s"], r["cpu_s"], r["rss_gib"],
+                                                 r["max_role_rss_gib"], r["capture_s"])
+               for r in out["runs"])
+    assert out["same_prediction"] is True and positive(out["at_once_over_in_order"])
