@@ -85,6 +85,13 @@ class Transfer(Choice):
     object_store = "object_store"  # the driver ships the bytes through Ray's object store
 
 
+class Executor(Choice):
+    """Where independent work runs side by side (a mesh job's roles, a fit search's axes)."""
+
+    local = "local"  # spawned worker processes on this machine
+    ray = "ray"  # Ray tasks spread over a cluster's nodes
+
+
 @dataclass
 class TraceConfig:
     """Where the rank traces come from."""

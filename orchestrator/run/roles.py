@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import tempfile
-import time
 from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -29,7 +28,8 @@ from actors.capture.mesh_world import RoleTask, RunRoles, record_role
 from actors.errors import TracefleetError
 from orchestrator.cluster.worker_pool import in_workers
 from orchestrator.config import ClusterConfig
-from orchestrator.run.roles_config import RoleExecutor, RolesConfig
+from orchestrator.config import Executor
+from orchestrator.run.roles_config import RolesConfig
 
 log = logging.getLogger("tracefleet")
 GIB = 2**30
@@ -39,7 +39,7 @@ MEMORY_SHARE = 0.8  # of the available memory the auto-sized roles may hold toge
 def role_runner(cfg: RolesConfig, key: str = "roles") -> RunRoles | None:
     """What records the roles (mesh_world.RunRoles); None: one after another in this
     process. ``cfg`` is validated by the config that holds it."""
-    if cfg.executor == RoleExecutor.ray:
+    if cfg.executor == Executor.ray:
         return lambda tasks, bound: _on_ray(tasks, bound, cfg, key)
     if cfg.num_workers == 1:
         return None
@@ -92,9 +92,8 @@ def _in_processes(tasks: list[RoleTask], bound, num_workers: int, key: str) -> I
 
 
 def _record_on_node(task: RoleTask, bound) -> dict:
-    """A Ray task: record ``task`` into a folder on this node; the files' bytes come back."""
-    import ray
-
+    """In a Ray task: record ``task`` into a folder on this node; the files' bytes come
+    back."""
     with tempfile.TemporaryDirectory(prefix="tracefleet-role-") as tmp:
         result = record_role(dataclasses.replace(task, out_dir=tmp), bound)
         files = {}
@@ -102,63 +101,22 @@ def _record_on_node(task: RoleTask, bound) -> dict:
             name = os.path.basename(fact["path"])
             files[name] = Path(fact["path"]).read_bytes()
             fact["path"] = os.path.join(task.out_dir, name)
-    return {**result, "files": files, "node_id": ray.get_runtime_context().get_node_id()}
+    return {**result, "files": files}
 
 
 def _on_ray(tasks: list[RoleTask], bound, cfg: RolesConfig, key: str) -> Iterator[dict]:
-    """The roles as Ray tasks, ``num_workers`` at a time, spread over the nodes by a
-    placement group of one bundle each; every wait bounded."""
-    import ray
-    from ray.util.placement_group import remove_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+    """The roles as Ray tasks, ``num_workers`` at a time, spread over the nodes
+    (orchestrator/cluster/ray_pool.py); each role's files written here as it comes back."""
+    from orchestrator.cluster.ray_pool import in_ray_tasks  # ray: only for roles on Ray
 
-    from orchestrator.cluster.connect import connect
-    from orchestrator.cluster.placement import reserve_bundles
-    from orchestrator.cluster.rank_result import failure_text
-
-    num_bundles = min(max(cfg.num_workers, 1), len(tasks))
-    memory = int(cfg.memory_limit_gib * GIB)
-    cluster = ClusterConfig(address=cfg.ray_address)
-    handle = connect(cluster, num_bundles)
-    pg = None
-    try:
-        bundle = {"CPU": 1, **({"memory": memory} if memory else {})}
-        pg = reserve_bundles(bundle, num_bundles, "SPREAD", cluster.timeout_s)
-        # max_calls=1: a process per role, so its peak and its bound are its own
-        remote = ray.remote(max_calls=1)(_record_on_node)
-        refs = [remote.options(
-            num_cpus=1, **({"memory": memory} if memory else {}), max_retries=0,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                pg, placement_group_bundle_index=index % num_bundles)).remote(task, bound)
-            for index, task in enumerate(tasks)]
-        # each bundle records its roles one after another, each within the time bound
-        rounds = -(-len(tasks) // num_bundles)
-        deadline = (time.monotonic() + rounds * bound.timeout_s + cluster.timeout_s
-                    if bound.timeout_s > 0 else None)
-        for index, (task, ref) in enumerate(zip(tasks, refs)):
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, _ = ray.wait([ref], timeout=left)
-            if not ready:
-                raise TracefleetError(f"role {task.role} (rank {task.ranks[0]}) was not "
-                                      f"recorded on Ray within {rounds} x the capture's bound "
-                                      f"({bound.timeout_key}={bound.timeout_s:g}) + "
-                                      f"cluster.timeout_s={cluster.timeout_s:g} s")
-            try:
-                result = ray.get(ref)
-            except ray.exceptions.RayTaskError as exc:
-                if isinstance(exc.cause, TracefleetError):
-                    raise exc.cause from None
-                raise TracefleetError(f"role {task.role} (rank {task.ranks[0]}) failed on Ray: "
-                                      f"{failure_text(exc)}") from None
-            except ray.exceptions.RayError as exc:
-                raise TracefleetError(f"the Ray task recording role {task.role} (rank "
-                                      f"{task.ranks[0]}) died: {failure_text(exc)}") from None
-            for name, data in result.pop("files").items():
-                Path(task.out_dir, name).write_bytes(data)
-            for fact in result["facts"]:
-                fact["node_id"] = result["node_id"]
-            yield _done(task, result, index, len(tasks), f" on node {result['node_id'][:8]}")
-    finally:
-        if pg is not None:
-            remove_placement_group(pg)
-        handle.shutdown()
+    results = in_ray_tasks(
+        _record_on_node, [(task, bound) for task in tasks], max(cfg.num_workers, 1),
+        ClusterConfig(address=cfg.ray_address), bound.timeout_s or math.inf,
+        lambda i: f"role {tasks[i].role} (rank {tasks[i].ranks[0]})",
+        memory_bytes=int(cfg.memory_limit_gib * GIB))
+    for index, (task, (result, node_id)) in enumerate(zip(tasks, results)):
+        for name, data in result.pop("files").items():
+            Path(task.out_dir, name).write_bytes(data)
+        for fact in result["facts"]:
+            fact["node_id"] = node_id
+        yield _done(task, result, index, len(tasks), f" on node {node_id[:8]}")

@@ -4,16 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from actors.choices import Choice
 from actors.config_fields import setting
 from actors.errors import ConfigError
-
-
-class RoleExecutor(Choice):
-    """Where roles recorded at once run."""
-
-    local = "local"  # spawned worker processes on this machine
-    ray = "ray"  # Ray tasks spread over the cluster's nodes
+from orchestrator.config import Executor
 
 
 @dataclass
@@ -25,7 +18,7 @@ class RolesConfig:
         "each). 1: one after another in this process. N > 1: N at a time, each in a process "
         "of its own. 0: as many as this machine holds: the first role is recorded alone and "
         "its measured peak resident memory sizes the rest (CPUs, available memory)."))
-    executor: RoleExecutor = setting(RoleExecutor.local, help=(
+    executor: Executor = setting(Executor.local, help=(
         "local: worker processes on this machine. ray: Ray tasks on the cluster at "
         "ray_address, spread over its nodes (one CPU each, and memory_limit_gib of memory "
         "reserved); their trace files come back through Ray's object store."))
@@ -44,7 +37,7 @@ class RolesConfig:
         if not self.memory_limit_gib >= 0:
             raise ConfigError(f"{key}.memory_limit_gib={self.memory_limit_gib!r}; expected GiB "
                               ">= 0 (0: no bound)")
-        if self.executor == RoleExecutor.ray and self.num_workers == 0:
+        if self.executor == Executor.ray and self.num_workers == 0:
             raise ConfigError(f"{key}.executor=ray with {key}.num_workers=0: on a cluster, say "
                               "how many roles run at once (the local sizing reads this "
                               "machine's memory)")

@@ -19,7 +19,10 @@ level up, no assumption made.
 
 With ``fit_search.num_workers`` > 1 the axes are searched side by side in worker processes
 (spawned: no torch state forked); the job's own prediction is made first, here, and handed to
-them, and each probe is reported the moment its worker finishes it.
+them, and each probe is reported the moment its worker finishes it. With
+``fit_search.executor=ray`` the axes are Ray tasks spread over the nodes of the cluster at
+``fit_search.ray_address`` instead (orchestrator/cluster/ray_pool.py), the job's prediction
+handed to them the same way: the memo is the same wherever an axis runs.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ from orchestrator.studies.fit_answer import AxisAnswer
 from orchestrator.studies.fit_layout import search_layout, with_layout
 from orchestrator.studies.fit_search_config import AC_ORDER, Axis, FitSearchRunConfig
 from orchestrator.cluster.worker_pool import in_workers, tell_parent
+from orchestrator.config import ClusterConfig, Executor
 from orchestrator.studies.predict import PredictConfig, Verdict, predict
 from orchestrator.reports.prediction_page import write_prediction_page
 from orchestrator.studies.fit_search_report import (ANSWER_COLUMNS, FitSearchRecorder, answer_rows,
@@ -207,12 +211,21 @@ def fit_search(cfg: FitSearchRunConfig, name: str | None = None,
     axes = [Axis(a) for a in dict.fromkeys(cfg.fit_search.axes)]
     prober = _Prober(cfg, name, on_probe)
     workers = min(cfg.fit_search.num_workers, len(axes))
-    if workers <= 1:
+    on_ray = cfg.fit_search.executor == Executor.ray
+    if workers <= 1 and not on_ray:
         return [search_axis(cfg, axis, prober) for axis in axes]
     prober.predict_job()
     tasks = [(cfg, name, axis, prober.done, i == 0) for i, axis in enumerate(axes)]
     # each probe reported the moment a worker finishes it (axes interleave), answers in order
-    return list(in_workers(_search_in_worker, tasks, workers, on_message=on_probe))
+    if not on_ray:
+        return list(in_workers(_search_in_worker, tasks, workers, on_message=on_probe))
+    from orchestrator.cluster.ray_pool import in_ray_tasks  # ray: only for a search on Ray
+
+    # an axis' bound: each probe a capture and a dry run, within the capture's bound each
+    axis_bound_s = cfg.fit_search.max_probes * 2 * cfg.predict.capture_timeout_s
+    return [answer for answer, _node in in_ray_tasks(
+        _search_in_worker, tasks, workers, ClusterConfig(address=cfg.fit_search.ray_address),
+        axis_bound_s, lambda i: f"fit_search's {axes[i]} axis", on_message=on_probe)]
 
 
 def _search_in_worker(cfg: FitSearchRunConfig, name: str, axis: Axis, done: dict[tuple, dict],

@@ -16,6 +16,7 @@ from actors.capture.workloads.checkpointing import ActivationCheckpointing
 from actors.choices import Choice
 from actors.config_fields import setting
 from actors.errors import ConfigError
+from orchestrator.config import Executor
 from orchestrator.studies.predict import PredictConfig
 
 SCHEMA_NAME = "fit_search_schema"
@@ -70,6 +71,13 @@ class FitSearchConfig:
         "Processes searching axes side by side (each axis is a sequential search; the axes are "
         "independent). 1: one after another in this process. Each worker imports torch once "
         "(~2 s) and holds one trace at a time."))
+    executor: Executor = setting(Executor.local, help=(
+        "Where the axes run side by side: local, worker processes on this machine; ray, Ray "
+        "tasks on the cluster at ray_address, spread over its nodes (one CPU each; each node "
+        "keeps its own capture cache)."))
+    ray_address: str | None = setting(None, help=(
+        "executor=ray: the Ray cluster (host:port, or auto); null starts a local one for the "
+        "search."))
 
     def validate(self, world_size: int | None) -> None:
         """ConfigError on bounds that leave nothing to search (before any capture)."""

@@ -1,14 +1,12 @@
 """A mesh job's roles recorded at once (orchestrator/run/roles.py): in local worker processes
-the same traces as one after another, each role measured and bounded where it runs, and on a
-two-node Ray cluster the roles on both nodes."""
+the same traces as one after another, each role measured and bounded where it runs
+(on a two-node Ray cluster: tests/orchestrator/cluster/test_ray_pool.py)."""
 from __future__ import annotations
 
-import json
 import logging
 
 import pytest
 from hydra.errors import ConfigCompositionException
-from tests.support.ray_nodes import two_node_cluster  # noqa: F401 (fixture)
 
 from actors.capture.workloads.config import WorkloadConfig
 from actors.errors import ConfigError
@@ -82,18 +80,6 @@ def test_a_role_past_its_memory_bound_is_stopped_by_name(tmp_path, num_workers):
 def test_roles_settings_no_executor_can_honour_are_refused(tmp_path, roles, match):
     with pytest.raises(ConfigError, match=match):
         _capture(tmp_path, roles)
-
-
-def test_roles_on_a_two_node_ray_cluster_land_on_both_nodes(two_node_cluster, in_order,  # noqa: F811
-                                                            tmp_path):
-    serial_dir, _ = in_order
-    meta = _capture(tmp_path, RolesConfig(num_workers=2, executor="ray",
-                                          ray_address=two_node_cluster.address))
-    nodes = [r["node_id"] for r in meta["role_recordings"]]
-    assert len(set(nodes)) == 2, nodes
-    assert _ops(tmp_path) == _ops(serial_dir)  # the files came back through the object store
-    on_disk = json.loads((tmp_path / "meta.json").read_text())
-    assert [r["node_id"] for r in on_disk["role_recordings"]] == nodes
 
 
 def test_predict_records_the_roles_at_once_and_predicts_the_same(tmp_path):
