@@ -6,7 +6,8 @@ another), 2, and 0 (the first role alone, the rest sized by its measured peak). 
 ``s`` (wall), ``cpu_s`` (user + system CPU of the command and its worker processes, from
 ``wait4``), ``rss_gib`` (the largest peak RSS among those processes, ``wait4``),
 ``max_role_rss_gib`` (the largest role's peak resident memory as meta.json records it:
-measured in the process that recorded it) and ``capture_s`` (the prediction's capture
+measured in the process that recorded it), ``num_role_processes`` (how many processes
+recorded the roles, by meta.json's pids) and ``capture_s`` (the prediction's capture
 phase). ``at_once_over_in_order``: num_workers=2's wall time over
 num_workers=1's; ``same_prediction``: every run predicts the same reserved peak (the traces
 do not depend on where they were recorded). On a machine shared with other jobs, the wall
@@ -38,7 +39,8 @@ QUICK_JOB = ["workload=llama3_8b", "world_size=4", "workload.parallelism.pp=2",
              "workload.n_layers=2"]
 WORKERS, QUICK_WORKERS = (1, 2, 0), (1, 2)
 RUN_KEYS = dict.fromkeys(("num_workers", "s", "cpu_s", "rss_gib", "max_role_rss_gib",
-                          "capture_s", "num_roles", "predicted_reserved_peak_bytes"))
+                          "capture_s", "num_roles", "num_role_processes",
+                          "predicted_reserved_peak_bytes"))
 KEYS = {"quick": None, "job": None, "runs": [RUN_KEYS], "at_once_over_in_order": None,
         "same_prediction": None}
 
@@ -54,6 +56,7 @@ def _run(tmp: Path, job: list[str], num_workers: int) -> dict:
             "rss_gib": run["rss_gib"],
             "max_role_rss_gib": max(r["peak_rss_bytes"] for r in recordings) / GIB,
             "capture_s": prediction["timings_s"]["capture_s"], "num_roles": len(recordings),
+            "num_role_processes": len({r["pid"] for r in recordings}),
             "predicted_reserved_peak_bytes": prediction["predicted_reserved_peak_bytes"]}
 
 

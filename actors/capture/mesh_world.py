@@ -171,7 +171,7 @@ def record_role(task: RoleTask, bound: Callable[[str], ContextManager]) -> dict:
         facts.append({**rank_facts(rank, task.world_size, workload, path, None, [], no_memory),
                       "recorded_as_rank": first_rank, "record_s": record_s, "role": task.role,
                       "mesh": task.mesh, "record_peak_rss_bytes": peak.bytes,
-                      "record_peak_rss_method": peak.method})
+                      "record_peak_rss_method": peak.method, "record_pid": os.getpid()})
     del doc, workload
     gc.collect()  # the role's cycles, made while the GC was paused: before the next role's
     return {"facts": facts, "environment": sorted(names)}

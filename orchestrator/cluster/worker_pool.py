@@ -1,6 +1,7 @@
-"""The pool of local worker processes independent work runs in (fit_search's axes, a mesh
-job's roles recorded at once: orchestrator/run/roles.py): results in submission order, messages from the tasks as they are sent (a probe's progress
-line the moment it is done, not when its whole search ends), and no worker outlives the call.
+"""Local worker processes that independent work runs in (fit_search's axes; a mesh job's roles
+recorded at once, each in a process of its own: orchestrator/run/roles.py): results in
+submission order, messages from the tasks as they are sent (a probe's progress line the moment
+it is done, not when its whole search ends), and no worker outlives the call.
 
 A worker runs one task for minutes (a 70B probe captures and dry-runs a model), so on any
 exit but the normal one (a signal, a search that raised) the other workers are not waited
@@ -32,17 +33,14 @@ def tell_parent(message) -> None:
 
 
 def in_workers(fn: Callable, tasks: list[tuple], num_workers: int,
-               on_message: Callable = lambda message: None,
-               fresh_process: bool = False) -> Iterator:
+               on_message: Callable = lambda message: None) -> Iterator:
     """``fn(*task)`` of every task, in ``num_workers`` spawned processes, yielded in the
     tasks' order as each is ready; ``fn`` must be importable by name (module level). What a
-    task sends with ``tell_parent`` reaches ``on_message`` in this process while it waits.
-    ``fresh_process``: each task in a process of its own (its memory is its own: a task's
-    peak is not raised by what the one before left)."""
+    task sends with ``tell_parent`` reaches ``on_message`` in this process while it waits."""
     spawn = multiprocessing.get_context("spawn")
     queue = spawn.SimpleQueue()  # handed to each worker as it starts (it cannot be an argument)
     pool = ProcessPoolExecutor(num_workers, mp_context=spawn, initializer=_attach,
-                               initargs=(queue,), max_tasks_per_child=1 if fresh_process else None)
+                               initargs=(queue,))
 
     def drain() -> None:
         while not queue.empty():
@@ -65,4 +63,78 @@ def in_workers(fn: Callable, tasks: list[tuple], num_workers: int,
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+        queue.close()
+
+
+class WorkerDied(ChildProcessError):
+    """A task's process ended without a result (killed by a signal, the kernel's OOM killer,
+    an ``os._exit``); ``index`` is the task's, ``exitcode`` the process's."""
+
+    def __init__(self, index: int, exitcode: int | None):
+        super().__init__(f"task {index}'s process ended without a result (exit code {exitcode})")
+        self.index, self.exitcode = index, exitcode
+
+
+def _run_one(fn: Callable, task: tuple, send, queue) -> None:
+    """In a fresh process: ``fn(*task)``'s result, or its exception, sent back once."""
+    _attach(queue)
+    try:
+        outcome = (True, fn(*task))
+    except BaseException as exc:  # noqa: BLE001 (the parent raises it)
+        outcome = (False, exc)
+    try:
+        send.send(outcome)
+    except Exception as exc:  # noqa: BLE001 (an unpicklable result or exception)
+        send.send((False, RuntimeError(f"{type(exc).__name__}: {exc} (sending {outcome[1]!r})")))
+
+
+def in_fresh_processes(fn: Callable, tasks: list[tuple], num_workers: int,
+                       on_message: Callable = lambda message: None) -> Iterator:
+    """As ``in_workers``, each task in a spawned process of its own, ``num_workers`` at a time:
+    its memory is its own (its peak is not raised by what a task before it left, and a
+    bound on it is a bound on the task). A process that ends without a result raises
+    `WorkerDied`. (Not ProcessPoolExecutor's ``max_tasks_per_child``: in Python 3.11 the
+    pool can deadlock replacing a worker that ended, gh-115634.)"""
+    spawn = multiprocessing.get_context("spawn")
+    queue = spawn.SimpleQueue()
+    running: dict[int, tuple] = {}  # task index -> (process, the end its result arrives at)
+    started = 0
+
+    def drain() -> None:
+        while not queue.empty():
+            on_message(queue.get())
+
+    try:
+        for index in range(len(tasks)):
+            while started < len(tasks) and len(running) < num_workers:
+                receive, send = spawn.Pipe(duplex=False)
+                proc = spawn.Process(target=_run_one, args=(fn, tasks[started], send, queue))
+                proc.start()
+                send.close()  # the child's end: only the child holds it now
+                running[started] = (proc, receive)
+                started += 1
+            proc, receive = running[index]
+            while not receive.poll(POLL_S):
+                drain()
+                if not proc.is_alive() and not receive.poll(0):
+                    raise WorkerDied(index, proc.exitcode)
+            try:
+                ok, value = receive.recv()
+            except EOFError:  # the process ended before it sent anything
+                proc.join(POLL_S * 50)
+                raise WorkerDied(index, proc.exitcode) from None
+            proc.join()
+            del running[index]
+            drain()
+            if not ok:
+                raise value
+            yield value
+    except BaseException:
+        for proc, _ in running.values():
+            proc.kill()
+        raise
+    finally:
+        for proc, receive in running.values():
+            proc.join()
+            receive.close()
         queue.close()

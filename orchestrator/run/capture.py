@@ -305,6 +305,7 @@ def build_meta(cfg: CaptureConfig, ranks: list[dict], out_dir: str, wall_s: floa
         meta["role_recordings"] = [
             {"role": r["role"], "rank": r["rank"], "record_s": r["record_s"],
              "peak_rss_bytes": r["record_peak_rss_bytes"],
-             "peak_rss_method": r["record_peak_rss_method"], "node_id": r.get("node_id")}
+             "peak_rss_method": r["record_peak_rss_method"], "pid": r["record_pid"],
+             "node_id": r.get("node_id")}
             for r in recordings]
     return meta

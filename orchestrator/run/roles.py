@@ -19,14 +19,13 @@ import math
 import os
 import tempfile
 from collections.abc import Iterator
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import psutil
 
 from actors.capture.mesh_world import RoleTask, RunRoles, record_role
 from actors.errors import TracefleetError
-from orchestrator.cluster.worker_pool import in_workers
+from orchestrator.cluster.worker_pool import WorkerDied, in_fresh_processes
 from orchestrator.config import ClusterConfig
 from orchestrator.config import Executor
 from orchestrator.run.roles_config import RolesConfig
@@ -78,16 +77,15 @@ def _workers_for(peak_bytes: int, num_left: int) -> int:
 
 
 def _in_processes(tasks: list[RoleTask], bound, num_workers: int, key: str) -> Iterator[dict]:
-    results = in_workers(record_role, [(task, bound) for task in tasks], num_workers,
-                         fresh_process=True)
+    results = in_fresh_processes(record_role, [(task, bound) for task in tasks], num_workers)
     for task in tasks:
         try:
             yield next(results)
-        except BrokenProcessPool:
+        except WorkerDied as exc:
             raise TracefleetError(
-                f"a worker process recording the roles died (killed by the kernel: out of "
-                f"memory?) before role {task.role} (rank {task.ranks[0]}) was recorded; set "
-                f"{key}.memory_limit_gib to stop a role that grows too large by name, or "
+                f"the process recording role {task.role} (rank {task.ranks[0]}) ended without "
+                f"a result (exit code {exc.exitcode}: killed by the kernel, out of memory?); "
+                f"set {key}.memory_limit_gib to stop a role that grows too large by name, or "
                 f"record fewer at once ({key}.num_workers)") from None
 
 

@@ -128,3 +128,5 @@ def test_bench_roles():
                                                  r["max_role_rss_gib"], r["capture_s"])
                for r in out["runs"])
     assert out["same_prediction"] is True and positive(out["at_once_over_in_order"])
+    # predict.roles reaches the capture: one process records both roles, then one each
+    assert [r["num_role_processes"] for r in out["runs"]] == [1, 2]

@@ -66,15 +66,15 @@ def test_fit_search_axes_on_ray_answer_as_one_after_another(two_node_cluster,  #
     small = [f"workload.{k}={v}" for k, v in dict(
         vocab=4096, d_model=512, n_layers=4, n_heads=8, n_kv_heads=4, ffn_dim=2048,
         seq_len=1024, batch_size=1).items()]
-    runs = {}
-    for executor in ("local", "ray"):
+    runs = {}  # one after another in this process, then the axes as two Ray tasks
+    for executor, workers in (("local", 1), ("ray", 2)):
         seen = []
         cfg = predict_config(
             "experiment=fit_search", "workload=llama3_8b", "world_size=4",
             f"predict.cache_dir={tmp_path}", "target=custom", "target.device_memory=1GiB",
             "target.cuda_context=0", "target.nccl_num_peers=0", *small,
             "fit_search.axes=[batch_size,activation_checkpointing]",
-            "fit_search.max_batch_size=4", "fit_search.num_workers=2",
+            "fit_search.max_batch_size=4", f"fit_search.num_workers={workers}",
             f"fit_search.executor={executor}",
             f"fit_search.ray_address={two_node_cluster.address}")
         answers = fit_search(cfg, on_probe=seen.append)

@@ -1,4 +1,5 @@
-"""The pool fit_search's axes run in (orchestrator/cluster/worker_pool.py) and a second signal
+"""The local worker processes fit_search's axes and a mesh job's roles run in
+(orchestrator/cluster/worker_pool.py) and a second signal
 (orchestrator/interrupts.py): no process a command started outlives it."""
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import time
 
 import psutil
 
-from orchestrator.cluster.worker_pool import in_workers
+import pytest
+
+from orchestrator.cluster.worker_pool import (WorkerDied, in_fresh_processes, in_workers,
+                                               tell_parent)
 from tests.support.bounds import LOAD_MARGIN_S
 
 START_TIMEOUT_S = 120  # spawned workers import this project on a loaded machine
@@ -19,6 +23,37 @@ START_TIMEOUT_S = 120  # spawned workers import this project on a loaded machine
 
 def test_results_come_in_the_tasks_order():
     assert list(in_workers(divmod, [(7, 2), (9, 4), (1, 1)], 2)) == [(3, 1), (2, 1), (1, 0)]
+
+
+def _pid_after(label: str, wait_s: float) -> tuple[str, int]:
+    tell_parent(f"{label} started")
+    time.sleep(wait_s)
+    return label, os.getpid()
+
+
+def test_fresh_processes_run_each_task_in_a_process_of_its_own_in_order():
+    seen = []
+    results = list(in_fresh_processes(_pid_after, [("a", 0.5), ("b", 0.0), ("c", 0.0)], 2,
+                                      on_message=seen.append))
+    assert [label for label, _ in results] == ["a", "b", "c"]  # b ends first, comes second
+    assert len({pid for _, pid in results} | {os.getpid()}) == 4
+    assert sorted(seen) == ["a started", "b started", "c started"]
+
+
+def _exit_or_raise(how: str) -> None:
+    if how == "exit":
+        os._exit(3)  # as the kernel's OOM killer leaves it: no result, no exception
+    raise KeyError(how)
+
+
+@pytest.mark.parametrize("how, error", [("exit", WorkerDied), ("raise", KeyError)])
+def test_a_fresh_process_that_fails_is_raised_and_the_others_stopped(how, error):
+    with pytest.raises(error) as info:
+        list(in_fresh_processes(_exit_or_raise, [(how,), ("raise",)], 2))
+    if error is WorkerDied:
+        assert (info.value.index, info.value.exitcode) == (0, 3)
+    # no task's process outlives the call (multiprocessing's resource tracker is not one)
+    assert not [p for p in psutil.Process().children() if "spawn_main" in " ".join(p.cmdline())]
 
 
 def _start(tmp_path, body: str) -> tuple[subprocess.Popen, list[psutil.Process]]:

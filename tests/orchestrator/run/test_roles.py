@@ -50,7 +50,9 @@ def test_roles_in_workers_record_what_one_after_another_does(in_order, tmp_path,
         recordings = m["role_recordings"]
         assert [r["role"] for r in recordings] == list(m["mesh"]["roles"])
         assert len(recordings) == 2 and all(r["peak_rss_bytes"] > 0 for r in recordings)
-    # the workers' peaks are their own processes', not the driver's: a fresh process per role
+    # one process recorded both roles one after another; at once, a fresh process per role
+    assert len({r["pid"] for r in serial_meta["role_recordings"]}) == 1
+    assert len({r["pid"] for r in meta["role_recordings"]}) == 2
     assert [m["rank"] for m in meta["ranks"]] == list(range(WORLD_SIZE))
     assert sum("recorded in" in r.message for r in caplog.records) == 2
 
@@ -82,21 +84,12 @@ def test_roles_settings_no_executor_can_honour_are_refused(tmp_path, roles, matc
         _capture(tmp_path, roles)
 
 
-def test_predict_records_the_roles_at_once_and_predicts_the_same(tmp_path):
+def test_predict_composes_its_roles_settings_and_refuses_a_typo():
+    # predict.roles.num_workers=2 predicts what 1 does: scripts/bench_roles.py (and its smoke test)
     from orchestrator.cli.predict import predict_config
-    from orchestrator.run.capture import register_configs
-    from orchestrator.studies.predict import predict
 
-    register_configs()  # the capture schemas, as tracefleet-capture registers them
-    small = [f"workload.{k}={v}" for k, v in dict(
-        vocab=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, seq_len=32,
-        batch_size=1, activation_checkpointing="none").items()]
-    results = [predict(predict_config(
-        "workload=llama3_8b", f"predict.cache_dir={tmp_path / name}", "world_size=4",
-        "target=h100_80gb", "workload.parallelism.cp=2", *small,
-        f"predict.roles.num_workers={workers}"), tmp_path / f"out_{name}")
-        for name, workers in (("in_order", 1), ("at_once", 2))]
-    assert results[0]["predicted_reserved_peak_bytes"] == results[1]["predicted_reserved_peak_bytes"]
-    assert results[0]["per_role"].keys() == results[1]["per_role"].keys()
+    cfg = predict_config("workload=llama3_8b", "predict.roles.num_workers=2",
+                         "predict.roles.memory_limit_gib=12")
+    assert (cfg.predict.roles.num_workers, cfg.predict.roles.memory_limit_gib) == (2, 12)
     with pytest.raises(ConfigCompositionException, match="predict.roles.executor=everywhere"):
         predict_config("workload=llama3_8b", "predict.roles.executor=everywhere")
