@@ -19,12 +19,12 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import traceback
 from contextlib import contextmanager
 
 import psutil
 
 from actors.errors import TracefleetError
+from actors.time_limit import stopped_at
 
 TICK_S = 0.05  # CPU seconds between two readings of the resident set
 GIB = 2**30
@@ -36,11 +36,6 @@ class MemoryLimitError(TracefleetError):
 
 class _OverMemory(BaseException):
     """The timer's exception (args: the resident bytes read)."""
-
-
-def _where(exc: BaseException) -> str:
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
-    return f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else "?"
 
 
 @contextmanager
@@ -67,7 +62,7 @@ def memory_limit(limit_bytes: int, key: str, what: str):
     except _OverMemory as exc:
         raise MemoryLimitError(
             f"{key}={limit_bytes / GIB:g} GiB: {what} held {exc.args[0] / GIB:.2f} GiB "
-            f"resident (stopped at {_where(exc)}); raise {key}, record fewer roles at once, "
+            f"resident (stopped at {stopped_at(exc, __file__)}); raise {key}, record fewer roles at once, "
             "or give the job a machine with more memory") from None
     finally:
         running[0] = False

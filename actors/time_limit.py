@@ -58,10 +58,10 @@ def _importing(frame) -> bool:
     return False
 
 
-def _where(exc: BaseException) -> str:
-    """``file:line in function`` of the innermost frame of ``exc``'s traceback that is not the
-    alarm's handler (the code the alarm stopped)."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != __file__]
+def stopped_at(exc: BaseException, handler_file: str = __file__) -> str:
+    """``file:line in function`` of the innermost frame of ``exc``'s traceback outside
+    ``handler_file`` (the signal handler's module: the code the handler stopped)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != handler_file]
     if not frames:
         return "?"
     frame = frames[-1]
@@ -134,7 +134,7 @@ def time_limit(seconds: float, key: str, what: str = "the capture", stall_s: flo
                              "or 0 to wait for the whole bound") from None
     except _Expired as exc:
         raise TimeLimitError(f"{key}={seconds:g}: {what} did not finish within {seconds:g} s "
-                             f"(stopped at {_where(exc)}); raise {key} if it needs "
+                             f"(stopped at {stopped_at(exc)}); raise {key} if it needs "
                              "longer, or fix the step that does not return") from None
     finally:
         running[0] = False
