@@ -13,8 +13,10 @@ num_workers=1's; ``same_prediction``: every run predicts the same reserved peak 
 do not depend on where they were recorded). On a machine shared with other jobs, the wall
 times follow the load: compare them within one run of this script.
 
-The job: ``workload=llama3_8b world_size=16 workload.parallelism.pp=4`` cut to 8 layers (four
-stages of two layers each: four roles). ``--quick``: 2 stages of the 8B cut to 2 layers, at
+The job: ``workload=llama3_8b world_size=16 workload.parallelism.pp=4``: four stages of eight
+layers each, four roles (each role's own process costs ~4 CPU s of start-up: torch, the fake
+device, the model; roles of a few seconds gain nothing, roles of minutes close to the number
+of cores). ``--quick``: 2 stages of the 8B cut to 2 layers, at
 world 4, with num_workers 1 and 2 (seconds, for the smoke test).
 
     python scripts/bench_roles.py [--quick]
@@ -34,7 +36,7 @@ from actors.trace.meta_file import META_JSON  # noqa: E402
 from scripts.bench_predict_speed import GIB, predict  # noqa: E402
 from scripts.json_layout import emit  # noqa: E402
 
-JOB = ["workload=llama3_8b", "world_size=16", "workload.parallelism.pp=4", "workload.n_layers=8"]
+JOB = ["workload=llama3_8b", "world_size=16", "workload.parallelism.pp=4"]
 QUICK_JOB = ["workload=llama3_8b", "world_size=4", "workload.parallelism.pp=2",
              "workload.n_layers=2"]
 WORKERS, QUICK_WORKERS = (1, 2, 0), (1, 2)
