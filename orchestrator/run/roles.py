@@ -39,7 +39,7 @@ def role_runner(cfg: RolesConfig, key: str = "roles") -> RunRoles | None:
     """What records the roles (mesh_world.RunRoles); None: one after another in this
     process. ``cfg`` is validated by the config that holds it."""
     if cfg.executor == Executor.ray:
-        return lambda tasks, bound: _on_ray(tasks, bound, cfg, key)
+        return lambda tasks, bound: _on_ray(tasks, bound, cfg)
     if cfg.num_workers == 1:
         return None
     return lambda tasks, bound: _locally(tasks, bound, cfg.num_workers, key)
@@ -102,7 +102,7 @@ def _record_on_node(task: RoleTask, bound) -> dict:
     return {**result, "files": files}
 
 
-def _on_ray(tasks: list[RoleTask], bound, cfg: RolesConfig, key: str) -> Iterator[dict]:
+def _on_ray(tasks: list[RoleTask], bound, cfg: RolesConfig) -> Iterator[dict]:
     """The roles as Ray tasks, ``num_workers`` at a time, spread over the nodes
     (orchestrator/cluster/ray_pool.py); each role's files written here as it comes back."""
     from orchestrator.cluster.ray_pool import in_ray_tasks  # ray: only for roles on Ray
