@@ -40,7 +40,7 @@ WEIRD = [None, True, "", "12", "x" * 40, 1.5, 1e300, -7, [], {}, [1, [2, [3]]], 
 
 def build_corpus(sources, seed: int) -> list[tuple[str, int, bytes]]:
     """``(label, rank, JSON bytes)`` windows of every rank trace of ``sources``."""
-    from actors.trace.loader import read_json
+    from actors.trace.node_stream import read_json
     from actors.trace.source import discover
 
     rng = random.Random(f"corpus:{seed}")

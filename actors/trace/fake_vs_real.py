@@ -20,7 +20,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from actors.trace import collectives as coll
-from actors.trace.loader import load_trace, read_json
+from actors.trace.loader import load_trace
+from actors.trace.node_stream import read_json
 from actors.trace.model import Op, Trace
 
 ENGINE_FRAME = "autograd::engine::evaluate_function: "

@@ -40,6 +40,7 @@ from actors.trace.archive import rank_from_name
 from actors.trace.host_scalars import mark_host_scalars
 from actors.trace.made_inside import NestedAllocations, storages_made_inside
 from actors.trace.nested_lifetimes import nested_lifetimes
+from actors.trace.node_stream import LayoutMismatch, TraceNodes, read_nodes
 from actors.trace.conventions import FREED_OP, MODULE_BWD_BEGIN_PREFIX, MODULE_BWD_END_PREFIX, \
     parse_module_range
 from actors.trace.recorded_frees import free_positions, freed_storages, made_in_step
@@ -64,27 +65,6 @@ _FREE, _IN_OP, _IN_FUNCTIONAL = 0, 1, 2
 _NO_CONTEXT = (_FREE, -1, "")  # a node at the top, or one whose parent was never written
 
 
-def read_json(path, data: bytes | None = None) -> dict:
-    """Read a trace's JSON: ``path`` is a file (plain, gzip, or a one-trace tar archive) or
-    a `TraceSource` (which may name an archive member and carries the decompression limit).
-
-    ``data`` are the stored bytes of the file or member when they arrived another way
-    (Ray's object store).
-    """
-    source = as_source(path)
-    data = source.read_json_bytes(data)
-    try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError as e:
-        if data and e.pos >= len(data):
-            raise TraceError(source, f"truncated JSON: the data ends at byte {len(data)} inside the "
-                                     "document (was the file cut while being written or copied?)") from None
-        raise TraceError(source, f"invalid JSON ({e}); expected an Execution Trace JSON object") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
-        raise TraceError(source, "expected a JSON object with a 'nodes' list")
-    return doc
-
-
 @lru_cache(maxsize=4096)
 def _schema_arg_names(schema: str) -> tuple[str, ...]:
     """Argument names of an op schema, in order (() when it does not parse)."""
@@ -107,11 +87,18 @@ def load_trace(path, rank: int | None = None, data: bytes | None = None) -> Trac
 
 
 def _load_trace(source: TraceSource, rank: int | None, data: bytes | None) -> Trace:
-    doc = read_json(source, data)
+    read = read_nodes(source, data)
+    try:
+        return _build_trace(source, read, rank)
+    except LayoutMismatch:  # a node's text was not the node its skeleton read
+        return _build_trace(source, read.parsed_whole(source), rank)
+
+
+def _build_trace(source: TraceSource, read: TraceNodes, rank: int | None) -> Trace:
+    doc, nodes = read.header, read.nodes
     path = str(source)
     version = parse_version(path, doc.get("schema"))
     flat = version < (1, 0, 2)
-    nodes = doc.pop("nodes")  # _build_ops frees the raw nodes as it goes (peak memory)
     num_nodes = len(nodes)
     position = parent_links.file_order(nodes)  # before the sort: the order they closed
     try:
@@ -122,7 +109,8 @@ def _load_trace(source: TraceSource, rank: int | None, data: bytes | None) -> Tr
     integrity.check_nodes(path, nodes, flat)  # unique ids, no parent cycle
     if position is not None:
         parent_links.mend_parent_links(nodes, flat, position)
-    built = _build_ops(path, nodes, flat)
+    built = _build_ops(path, nodes, read.full, flat)
+    read.release()
     ops, nested = built.ops, built.nested
     integrity.check_ops(path, ops)  # shapes agree with numel, arguments with the op schema
     num_host_scalars = mark_host_scalars(ops)  # Python numbers: no storage (host_scalars.py)
@@ -181,19 +169,20 @@ class _Built:
     num_wrapper_ops: int
 
 
-def _build_ops(path, nodes: list, flat: bool) -> "_Built":
+def _build_ops(path, nodes: list, full, flat: bool) -> "_Built":
     """Select top-level ops in id order (``_select``), keep those inside the ProfilerStep
     windows (``_keep_in_steps``) and build them (``_make_ops``); nested allocations: see
     actors/trace/made_inside.py.
 
-    Empties ``nodes``: once the ops are selected the other raw nodes are dropped, and each
-    selected one right after its op is built, so the raw JSON and the model never peak together.
+    ``nodes`` are the nodes in id order as `TraceNodes` holds them (``full`` returns a node's
+    whole object): a whole object lives while its node is looked at, and a selected op's again
+    while it is built, so the raw JSON and the model never peak together.
     """
-    sel = _select(path, nodes, flat)
-    top_level, num_orphans, dropped = _keep_in_steps(path, sel, flat)
+    sel = _select(path, nodes, full, flat)
+    top_level, num_orphans, dropped = _keep_in_steps(path, sel, full, flat)
     num_wrapper_ops = drop_wrapper_ops(top_level, sel.frame_inputs, sel.under_frame,
-                                       lambda raw: _side_values(raw, flat))
-    ops, steps = _make_ops(path, top_level, sel, flat)
+                                       lambda node: _side_values(full(node), flat))
+    ops, steps = _make_ops(path, top_level, sel, full, flat)
     return _Built(ops, sel.pgs, steps, sum(c for c, _ in dropped.values()), dropped, num_orphans,
                   sel.nested, [span[0] for span in sel.step_spans], sel.freed_marks,
                   sel.backward_marks, num_wrapper_ops)
@@ -203,7 +192,7 @@ def _build_ops(path, nodes: list, flat: bool) -> "_Built":
 class _Selection:
     """What ``_select`` found: the top-level ops and what the later phases need of the rest."""
 
-    top_level: list  # [raw node, step, module] per selected op, in id order
+    top_level: list  # [node, step, module] per selected op, in id order (node: as `full` takes it)
     rpc_child: dict  # c10d op id -> its record_param_comms record
     step_names: list[str]
     step_spans: list[list[int]]  # [first id, last id] of each ProfilerStep subtree
@@ -216,14 +205,15 @@ class _Selection:
     under_frame: set  # ids of the nodes under a PythonSubclass frame
 
 
-def _select(path, nodes: list, flat: bool) -> _Selection:
+def _select(path, nodes: list, full, flat: bool) -> _Selection:
     """The top-level ops (see the module docstring), their step window and module, and the
     process groups, nested allocations, recorded frees and backward markers on the way.
 
     A node whose parent was never written (a range that never closed: the observer writes a
     node when it exits, and a module forward that raised never exits its range) is an orphan:
     its ops are top-level ops of the step window they ran in, when that range opened inside the
-    window (``_assign_steps``); the rest of the window's ops are untouched. Empties ``nodes``.
+    window (``_assign_steps``); the rest of the window's ops are untouched. ``nodes`` and
+    ``full``: as `_build_ops` takes them.
     """
     sel = _Selection([], {}, [], [], {}, [], NestedAllocations(), [], [], set(), set())
     top_level, rpc_child, step_spans, nested = sel.top_level, sel.rpc_child, sel.step_spans, \
@@ -239,7 +229,8 @@ def _select(path, nodes: list, flat: bool) -> _Selection:
     unwrapped: set[int] = set()  # ids of wrapper ops dropped for their subclass's local ops
     schema_of = OpSchemaReader(flat)
     prev = (0, 0)  # (id, parent) of the node before
-    for raw in nodes:
+    for node in nodes:
+        raw = full(node)
         nid, name, parent, is_op = _fields(path, raw, flat, schema_of)
         if parent in backend_parent:
             parent = _above_backends(parent, backend_parent)
@@ -268,7 +259,7 @@ def _select(path, nodes: list, flat: bool) -> _Selection:
                 rpc_child[parent] = raw
             elif enclosing == _FREE or (collective and (enclosing == _IN_OP
                                                         or name in coll.FUNCTIONAL)):
-                top_level.append([raw, step, module])
+                top_level.append([node, step, module])
                 top_of[nid] = nid
                 if enclosing == _FREE:
                     selected[nid] = top_level[-1]
@@ -292,7 +283,6 @@ def _select(path, nodes: list, flat: bool) -> _Selection:
         if parent in top_of:  # an annotation inside an op (a record_function range)
             top_of[nid] = top_of[parent]
         ctx[nid] = (enclosing, step, module)
-    nodes.clear()
     sel.top_level = [t for t in top_level if t[0] is not None]
     return sel
 
@@ -370,7 +360,7 @@ def _annotation(path, sel: _Selection, raw, flat: bool, nid: int, name: str, ste
     return step, module
 
 
-def _keep_in_steps(path, sel: _Selection, flat: bool) -> tuple[list, int, dict]:
+def _keep_in_steps(path, sel: _Selection, full, flat: bool) -> tuple[list, int, dict]:
     """``(ops kept, orphans placed, dropped)``: with ProfilerStep windows, only the ops inside
     them (the rest is set-up, not the iteration); ``dropped`` is {op name: [count, output
     bytes]} of those left out. TraceError when no op is left."""
@@ -385,7 +375,7 @@ def _keep_in_steps(path, sel: _Selection, flat: bool) -> tuple[list, int, dict]:
         else:
             count = dropped.setdefault(t[0]["name"], [0, 0])
             count[0] += 1
-            count[1] += _output_bytes(t[0], flat)
+            count[1] += _output_bytes(full(t[0]), flat)
     if dropped and not kept:
         names = ", ".join(sorted(dropped)[:3])
         raise TraceError(path, f"all {sum(c for c, _ in dropped.values())} recorded ops "
@@ -396,14 +386,15 @@ def _keep_in_steps(path, sel: _Selection, flat: bool) -> tuple[list, int, dict]:
     return kept, num_orphans, dropped
 
 
-def _make_ops(path, top_level: list, sel: _Selection, flat: bool) -> tuple[list[Op], list[Step]]:
+def _make_ops(path, top_level: list, sel: _Selection, full,
+              flat: bool) -> tuple[list[Op], list[Step]]:
     """Build the kept ops (each raw node is let go right after) and their steps."""
     parser = ArgParser(path)
     ops: list[Op] = []
     bounds: dict[int, list[int]] = {}  # step -> [first op index, end]
-    for i, (raw, step, module) in enumerate(top_level):
+    for i, (node, step, module) in enumerate(top_level):
         top_level[i] = None
-        ops.append(_build_op(path, parser, raw, flat, i, step, module, sel.rpc_child))
+        ops.append(_build_op(path, parser, full(node), flat, i, step, module, sel.rpc_child))
         if step >= 0:
             # steps cover disjoint, increasing id spans, so each one's ops are contiguous
             bounds.setdefault(step, [i, i])[1] = i + 1

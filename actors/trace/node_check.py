@@ -10,7 +10,7 @@ from __future__ import annotations
 from actors.errors import TraceError
 from actors.trace import integrity
 from actors.trace.args import ArgParser, preview
-from actors.trace.loader import read_json
+from actors.trace.node_stream import read_json
 from actors.trace.model import Op
 from actors.trace.schema import NodeView, parse_version
 from actors.trace.source import as_source

@@ -11,7 +11,7 @@ import pytest
 
 from actors.errors import TraceError
 from actors.trace import load_trace
-from actors.trace.loader import read_json
+from actors.trace.node_stream import read_json
 from orchestrator.config import DEMO_TRACES
 from tests.support.et_json import ADD, EMBEDDING, RELU, node, scalar, tensor, write_trace
 

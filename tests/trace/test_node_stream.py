@@ -1,0 +1,134 @@
+"""A trace's nodes read one at a time (actors/trace/node_stream.py): the skeleton read from the
+text is the nodes' own id, name and parent, each node's object is the one a whole parse gives,
+the loaded `Trace` is the same either way, and a document in another layout, or broken, is
+parsed whole with the whole parse's errors."""
+from __future__ import annotations
+
+import dataclasses
+import gzip
+from pathlib import Path
+
+import orjson
+import pytest
+
+from actors.errors import TraceError
+from actors.trace import load_trace
+from actors.trace import node_stream
+from actors.trace.node_stream import read_json, read_nodes
+from orchestrator.config import DEMO_TRACES
+from tests.support.et_json import ADD, RELU, node, tensor, write_trace
+
+PUBLIC = Path(__file__).resolve().parents[3] / "shared" / "traces" / "public" / "param"
+TRACES = [DEMO_TRACES / "gpt_dp_4" / "rank-0.et.json.gz",
+          DEMO_TRACES / "gpt_zero3_2" / "rank-1.et.json.gz",
+          PUBLIC / "linear_et.json.gz",  # the 1.0.1 layout: name, id, rf_id, parent
+          PUBLIC / "resnet_2gpu_et.json.gz"]
+
+
+def _state(value):
+    """A comparable picture of a loaded trace (its classes have slots, not equality)."""
+    if dataclasses.is_dataclass(value):
+        return {f.name: _state(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    slots = [s for cls in type(value).__mro__ for s in getattr(cls, "__slots__", ())]
+    if slots:
+        return (type(value).__name__, {s: _state(getattr(value, s, None)) for s in slots})
+    if isinstance(value, (list, tuple)):
+        return [_state(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted(map(repr, value))
+    if isinstance(value, dict):
+        return {repr(k): _state(v) for k, v in value.items()}
+    return value
+
+
+def _whole(monkeypatch):
+    """Make `read_nodes` parse every document whole (as the loader did before)."""
+    def refuse(text):
+        raise node_stream.LayoutMismatch
+    monkeypatch.setattr(node_stream, "_skeleton", refuse)
+
+
+def _plain(src: Path, tmp_path: Path, option=0) -> Path:
+    """``src`` rewritten as plain JSON (orjson's compact text, or indented)."""
+    out = tmp_path / (src.name.removesuffix(".gz").removesuffix(".json") + ".json")
+    out.write_bytes(orjson.dumps(read_json(src), option=option))
+    return out
+
+
+def _skeleton_of(doc: dict) -> list[tuple]:
+    key = "ctrl_deps" if "ctrl_deps" in doc["nodes"][0] else "parent"
+    return [(n["id"], n["name"], n[key]) for n in doc["nodes"]]
+
+
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
+def test_skeleton_and_objects_are_the_whole_parse(path):
+    doc = read_json(path)
+    read = read_nodes(path)
+    assert read.streamed
+    key = read.parent_key
+    assert [(n["id"], n["name"], n[key]) for n in read.nodes] == _skeleton_of(doc)
+    assert [read.full(n) for n in read.nodes] == doc.pop("nodes")
+    assert read.header == doc
+
+
+@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
+def test_the_loaded_trace_is_the_same_as_from_a_whole_parse(path, tmp_path, monkeypatch):
+    plain = _plain(path, tmp_path)  # read where it lies, a node's bytes at a time
+    streamed = [_state(load_trace(p)) for p in (path, plain)]
+    _whole(monkeypatch)
+    whole = [_state(load_trace(p)) for p in (path, plain)]
+    assert streamed == whole
+
+
+def test_chunk_edges_and_indented_text_find_the_same_nodes(tmp_path, monkeypatch):
+    src = TRACES[0]
+    indented = _plain(src, tmp_path, orjson.OPT_INDENT_2)
+    expected = _skeleton_of(read_json(src))
+    monkeypatch.setattr(node_stream, "_CHUNK_BYTES", 97)  # fields cut at every chunk's edge
+    read = read_nodes(indented)
+    assert read.streamed
+    assert [(n["id"], n["name"], n["ctrl_deps"]) for n in read.nodes] == expected
+    assert read.full(read.nodes[-1]) == read_json(src)["nodes"][-1]
+
+
+def test_escaped_names_and_lookalike_strings(tmp_path):
+    nodes = [node(3, 'aten::add', inputs=[tensor(1, 1, 4), tensor(2, 2, 4)],
+                  outputs=[tensor(3, 3, 4)], schema=ADD,
+                  note='{"id": 9, "name": "fake", "ctrl_deps": 2, "x": [1]}'),
+             node(4, 'module "q\u00e9"', parent=2)]
+    path = write_trace(tmp_path, nodes)
+    path.write_bytes(path.read_bytes().replace("é".encode(), b"\\u00e9"))
+    read = read_nodes(path)
+    assert read.streamed
+    assert {"aten::add", 'module "qé"'} <= {n["name"] for n in read.nodes}
+    assert [read.full(n) for n in read.nodes] == read_json(path)["nodes"]
+
+
+def test_another_key_order_is_parsed_whole(tmp_path):
+    path = write_trace(tmp_path, [node(3, "aten::relu", inputs=[tensor(1, 1, 4)],
+                                       outputs=[tensor(2, 2, 4)], schema=RELU)])
+    doc = orjson.loads(path.read_bytes())
+    doc["nodes"] = [{"name": n["name"], **n} for n in doc["nodes"]]
+    path.write_bytes(orjson.dumps(doc))
+    read = read_nodes(path)
+    assert not read.streamed
+    assert [op.name for op in load_trace(path).ops] == ["aten::relu"]
+
+
+@pytest.mark.parametrize("cut, message", [
+    (lambda t: t.replace(b'},{"id":4', b'}{"id":4'), r"invalid JSON"),  # a comma missing
+    (lambda t: t.replace(b'},{"id":4', b'},x{"id":4'), r"invalid JSON"),  # junk between nodes
+    (lambda t: t[:-40], r"truncated JSON: the data ends at byte"),
+], ids=["no-comma", "junk", "truncated"])
+def test_broken_text_gets_the_whole_parse_error(tmp_path, cut, message):
+    path = write_trace(tmp_path, [node(3, "aten::add", inputs=[tensor(1, 1, 4), tensor(2, 2, 4)],
+                                       outputs=[tensor(3, 3, 4)], schema=ADD),
+                                  node(4, "aten::relu", inputs=[tensor(3, 3, 4)],
+                                       outputs=[tensor(4, 4, 4)], schema=RELU)])
+    text = orjson.dumps(orjson.loads(path.read_bytes()))
+    assert b'},{"id":4' in text
+    for name, data in (("t.json", cut(text)), ("t.json.gz", gzip.compress(cut(text)))):
+        broken = tmp_path / name
+        broken.write_bytes(data)
+        with pytest.raises(TraceError, match=message):
+            load_trace(broken)
