@@ -15,13 +15,22 @@ Prints ONE JSON line: nodes, file size, best-of-reps seconds of each, their rati
 (load_trace / json.load; target <= 1.0) and each reader's peak RSS. ``--profile`` also
 prints the loader's top functions (cProfile, in this process) to stderr.
 
-    python scripts/bench_load.py --nodes 1000000 --reps 3 [--gc-ab]
+``--large`` also builds a trace of at least ``--large-mb`` MB of JSON (700: a 405B pipeline
+stage's size) and loads it, in a fresh process each, as the loader reads it (one node at a
+time, actors/trace/node_stream.py) and parsed whole (as it did before): its ``large`` object
+holds both loads' seconds and peak RSS, MB/s, and the targets (peak RSS <= 2 GiB, >= 30 MB/s).
+It also rewrites the file as the fake capture rewrites the observer's (DTensor frames, the
+fake mode's nodes: actors/capture/trace_file.py) and writes it gzipped, a node at a time and as
+the whole document (as before): ``rewrite_*`` seconds and peak RSS.
+
+    python scripts/bench_load.py --nodes 1000000 --reps 3 [--gc-ab] [--large]
 """
 from __future__ import annotations
 
 import argparse
 import gc
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -35,14 +44,23 @@ from scripts.json_layout import emit  # noqa: E402
 
 DEFAULT_SOURCE = REPO.parent / "shared" / "traces" / "public" / "param" / "hf_GPT2_et.json.tar.gz"
 READERS = ("json_load", "load_trace", "json_load_nogc")
+# the loader, the loader parsing whole; the capture's rewrite, and the whole document's
+LARGE_READERS = ("load_trace", "load_trace_whole", "rewrite", "rewrite_whole")
+LARGE_TARGETS = {"peak_rss_gib": 2.0, "mb_per_s": 30.0}
 CHILD_TIMEOUT_S = 3600
 _MiB = 1 << 20
 
 
-def layout(gc_ab: bool = False) -> dict:
-    """The keys of the JSON line (scripts/json_layout.py); ``gc_ab``: with ``--gc-ab``'s."""
+def layout(gc_ab: bool = False, large: bool = False) -> dict:
+    """The keys of the JSON line (scripts/json_layout.py); ``gc_ab``, ``large``: with
+    ``--gc-ab``'s, ``--large``'s."""
     readers = READERS + (("load_trace_gc_on",) if gc_ab else ())
-    return {"nodes": None, "file_mb": None, "reps": None, "json_load_s": None,
+    large_keys = {"file_mb": None, "nodes": None, "load_s": None, "mb_per_s": None,
+                  "peak_rss_gib": None, "whole_load_s": None, "whole_peak_rss_gib": None,
+                  "peak_rss_over_whole": None, "rewrite_s": None, "rewrite_peak_rss_gib": None,
+                  "whole_rewrite_s": None, "whole_rewrite_peak_rss_gib": None,
+                  "targets_met": {k: None for k in LARGE_TARGETS}}
+    return {**({"large": large_keys} if large else {}),"nodes": None, "file_mb": None, "reps": None, "json_load_s": None,
             "load_trace_s": None, "ratio": None, "json_load_nogc_s": None, "ratio_vs_nogc": None,
             **({"load_trace_gc_on_s": None, "gc_off_speedup": None} if gc_ab else {}),
             **{f"peak_rss_mb_{r}": None for r in readers},
@@ -84,7 +102,9 @@ def child(reader: str, path: str) -> None:
     """Run one reader once in this (fresh) process; print seconds and peak RSS as JSON."""
     import resource
 
-    if reader.startswith("json_load"):
+    if reader.startswith("rewrite"):
+        elapsed_s, count = _rewrite(path, whole=reader == "rewrite_whole")
+    elif reader.startswith("json_load"):
         if reader == "json_load_nogc":
             gc.disable()
         start = time.perf_counter()
@@ -95,12 +115,58 @@ def child(reader: str, path: str) -> None:
     else:
         from actors.trace import load_trace
         from actors.trace.loader import _load_trace  # load_trace minus its gc.disable()
+        if reader == "load_trace_whole":  # the loader as it was: the document parsed whole
+            from actors.trace import node_stream
+
+            def whole(text):
+                raise node_stream.LayoutMismatch
+            node_stream._skeleton = whole
         start = time.perf_counter()
-        trace = load_trace(path) if reader == "load_trace" else _load_trace(Path(path), None, None)
+        trace = _load_trace(Path(path), None, None) if reader == "load_trace_gc_on" \
+            else load_trace(path)
         elapsed_s = time.perf_counter() - start
         count = trace.num_nodes
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     print(json.dumps({"s": elapsed_s, "nodes": count, "peak_rss_mb": peak_kib / 1024}))
+
+
+def _rewrite(path: str, whole: bool) -> tuple[float, int]:
+    """Seconds of the fake capture's rewrite of ``path`` (a copy: the rewrite removes its input)
+    into a gzipped file, and the nodes read."""
+    import gzip
+    import shutil
+
+    import orjson
+
+    from actors.capture.fake.fake_mode import strip_dispatch_mode_nodes
+    from actors.capture.fake.subclass_frames import mark_subclass_frames
+    from actors.capture.trace_file import rewrite_file
+    from actors.gc_pause import gc_paused
+
+    num_nodes = []
+
+    def rewrite(doc):
+        num_nodes.append(len(doc["nodes"]))
+        mark_subclass_frames(doc)
+        strip_dispatch_mode_nodes(doc)
+
+    raw, out = f"{path}.raw", f"{path}.rewritten.gz"
+    shutil.copy(path, raw)
+    start = time.perf_counter()
+    if whole:  # the capture's rewrite as it was: the document parsed, rewritten, dumped
+        with gc_paused():
+            with open(raw, "rb") as src:
+                doc = orjson.loads(src.read())
+            rewrite(doc)
+            with gzip.open(out, "wb", compresslevel=6) as dst:
+                dst.write(orjson.dumps(doc))
+            del doc
+        os.remove(raw)
+    else:
+        rewrite_file(raw, out, rewrite)
+    elapsed_s = time.perf_counter() - start
+    os.remove(out)
+    return elapsed_s, num_nodes[0]
 
 
 def measure(reader: str, path: Path) -> dict:
@@ -129,11 +195,14 @@ def main(argv=None) -> None:
     parser.add_argument("--workdir", type=Path, default=None, help="where to write (default: a temp dir)")
     parser.add_argument("--profile", action="store_true", help="cProfile load_trace to stderr")
     parser.add_argument("--gc-ab", action="store_true", help="also time load_trace with the GC on")
+    parser.add_argument("--large", action="store_true",
+                        help="also load a trace of --large-mb MB, streamed and parsed whole")
+    parser.add_argument("--large-mb", type=float, default=700.0, help="the large trace's JSON size")
     parser.add_argument("--child", nargs=2, metavar=("READER", "PATH"), help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="smoke run: smallest inputs, seconds (the test suite runs it)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.nodes, args.reps = 20_000, 1
+        args.nodes, args.reps, args.large_mb = 20_000, 1, 8.0
     if args.child:
         return child(*args.child)
     if not args.source.is_file():
@@ -149,6 +218,8 @@ def main(argv=None) -> None:
         assert all(run["nodes"] == args.nodes for rs in runs.values() for run in rs)
         if args.profile:
             profile(path)
+        large = measure_large(args.source, args.large_mb, args.reps, Path(tmp)) if args.large \
+            else None
     best = {r: min(run["s"] for run in rs) for r, rs in runs.items()}
     result = {"nodes": args.nodes, "file_mb": round(file_bytes / _MiB, 1), "reps": args.reps,
               "json_load_s": round(best["json_load"], 3), "load_trace_s": round(best["load_trace"], 3),
@@ -161,7 +232,40 @@ def main(argv=None) -> None:
     for reader, rs in runs.items():
         result[f"peak_rss_mb_{reader}"] = round(max(run["peak_rss_mb"] for run in rs), 1)
     result["all_s"] = {r: [round(run["s"], 3) for run in rs] for r, rs in runs.items()}
-    emit(result, layout(args.gc_ab))
+    if large is not None:
+        result = {"large": large, **result}
+    emit(result, layout(args.gc_ab, args.large))
+
+
+def measure_large(source: Path, file_mb: float, reps: int, tmp: Path) -> dict:
+    """Build a trace of at least ``file_mb`` MB and load it ``reps`` times each way."""
+    path = tmp / "larger.json"
+    sample = tmp / "sample.json"
+    per_node = build_large_trace(source, 20_000, sample) / 20_000
+    sample.unlink()
+    num_nodes = int(file_mb * _MiB / per_node) + 1
+    file_bytes = build_large_trace(source, num_nodes, path)
+    runs: dict[str, list[dict]] = {r: [] for r in LARGE_READERS}
+    for _ in range(reps):  # alternate, so machine load hits both alike
+        for reader in LARGE_READERS:
+            runs[reader].append(measure(reader, path))
+    path.unlink()
+    assert all(run["nodes"] == num_nodes for rs in runs.values() for run in rs)
+    best_s = {r: min(run["s"] for run in rs) for r, rs in runs.items()}
+    peak_gib = {r: max(run["peak_rss_mb"] for run in rs) / 1024 for r, rs in runs.items()}
+    mb_per_s = file_bytes / _MiB / best_s["load_trace"]
+    return {"file_mb": round(file_bytes / _MiB, 1), "nodes": num_nodes,
+            "load_s": round(best_s["load_trace"], 3), "mb_per_s": round(mb_per_s, 1),
+            "peak_rss_gib": round(peak_gib["load_trace"], 3),
+            "whole_load_s": round(best_s["load_trace_whole"], 3),
+            "whole_peak_rss_gib": round(peak_gib["load_trace_whole"], 3),
+            "peak_rss_over_whole": round(peak_gib["load_trace"] / peak_gib["load_trace_whole"], 3),
+            "rewrite_s": round(best_s["rewrite"], 3),
+            "rewrite_peak_rss_gib": round(peak_gib["rewrite"], 3),
+            "whole_rewrite_s": round(best_s["rewrite_whole"], 3),
+            "whole_rewrite_peak_rss_gib": round(peak_gib["rewrite_whole"], 3),
+            "targets_met": {"peak_rss_gib": peak_gib["load_trace"] <= LARGE_TARGETS["peak_rss_gib"],
+                            "mb_per_s": mb_per_s >= LARGE_TARGETS["mb_per_s"]}}
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ rotater until the ring returns) are held as long by the faithful replay.
 from __future__ import annotations
 
 import gc
-import gzip
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -25,13 +24,11 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import ContextManager
 
-import orjson
 import torch
 import torch.distributed as dist
 
 from actors.capture.fake.fake_mode import strip_dispatch_mode_nodes
-from actors.capture.fake.group_names import (GroupNamingFakeMode, as_rank, group_table,
-                                             name_c10d_groups)
+from actors.capture.fake.group_names import GroupNamingFakeMode, name_c10d_groups
 from actors.capture.environment_reads import environment_reads, note_reads
 from actors.capture.memory import MemoryMeter
 from actors.capture.fake_rank import FAKE_MEMORY_METHOD, fake_errors, fake_tensors, record_workload
@@ -39,6 +36,7 @@ from actors.capture.workloads.mesh import build_mesh, rank_roles
 from actors.capture.fake.meta_storage import unique_meta_storages
 from actors.capture.workloads.parallelize.eager_dtensor import eager_dtensor
 from actors.capture.fake.subclass_frames import mark_subclass_frames
+from actors.capture.trace_file import read_group_table, write_as_ranks
 from actors.capture.worker import rank_facts, workload_config
 from actors.capture.workloads.build import build_workload
 from actors.errors import ConfigError, TracefleetError
@@ -100,16 +98,6 @@ def record_mesh_rank(cfg: dict, out_dir: str, rank: int, world_size: int):
     return workload, path
 
 
-def _read(path: str) -> dict:
-    with gzip.open(path, "rb") as f:
-        return orjson.loads(f.read())
-
-
-def _write(doc: dict, path: str) -> None:
-    with gzip.open(path, "wb", compresslevel=6) as f:
-        f.write(orjson.dumps(doc))
-
-
 @dataclass(frozen=True)
 class RoleTask:
     """One role of a mesh job to record: its first rank recorded, its other ranks' files
@@ -154,25 +142,25 @@ def record_role(task: RoleTask, bound: Callable[[str], ContextManager]) -> dict:
                                                task.world_size)
     record_s = time.perf_counter() - start
     written = [first_rank] if task.num_files else list(task.ranks)
-    doc = _read(first) if len(written) > 1 else None
-    if doc is not None:
-        recorded = mesh_group_table(par, task.world_size, first_rank)
-        if group_table(doc) != recorded:
+    paths = {rank: first if rank == first_rank else os.path.join(task.out_dir,
+                                                                   trace_file_name(rank))
+             for rank in written}
+    if len(written) > 1:
+        if read_group_table(first) != mesh_group_table(par, task.world_size, first_rank):
             raise TracefleetError(f"rank {first_rank}'s trace lists other process groups "
                                   "than its mesh makes (the step made groups of its own?): "
                                   "its role's other ranks cannot be derived from it")
+        write_as_ranks(first, {paths[r]: (mesh_group_table(par, task.world_size, r),
+                                          f"rank {r} from rank {first_rank}")
+                               for r in written if r != first_rank})
     facts = []
     for rank in written:
-        path = first if rank == first_rank else os.path.join(task.out_dir,
-                                                               trace_file_name(rank))
-        if rank != first_rank:
-            _write(as_rank(doc, mesh_group_table(par, task.world_size, rank),
-                           f"rank {rank} from rank {first_rank}"), path)
+        path = paths[rank]
         facts.append({**rank_facts(rank, task.world_size, workload, path, None, [], no_memory),
                       "recorded_as_rank": first_rank, "record_s": record_s, "role": task.role,
                       "mesh": task.mesh, "record_peak_rss_bytes": peak.bytes,
                       "record_peak_rss_method": peak.method, "record_pid": os.getpid()})
-    del doc, workload
+    del workload
     gc.collect()  # the role's cycles, made while the GC was paused: before the next role's
     return {"facts": facts, "environment": sorted(names)}
 

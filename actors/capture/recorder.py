@@ -17,7 +17,6 @@ import time
 from contextlib import nullcontext
 from typing import Callable, ContextManager
 
-import orjson
 import torch
 import torch.nn as nn
 from torch._dynamo.eval_frame import OptimizedModule
@@ -28,7 +27,7 @@ from actors.errors import writing
 from actors.trace.conventions import BWD_BEGIN, BWD_END, STEP_PREFIX, module_range_name
 from actors.capture.host_profile import write_relabeled
 from actors.capture.backward_markers import register_backward_markers
-from actors.gc_pause import gc_paused
+from actors.capture.trace_file import rewrite_file
 
 # Read by the observer when it registers: any value turns tensor ranges on.
 TENSOR_RANGE_ENV = "ENABLE_PYTORCH_EXECUTION_TRACE_SAVE_INTEGRAL_TENSOR_RANGE"
@@ -172,7 +171,7 @@ def record_iteration(step: Callable[[tuple], None], batch: tuple, model: nn.Modu
         if rewrite is None:
             _gzip_to(raw_path, out_path)
         else:
-            _rewrite_to(raw_path, out_path, rewrite)
+            rewrite_file(raw_path, out_path, rewrite)
         result = {"path": out_path, "kineto_path": kineto_path}
         if profiles:
             result.update(write_relabeled(profiles[0][0], profiles[1][0], kineto_path))
@@ -216,19 +215,4 @@ def _gzip_to(raw_path: str, out_path: str) -> None:
     with writing(out_path, "a rank trace"), open(raw_path, "rb") as src, \
             gzip.open(out_path, "wb", compresslevel=6) as dst:
         shutil.copyfileobj(src, dst)
-    os.remove(raw_path)
-
-
-def _rewrite_to(raw_path: str, out_path: str, rewrite: Callable[[dict], object]) -> None:
-    """Parse the observer's file, ``rewrite`` it, write it gzipped to ``out_path``: one parse
-    of the uncompressed file (a fake 8B step records ~120 MB) instead of gzipping it, reading
-    it back and gzipping it again."""
-    # millions of containers, no cycles: the cyclic GC would rescan them (3x the parse time)
-    with gc_paused():
-        with open(raw_path, "rb") as src:
-            doc = orjson.loads(src.read())
-        rewrite(doc)
-        with writing(out_path, "a rank trace"), gzip.open(out_path, "wb", compresslevel=6) as dst:
-            dst.write(orjson.dumps(doc))
-        del doc
     os.remove(raw_path)

@@ -69,9 +69,9 @@ class _Text:
 
 @dataclass
 class TraceNodes:
-    """A trace's document without its nodes (``header``) and its nodes in file order
-    (``nodes``): each a dict with at least ``id``, ``name`` and the parent key, whose full
-    object `full` returns."""
+    """A trace's document with an empty ``nodes`` list in its place (``header``: written out
+    again, the keys keep their order) and its nodes in file order (``nodes``): each a dict with
+    at least ``id``, ``name`` and the parent key, whose full object `full` returns."""
 
     header: dict
     nodes: list
@@ -168,7 +168,8 @@ def _is_tar(f) -> bool:
 
 def whole_nodes(doc: dict) -> TraceNodes:
     """A document parsed whole, as `TraceNodes` (its nodes are their own full objects)."""
-    return TraceNodes(doc, doc.pop("nodes"))
+    nodes, doc["nodes"] = doc["nodes"], []
+    return TraceNodes(doc, nodes)
 
 
 def _parse_whole(source, text: bytes) -> dict:
@@ -221,7 +222,6 @@ def _skeleton(text: _Text) -> TraceNodes:
     header = orjson.loads(head[:opened.start()] + b'"nodes":[]' + text.read(end + 1, text.size))
     if not isinstance(header, dict) or header.get("nodes") != []:
         raise LayoutMismatch
-    del header["nodes"]
     return TraceNodes(header, nodes, key, text, starts)
 
 

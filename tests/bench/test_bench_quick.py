@@ -24,8 +24,14 @@ def test_layout_check_names_every_stray_key():
 def test_bench_load(public_trace_dir):
     from scripts.bench_load import layout
     out = run_bench("load", "--source", str(public_trace_dir / "hf_GPT2_et.json.tar.gz"),
-                    "--gc-ab", layout=layout(gc_ab=True))
+                    "--gc-ab", "--large", layout=layout(gc_ab=True, large=True))
     assert out["nodes"] == 20_000 and out["reps"] == 1
+    large = out["large"]
+    assert large["file_mb"] >= 8 and large["nodes"] > 0
+    assert positive(large["load_s"], large["whole_load_s"], large["peak_rss_gib"],
+                    large["whole_peak_rss_gib"], large["mb_per_s"], large["rewrite_s"],
+                    large["rewrite_peak_rss_gib"], large["whole_rewrite_s"],
+                    large["whole_rewrite_peak_rss_gib"])
     assert positive(out["json_load_s"], out["load_trace_s"], out["ratio"], out["file_mb"],
                      out["load_trace_gc_on_s"], out["gc_off_speedup"])
     assert all(positive(v) for k, v in out.items() if k.startswith("peak_rss_mb_"))

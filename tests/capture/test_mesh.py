@@ -8,7 +8,8 @@ import gc
 import pytest
 import torch.distributed as dist
 
-from actors.capture.fake.group_names import as_rank, name_c10d_groups, rename_map
+from actors.capture.fake.group_names import group_table, name_c10d_groups, rank_renamer, \
+    rename_map
 from actors.capture.workloads.mesh import (ParallelismConfig, build_mesh, coordinates, dp_index,
                                            rank_roles, sub_mesh, validate_parallelism)
 from actors.capture.fake.fake_mode import strip_dispatch_mode_nodes
@@ -150,9 +151,11 @@ def test_c10d_groups_are_named_and_a_trace_becomes_another_ranks():
         name_c10d_groups(doc, [("c10d::_allgather_base_", "1")] * 2, "test")
     assert name_c10d_groups(doc, [("c10d::_allgather_base_", "1")], "test") == 1
     assert doc["nodes"][1]["inputs"]["values"][2] == "1"
-    other = as_rank(doc, rank3, "test")
-    assert other["nodes"][1]["inputs"]["values"][2] == "2"  # dp group of rank 3
-    assert other["nodes"][2]["inputs"]["values"][2] == "4"  # its tp group
+    rename = rank_renamer(group_table(doc["nodes"]), rank3, "test")
+    other = [rename(n) for n in doc["nodes"]]
+    assert other[1]["inputs"]["values"][2] == "2"  # dp group of rank 3
+    assert other[2]["inputs"]["values"][2] == "4"  # its tp group
+    assert group_table(other) == rank3
     assert doc["nodes"][1]["inputs"]["values"][2] == "1"  # the source is left as it was
     with pytest.raises(TracefleetError, match="share the description 'mesh_dp'"):
         rename_map(rank0, rank3 + [_pg("9", "mesh_dp", [1, 3])], "test")

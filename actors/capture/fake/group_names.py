@@ -10,7 +10,7 @@ ProcessGroup argument (a ``String`` the loader reads as the op's ``pg_name``, as
 collectives carry theirs in ``group_name``).
 
 Group names are global counters ("0", "1", ...): rank 0's tensor-parallel group is not rank
-2's. :func:`as_rank` turns one rank's trace into another's of the same role by mapping every
+2's. :func:`rank_renamer` turns one rank's trace into another's of the same role by mapping every
 group name through the groups' descriptions (``mesh_tp``, ``mesh_dp_shard``, ...: one group
 per description per rank) and replacing the ``## process_group:init ##`` table.
 """
@@ -86,9 +86,9 @@ def name_c10d_groups(doc: dict, group_log: list[tuple[str, str]], where: str) ->
     return len(nodes)
 
 
-def group_table(doc: dict) -> list[dict]:
-    """The trace's ``## process_group:init ##`` table ([] without one)."""
-    for node in doc["nodes"]:
+def group_table(nodes) -> list[dict]:
+    """The ``## process_group:init ##`` table among a trace's ``nodes`` ([] without one)."""
+    for node in nodes:
         if node["name"] == PG_INIT:
             return orjson.loads(node["inputs"]["values"][0])
     return []
@@ -113,13 +113,12 @@ def rename_map(source: list[dict], target: list[dict], where: str) -> dict[str, 
     return {src[d]: dst[d] for d in src}
 
 
-def as_rank(doc: dict, target_table: list[dict], where: str) -> dict:
-    """``doc`` (one rank's parsed trace, left unchanged) as the rank whose process-group table
-    is ``target_table``: every group name mapped, the table replaced."""
-    names = rename_map(group_table(doc), target_table, where)
-    out = dict(doc)
-    out["nodes"] = [_renamed(n, names, target_table) for n in doc["nodes"]]
-    return out
+def rank_renamer(table: list[dict], target_table: list[dict], where: str):
+    """A node of the rank whose process-group table is ``table`` -> the same node (left
+    unchanged) of the rank whose table is ``target_table``: every group name mapped, the table
+    replaced."""
+    names = rename_map(table, target_table, where)
+    return lambda node: _renamed(node, names, target_table)
 
 
 def _renamed(node: dict, names: dict[str, str], table: list[dict]) -> dict:

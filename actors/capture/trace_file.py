@@ -1,0 +1,148 @@
+"""The capture's trace files rewritten a node at a time: the observer's file after the fake
+mode's rewrites, and a role's trace written as its other ranks'.
+
+A fake 405B pipeline stage records 757 MB of JSON; parsed whole it took 10.9 GiB to rewrite.
+Here the file is read as `actors.trace.node_stream` reads it (a skeleton over the text), the
+rewrites see each node with the fields they read and edit (id, name, parent, the op schema, the
+inputs' and outputs' types and tensor values: `_slim`), and each node that stays is written
+from its own text with their edits. A role's other ranks are written in one pass over the
+recorded rank's nodes, each renamed per rank. The files are the same, byte for byte once
+inflated, as the whole document's rewrite and dump wrote them.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+from collections.abc import Callable
+
+import orjson
+
+from actors.capture.fake.group_names import PG_INIT, group_table, rank_renamer
+from actors.errors import writing
+from actors.gc_pause import gc_paused
+from actors.trace.node_stream import read_nodes
+
+_AT = "_at"  # a slim node's position in the file (its full node's), for the writer
+_WRITE_BYTES = 1 << 20  # nodes' text gathered per write into the gzip stream
+
+
+def rewrite_file(raw_path: str, out_path: str, rewrite: Callable[[dict], object]) -> None:
+    """``rewrite`` the observer's file ``raw_path`` (a document whose nodes are `_slim`'s,
+    edited in place as the whole document was) and write the result gzipped to
+    ``out_path``; removes ``raw_path``."""
+    # millions of containers, no cycles: the cyclic GC would rescan them (3x the parse time)
+    with gc_paused():
+        read = read_nodes(raw_path)
+        doc = dict(read.header)
+        doc["nodes"] = [_slim(read.full(node), at) for at, node in enumerate(read.nodes)]
+        rewrite(doc)
+        kept, doc["nodes"] = doc["nodes"], []  # the header is written around the nodes
+        with writing(out_path, "a rank trace"), gzip.open(out_path, "wb", compresslevel=6) as dst:
+            out = _NodeWriter(dst, doc)
+            for i, slim in enumerate(kept):
+                kept[i] = None
+                out.add(_edited(read.full(read.nodes[slim[_AT]]), slim))
+            out.close()
+        read.release()
+    os.remove(raw_path)
+
+
+def read_group_table(path: str) -> list[dict]:
+    """The process-group table of the trace at ``path`` ([] without one)."""
+    read = read_nodes(path)
+    try:
+        return group_table(read.full(n) for n in read.nodes if n["name"] == PG_INIT)
+    finally:
+        read.release()
+
+
+def write_as_ranks(src_path: str, targets: dict[str, tuple[list[dict], str]]) -> None:
+    """Write the trace at ``src_path`` as other ranks of its role, in one pass over its nodes:
+    ``targets`` maps each file to write to that rank's process-group table and what to call
+    that rank in an error (group_names.py's ``rank_renamer``)."""
+    if not targets:
+        return
+    with gc_paused():
+        read = read_nodes(src_path)
+        table = group_table(read.full(n) for n in read.nodes if n["name"] == PG_INIT)
+        renames = [(path, rank_renamer(table, target, where))
+                   for path, (target, where) in targets.items()]
+        files = []
+        try:
+            for path, _ in renames:
+                files.append(gzip.open(path, "wb", compresslevel=6))
+            outs = [(_NodeWriter(f, read.header), rename) for f, (_, rename) in zip(files, renames)]
+            for node in read.nodes:
+                full = read.full(node)
+                for out, rename in outs:
+                    out.add(rename(full))
+            for out, _ in outs:
+                out.close()
+        finally:
+            for f in files:
+                f.close()
+        read.release()
+
+
+class _NodeWriter:
+    """Writes a document to ``dst`` a node at a time: ``header`` (with an empty ``nodes``
+    list, where the nodes go), then each node `add` is given, compact as orjson dumps."""
+
+    def __init__(self, dst, header: dict):
+        text = orjson.dumps(header)
+        assert text.count(b'"nodes":[]') == 1, "the header holds one empty nodes list"
+        head, _, self._tail = text.partition(b'"nodes":[]')
+        self._dst = dst
+        self._parts = [head + b'"nodes":[']
+        self._size = 0
+        self._first = True
+
+    def add(self, node: dict) -> None:
+        text = orjson.dumps(node)
+        self._parts.append(text if self._first else b"," + text)
+        self._first = False
+        self._size += len(text)
+        if self._size >= _WRITE_BYTES:
+            self._flush()
+
+    def close(self) -> None:
+        self._parts.append(b"]" + self._tail)
+        self._flush()
+
+    def _flush(self) -> None:
+        self._dst.write(b"".join(self._parts))
+        self._parts, self._size = [], 0
+
+
+def _slim(raw: dict, at: int) -> dict:
+    """What the fake mode's rewrites read and edit of a node (fake_mode.py's strip,
+    subclass_frames.py, group_names.py's ``name_c10d_groups``): id, name, parent, the op
+    schema, the inputs' and outputs' types and their list values (tensors, tensor lists;
+    other values are None here and kept from the node's text)."""
+    slim = {"id": raw.get("id"), "name": raw.get("name"), "ctrl_deps": raw.get("ctrl_deps"),
+            "inputs": _slim_side(raw.get("inputs")), "outputs": _slim_side(raw.get("outputs")),
+            "attrs": [a for a in raw.get("attrs") or () if isinstance(a, dict)
+                      and a.get("name") == "op_schema"], _AT: at}
+    return slim
+
+
+def _slim_side(side) -> dict:
+    if not isinstance(side, dict):
+        return {"values": [], "types": []}
+    values = side.get("values") or []
+    return {"values": [v if isinstance(v, list) else None for v in values],
+            "types": list(side.get("types") or [])}
+
+
+def _edited(full: dict, slim: dict) -> dict:
+    """``full`` with the rewrites' edits of its slim node: name, parent, input values and
+    types (a c10d op's group named)."""
+    for key in ("name", "ctrl_deps"):
+        if full.get(key) != slim[key]:
+            full[key] = slim[key]
+    inputs = full.get("inputs")
+    if isinstance(inputs, dict) and inputs.get("types") != slim["inputs"]["types"]:
+        inputs["values"] = [f if s is None else s
+                            for s, f in zip(slim["inputs"]["values"], inputs.get("values") or [])]
+        inputs["types"] = slim["inputs"]["types"]
+    return full
