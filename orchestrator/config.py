@@ -20,6 +20,7 @@ from actors.config_fields import setting
 from actors.errors import ConfigError
 from actors.replay.config import ReplayConfig, dry_run_config, parse_bytes
 from actors.replay.memory.target import TargetConfig
+from actors.trace.parsed_cache import DEFAULT_DIR as PARSED_CACHE_DIR
 from actors.zero3.config import Zero3Config, Zero3Strategy  # noqa: F401 (composed here)
 from orchestrator.study_config import MinMemoryConfig, OomStudyConfig
 
@@ -113,6 +114,10 @@ class TraceConfig:
     max_decompressed_bytes: str = setting("4GiB", help=(
         "Refuse a gzip stream or an archive member that would expand past this size (bytes, or "
         "a size like \"16GiB\"): a gzip bomb costs at most this much memory."))
+    parsed_cache_dir: str | None = setting(PARSED_CACHE_DIR, help=(
+        "A trace of 32 MiB of JSON or more, once loaded, is kept here so its next load (the "
+        "ranks after pre-flight, a sweep's points, the next run) reads it instead of parsing "
+        "it; keyed by the file, its size and mtime, and the loader's code. null: no cache."))
 
     def __post_init__(self):
         self.transfer = Transfer.coerce(self.transfer, "trace.transfer")

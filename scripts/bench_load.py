@@ -21,7 +21,9 @@ time, actors/trace/node_stream.py) and parsed whole (as it did before): its ``la
 holds both loads' seconds and peak RSS, MB/s, and the targets (peak RSS <= 2 GiB, >= 30 MB/s).
 It also rewrites the file as the fake capture rewrites the observer's (DTensor frames, the
 fake mode's nodes: actors/capture/trace_file.py) and writes it gzipped, a node at a time and as
-the whole document (as before): ``rewrite_*`` seconds and peak RSS.
+the whole document (as before): ``rewrite_*`` seconds and peak RSS. And it loads the file with
+the parsed-trace cache (actors/trace/parsed_cache.py): the first load, which writes it
+(``cache_write_load_s``), and the next, which reads it (``cached_load_s``, its peak RSS).
 
     python scripts/bench_load.py --nodes 1000000 --reps 3 [--gc-ab] [--large]
 """
@@ -45,7 +47,9 @@ from scripts.json_layout import emit  # noqa: E402
 DEFAULT_SOURCE = REPO.parent / "shared" / "traces" / "public" / "param" / "hf_GPT2_et.json.tar.gz"
 READERS = ("json_load", "load_trace", "json_load_nogc")
 # the loader, the loader parsing whole; the capture's rewrite, and the whole document's
-LARGE_READERS = ("load_trace", "load_trace_whole", "rewrite", "rewrite_whole")
+# and the first and second load with the parsed-trace cache (in this order)
+LARGE_READERS = ("load_trace", "load_trace_whole", "rewrite", "rewrite_whole", "cache_write",
+                 "cache_hit")
 LARGE_TARGETS = {"peak_rss_gib": 2.0, "mb_per_s": 30.0}
 CHILD_TIMEOUT_S = 3600
 _MiB = 1 << 20
@@ -59,6 +63,8 @@ def layout(gc_ab: bool = False, large: bool = False) -> dict:
                   "peak_rss_gib": None, "whole_load_s": None, "whole_peak_rss_gib": None,
                   "peak_rss_over_whole": None, "rewrite_s": None, "rewrite_peak_rss_gib": None,
                   "whole_rewrite_s": None, "whole_rewrite_peak_rss_gib": None,
+                  "cache_write_load_s": None, "cached_load_s": None, "cached_peak_rss_gib": None,
+                  "cached_over_load": None,
                   "targets_met": {k: None for k in LARGE_TARGETS}}
     return {**({"large": large_keys} if large else {}),"nodes": None, "file_mb": None, "reps": None, "json_load_s": None,
             "load_trace_s": None, "ratio": None, "json_load_nogc_s": None, "ratio_vs_nogc": None,
@@ -104,6 +110,8 @@ def child(reader: str, path: str) -> None:
 
     if reader.startswith("rewrite"):
         elapsed_s, count = _rewrite(path, whole=reader == "rewrite_whole")
+    elif reader.startswith("cache_"):
+        elapsed_s, count = _cached_load(path, first=reader == "cache_write")
     elif reader.startswith("json_load"):
         if reader == "json_load_nogc":
             gc.disable()
@@ -167,6 +175,29 @@ def _rewrite(path: str, whole: bool) -> tuple[float, int]:
     elapsed_s = time.perf_counter() - start
     os.remove(out)
     return elapsed_s, num_nodes[0]
+
+
+def _cached_load(path: str, first: bool) -> tuple[float, int]:
+    """Seconds of a load through the parsed-trace cache beside ``path`` (``first``: emptied
+    before, so the load parses and writes it), and the trace's nodes."""
+    import shutil
+    from dataclasses import replace
+
+    from actors.trace import load_trace, parsed_cache
+    from actors.trace.source import as_source
+
+    parsed_cache.MIN_CACHED_BYTES = 0  # a quick run's trace is below the size cached
+    cache = Path(f"{path}.parsed")
+    if first:
+        shutil.rmtree(cache, ignore_errors=True)
+    elif not any(cache.glob("*.json")):
+        raise SystemExit("bench_load: the first load wrote no parsed-trace cache")
+    start = time.perf_counter()
+    trace = load_trace(replace(as_source(path), parsed_cache_dir=str(cache)))
+    elapsed_s = time.perf_counter() - start
+    if not first:
+        shutil.rmtree(cache)
+    return elapsed_s, trace.num_nodes
 
 
 def measure(reader: str, path: Path) -> dict:
@@ -264,6 +295,10 @@ def measure_large(source: Path, file_mb: float, reps: int, tmp: Path) -> dict:
             "rewrite_peak_rss_gib": round(peak_gib["rewrite"], 3),
             "whole_rewrite_s": round(best_s["rewrite_whole"], 3),
             "whole_rewrite_peak_rss_gib": round(peak_gib["rewrite_whole"], 3),
+            "cache_write_load_s": round(best_s["cache_write"], 3),
+            "cached_load_s": round(best_s["cache_hit"], 3),
+            "cached_peak_rss_gib": round(peak_gib["cache_hit"], 3),
+            "cached_over_load": round(best_s["cache_hit"] / best_s["load_trace"], 3),
             "targets_met": {"peak_rss_gib": peak_gib["load_trace"] <= LARGE_TARGETS["peak_rss_gib"],
                             "mb_per_s": mb_per_s >= LARGE_TARGETS["mb_per_s"]}}
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import sys
 from collections.abc import Callable
 
 import orjson
@@ -117,21 +118,32 @@ class _NodeWriter:
 def _slim(raw: dict, at: int) -> dict:
     """What the fake mode's rewrites read and edit of a node (fake_mode.py's strip,
     subclass_frames.py, group_names.py's ``name_c10d_groups``): id, name, parent, the op
-    schema, the inputs' and outputs' types and their list values (tensors, tensor lists;
-    other values are None here and kept from the node's text)."""
-    slim = {"id": raw.get("id"), "name": raw.get("name"), "ctrl_deps": raw.get("ctrl_deps"),
-            "inputs": _slim_side(raw.get("inputs")), "outputs": _slim_side(raw.get("outputs")),
-            "attrs": [a for a in raw.get("attrs") or () if isinstance(a, dict)
-                      and a.get("name") == "op_schema"], _AT: at}
-    return slim
+    schema, the inputs' and outputs' types and the values that may be tensors (six-item lists)
+    or hold them (lists of lists); other values are None here and kept from the node's text.
+    Strings that repeat (names, types, devices, schemas) are interned."""
+    name = raw.get("name")
+    return {"id": raw.get("id"), "name": sys.intern(name) if type(name) is str else name,
+            "ctrl_deps": raw.get("ctrl_deps"), "inputs": _slim_side(raw.get("inputs")),
+            "outputs": _slim_side(raw.get("outputs")),
+            "attrs": [{**a, "value": _interned(a.get("value"))} for a in raw.get("attrs") or ()
+                      if isinstance(a, dict) and a.get("name") == "op_schema"], _AT: at}
 
 
 def _slim_side(side) -> dict:
     if not isinstance(side, dict):
         return {"values": [], "types": []}
-    values = side.get("values") or []
-    return {"values": [v if isinstance(v, list) else None for v in values],
-            "types": list(side.get("types") or [])}
+    values = []
+    for v in side.get("values") or ():
+        if type(v) is not list or (len(v) != 6 and not any(type(x) is list for x in v)):
+            v = None  # no tensor in it
+        elif len(v) == 6 and type(v[5]) is str:
+            v[5] = sys.intern(v[5])  # the device
+        values.append(v)
+    return {"values": values, "types": [_interned(t) for t in side.get("types") or ()]}
+
+
+def _interned(value):
+    return sys.intern(value) if type(value) is str else value
 
 
 def _edited(full: dict, slim: dict) -> dict:

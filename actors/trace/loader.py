@@ -47,6 +47,7 @@ from actors.trace.recorded_frees import free_positions, freed_storages, made_in_
 from actors.trace.args import ArgParser, preview
 from actors.trace.model import MAX_WORLD_SIZE, Op, ProcessGroupInfo, Step, Trace
 from actors.trace.op_schema import parse_schema
+from actors.trace.parsed_cache import cached_load
 from actors.trace.schema import NodeView, OpSchemaReader, parse_version
 from actors.trace.source import TraceSource, as_source
 from actors.trace.subclass_wrappers import add_tensor_storages, drop_wrapper_ops
@@ -78,12 +79,17 @@ def load_trace(path, rank: int | None = None, data: bytes | None = None) -> Trac
     """Load and validate one rank's trace into a `Trace`.
 
     ``path``: a file or a `TraceSource`; ``data``: its stored bytes if they came another way.
-    ``rank`` defaults to the rank in the file or member name (`actors.trace.archive`).
+    ``rank`` defaults to the rank in the file or member name (`actors.trace.archive`). A source
+    with a ``parsed_cache_dir`` reads a large trace loaded before from there
+    (actors/trace/parsed_cache.py).
     """
+    source = as_source(path)
     # Parsing and building create millions of small containers, none in a reference cycle;
     # left on, the cyclic GC rescans the growing heap over and over (2-3x the load time).
     with gc_paused():
-        return _load_trace(as_source(path), rank, data)
+        if data is not None:  # bytes shipped from the driver: no file to key a cache by
+            return _load_trace(source, rank, data)
+        return cached_load(source, rank, lambda: _load_trace(source, rank, None))
 
 
 def _load_trace(source: TraceSource, rank: int | None, data: bytes | None) -> Trace:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import stat
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from actors.errors import ConfigError, TraceError
@@ -38,6 +38,9 @@ class TraceSource:
     member: str | None = None
     # Refuse data that would expand past this many bytes (gzip, tar members).
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
+    # Where a large trace's loaded model is kept for the next load (None: nowhere;
+    # actors/trace/parsed_cache.py).
+    parsed_cache_dir: str | None = None
 
     def __str__(self) -> str:
         return f"{self.path}:{self.member}" if self.member else self.path
@@ -80,15 +83,21 @@ def as_source(path, max_decompressed_bytes: int | None = None) -> TraceSource:
     return TraceSource(str(path), None, max_decompressed_bytes or DEFAULT_MAX_DECOMPRESSED_BYTES)
 
 
-def discover(path, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES
-             ) -> dict[int, TraceSource]:
-    """``{rank: TraceSource}`` of a folder, an archive or one file (see the module doc).
+def discover(path, max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+             parsed_cache_dir: str | None = None) -> dict[int, TraceSource]:
+    """``{rank: TraceSource}`` of a folder, an archive or one file (see the module doc);
+    ``parsed_cache_dir``: the sources' (`TraceSource`).
 
     ConfigError when the path does not exist or holds no trace; TraceError for an archive
     member without a rank or two traces of one rank.
     """
-    path = Path(path)
-    limit = max_decompressed_bytes
+    found = _discover(Path(path), max_decompressed_bytes)
+    if parsed_cache_dir is None:
+        return found
+    return {rank: replace(s, parsed_cache_dir=parsed_cache_dir) for rank, s in found.items()}
+
+
+def _discover(path: Path, limit: int) -> dict[int, TraceSource]:
     if path.is_dir():
         named = [p for p in path.iterdir() if archive.is_trace_name(p.name)]
         for p in named:  # a link to /dev/zero, a folder: refused by name, never skipped

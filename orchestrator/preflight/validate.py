@@ -81,14 +81,16 @@ def preflight(trace_dir, world_size_requested: int | None = None,
               ranks: list[int] | None = None,
               max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
               executor: str | None = None, num_workers: int | None = None,
-              load_timeout_s: float = 3600.0) -> PreflightResult:
+              load_timeout_s: float = 3600.0,
+              parsed_cache_dir: str | None = None) -> PreflightResult:
     """Discover, select, reduce and cross-check the rank traces of ``trace_dir`` (module doc).
 
     ``executor``/``num_workers``: see `orchestrator.preflight.signature_pool.collect` (None: automatic).
+    ``parsed_cache_dir``: where the loaded traces are kept for the ranks' loads (`TraceSource`).
     Raises ConfigError (layout, world size, selection, groups, sequences) or TraceError
     (an unreadable trace).
     """
-    found = discover(trace_dir, max_decompressed_bytes)
+    found = discover(trace_dir, max_decompressed_bytes, parsed_cache_dir)
     meta_world = _check_meta(trace_dir)
     selected = _select(trace_dir, found, ranks)
     sources = {r: found[r] for r in selected}

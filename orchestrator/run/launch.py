@@ -104,7 +104,8 @@ def _run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None, console,
             pre = session.preflight(cfg.trace.dir, cfg.experiment.world_size,
                                     cfg.trace.group_map, mode=str(cfg.replay.mode),
                                     ranks=cfg.trace.ranks,
-                                    max_decompressed_bytes=cfg.trace.decompression_limit_bytes())
+                                    max_decompressed_bytes=cfg.trace.decompression_limit_bytes(),
+                                    parsed_cache_dir=cfg.trace.parsed_cache_dir)
         progress["pre"] = pre
         if cfg.experiment.preflight_only:
             return _preflight_only(pre, cfg, out_dir, {"preflight_s": clock.seconds["preflight_s"]})

@@ -29,6 +29,7 @@ from actors.errors import ConfigError, writing
 from actors.replay.config import AllocationMode, ReplayConfig, dry_run_config, parse_bytes
 from actors.replay.memory.model_recording import TIMELINE_KEY, pop_snapshot
 from actors.replay.memory.snapshot import write_snapshots
+from actors.trace.parsed_cache import DEFAULT_DIR as PARSED_CACHE_DIR
 from actors.gpu_arch import GpuArch
 from actors.replay.memory.target import TargetConfig, TargetName
 from actors.replay.report import RankFigures
@@ -78,6 +79,9 @@ class PredictTraceConfig:
         "tracefleet's trace.dir); null: capture the workload."))
     max_decompressed_bytes: str = setting("4GiB", help=(
         "Refuse a gzip stream or an archive member that would expand past this size."))
+    parsed_cache_dir: str | None = setting(PARSED_CACHE_DIR, help=(
+        "Where a large trace, once loaded, is kept for its next load (as tracefleet's "
+        "trace.parsed_cache_dir; captures too). null: no cache."))
 
 
 @dataclass
@@ -215,7 +219,8 @@ def _given_traces(cfg: PredictConfig) -> tuple[dict, int, Zero3Config | None]:
     """``(rank -> source, world size, ZeRO-3 emulation or None)`` of ``trace.dir``. Without
     the emulation every rank's trace is needed; with it, one plain trace stands for every rank
     of the ``world_size``-rank job (each rank runs the same program on its own shard)."""
-    sources = discover(cfg.trace.dir, parse_bytes(cfg.trace.max_decompressed_bytes))
+    sources = discover(cfg.trace.dir, parse_bytes(cfg.trace.max_decompressed_bytes),
+                       cfg.trace.parsed_cache_dir)
     recorded = recorded_world_size(cfg.trace.dir)
     # A rank whose file is missing is named, never predicted as a smaller job: its world is
     # what meta.json records, else up to the highest rank found
@@ -333,7 +338,8 @@ def _sources(cfg: PredictConfig, name: str) -> tuple:
     if cfg.workload.zero3_emulation.enabled:
         zero3 = dataclasses.replace(cfg.workload.zero3_emulation, world_size=cfg.world_size)
         zero3.validate(str(cfg.replay.mode))
-    return name, discover(folder), cfg.world_size, zero3, capture
+    return name, discover(folder, parsed_cache_dir=cfg.trace.parsed_cache_dir), cfg.world_size, \
+        zero3, capture
 
 
 def _write_outputs(out_dir: Path, result: dict, snapshots: dict, reports: dict) -> None:

@@ -31,7 +31,8 @@ def test_bench_load(public_trace_dir):
     assert positive(large["load_s"], large["whole_load_s"], large["peak_rss_gib"],
                     large["whole_peak_rss_gib"], large["mb_per_s"], large["rewrite_s"],
                     large["rewrite_peak_rss_gib"], large["whole_rewrite_s"],
-                    large["whole_rewrite_peak_rss_gib"])
+                    large["whole_rewrite_peak_rss_gib"], large["cache_write_load_s"],
+                    large["cached_load_s"], large["cached_peak_rss_gib"])
     assert positive(out["json_load_s"], out["load_trace_s"], out["ratio"], out["file_mb"],
                      out["load_trace_gc_on_s"], out["gc_off_speedup"])
     assert all(positive(v) for k, v in out.items() if k.startswith("peak_rss_mb_"))

@@ -4,7 +4,6 @@ the loaded `Trace` is the same either way, and a document in another layout, or 
 parsed whole with the whole parse's errors."""
 from __future__ import annotations
 
-import dataclasses
 import gzip
 from pathlib import Path
 
@@ -17,28 +16,13 @@ from actors.trace import node_stream
 from actors.trace.node_stream import read_json, read_nodes
 from orchestrator.config import DEMO_TRACES
 from tests.support.et_json import ADD, RELU, node, tensor, write_trace
+from tests.support.trace_state import trace_state
 
 PUBLIC = Path(__file__).resolve().parents[3] / "shared" / "traces" / "public" / "param"
 TRACES = [DEMO_TRACES / "gpt_dp_4" / "rank-0.et.json.gz",
           DEMO_TRACES / "gpt_zero3_2" / "rank-1.et.json.gz",
           PUBLIC / "linear_et.json.gz",  # the 1.0.1 layout: name, id, rf_id, parent
           PUBLIC / "resnet_2gpu_et.json.gz"]
-
-
-def _state(value):
-    """A comparable picture of a loaded trace (its classes have slots, not equality)."""
-    if dataclasses.is_dataclass(value):
-        return {f.name: _state(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    slots = [s for cls in type(value).__mro__ for s in getattr(cls, "__slots__", ())]
-    if slots:
-        return (type(value).__name__, {s: _state(getattr(value, s, None)) for s in slots})
-    if isinstance(value, (list, tuple)):
-        return [_state(v) for v in value]
-    if isinstance(value, (set, frozenset)):
-        return sorted(map(repr, value))
-    if isinstance(value, dict):
-        return {repr(k): _state(v) for k, v in value.items()}
-    return value
 
 
 def _whole(monkeypatch):
@@ -75,9 +59,9 @@ def test_skeleton_and_objects_are_the_whole_parse(path):
 @pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
 def test_the_loaded_trace_is_the_same_as_from_a_whole_parse(path, tmp_path, monkeypatch):
     plain = _plain(path, tmp_path)  # read where it lies, a node's bytes at a time
-    streamed = [_state(load_trace(p)) for p in (path, plain)]
+    streamed = [trace_state(load_trace(p)) for p in (path, plain)]
     _whole(monkeypatch)
-    whole = [_state(load_trace(p)) for p in (path, plain)]
+    whole = [trace_state(load_trace(p)) for p in (path, plain)]
     assert streamed == whole
 
 
