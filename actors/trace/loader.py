@@ -95,9 +95,13 @@ def load_trace(path, rank: int | None = None, data: bytes | None = None) -> Trac
 def _load_trace(source: TraceSource, rank: int | None, data: bytes | None) -> Trace:
     read = read_nodes(source, data)
     try:
-        return _build_trace(source, read, rank)
-    except LayoutMismatch:  # a node's text was not the node its skeleton read
-        return _build_trace(source, read.parsed_whole(source), rank)
+        try:
+            return _build_trace(source, read, rank)
+        except LayoutMismatch:  # a node's text was not the node its skeleton read
+            read = read.parsed_whole(source)
+            return _build_trace(source, read, rank)
+    finally:
+        read.release()  # the file, also when the trace is refused
 
 
 def _build_trace(source: TraceSource, read: TraceNodes, rank: int | None) -> Trace:

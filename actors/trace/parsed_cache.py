@@ -7,8 +7,9 @@ file of at least `MIN_CACHED_BYTES` of JSON, its `Trace` is written to ``parsed_
 inode), the rank asked for, and the loader's own source code, so an edited file or a changed
 loader is a miss, never a stale answer. A hit decodes the file back into the same objects.
 
-The format is JSON (orjson) of the model's objects, each tagged with its class from a fixed
-list (`_SLOTTED`, `_DATACLASSES`) and their fields: nothing read back is executed, and a file
+The format is JSON lines (orjson) of the model's objects, each tagged with its class from a
+fixed list (`_SLOTTED`, `_DATACLASSES`) and their fields: the trace without its ops, then one
+line per op, so a read holds one op's text at a time. Nothing read back is executed, and a file
 that is not one of ours (or is cut) is a miss that the load overwrites. The folder is kept under
 `MAX_CACHE_BYTES`, least recently used files first out.
 """
@@ -19,7 +20,7 @@ import logging
 import math
 import os
 import tempfile
-from dataclasses import fields
+from dataclasses import fields, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -33,7 +34,9 @@ log = logging.getLogger(__name__)
 DEFAULT_DIR = "~/.cache/tracefleet/parsed"  # trace.parsed_cache_dir's default
 MIN_CACHED_BYTES = 32 << 20  # smaller traces load in well under a second: not worth a file
 MAX_CACHE_BYTES = 16 << 30  # the folder's size kept below this
-_MAGIC = b"tracefleet-parsed-trace 1\n"
+_MAGIC = b"tracefleet-parsed-trace 2\n"
+_NUM_OPS = "_parsed_cache_num_ops"  # in the first line's meta: how many op lines follow
+_OPS_PER_WRITE = 4096
 _SLOTTED = {cls.__name__: cls for cls in (TensorArg, Arg, Op, Collective)}
 _DATACLASSES = {cls.__name__: cls for cls in (ProcessGroupInfo, Step, Trace)}
 _SLOTS = {name: cls.__slots__ for name, cls in _SLOTTED.items()}
@@ -89,8 +92,14 @@ def _read(path: Path, key: str) -> Trace | None:
         with open(path, "rb") as f:
             if f.readline() != _MAGIC or f.readline().strip() != key.encode():
                 return None
-            value = _dec(orjson.loads(f.read()))
-        return value if isinstance(value, Trace) else None
+            trace = _dec(orjson.loads(f.readline()))
+            if not isinstance(trace, Trace) or trace.ops != []:
+                return None
+            num_ops = trace.meta.pop(_NUM_OPS)
+            trace.ops.extend(_dec(orjson.loads(line)) for line in f)
+        if len(trace.ops) != num_ops or not all(type(op) is Op for op in trace.ops):
+            raise ValueError(f"{len(trace.ops)} ops read of {num_ops}")
+        return trace
     except FileNotFoundError:
         return None
     except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError,
@@ -100,20 +109,26 @@ def _read(path: Path, key: str) -> Trace | None:
 
 
 def _write(path: Path, key: str, trace: Trace) -> None:
-    try:
-        data = orjson.dumps(_enc(trace))
-    except (_NotCacheable, TypeError, orjson.JSONEncodeError) as e:
-        log.info("parsed-trace cache: %s not cached (%s)", trace.path, e)
-        return
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".writing-")
         with os.fdopen(fd, "wb") as f:
-            f.write(_MAGIC + key.encode() + b"\n" + data)
+            head = replace(trace, ops=[], meta={**trace.meta, _NUM_OPS: len(trace.ops)})
+            f.write(_MAGIC + key.encode() + b"\n" + orjson.dumps(_enc(head)) + b"\n")
+            for start in range(0, len(trace.ops), _OPS_PER_WRITE):
+                f.write(b"".join(orjson.dumps(_enc(op)) + b"\n"
+                                 for op in trace.ops[start:start + _OPS_PER_WRITE]))
         os.replace(tmp, path)  # whole or absent: a reader never sees half a file
+        tmp = None
         _evict(path.parent, keep=path)
+    except (_NotCacheable, TypeError, orjson.JSONEncodeError) as e:
+        log.info("parsed-trace cache: %s not cached (%s)", trace.path, e)
     except OSError as e:
         log.warning("parsed-trace cache: cannot write %s (%s); loads stay uncached", path, e)
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def _evict(folder: Path, keep: Path) -> None:

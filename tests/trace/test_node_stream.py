@@ -5,6 +5,7 @@ parsed whole with the whole parse's errors."""
 from __future__ import annotations
 
 import gzip
+import os
 from pathlib import Path
 
 import orjson
@@ -117,3 +118,19 @@ def test_broken_text_gets_the_whole_parse_error(tmp_path, cut, message):
         broken.write_bytes(data)
         with pytest.raises(TraceError, match=message):
             load_trace(broken)
+
+
+def test_a_refused_trace_lets_its_file_go(tmp_path):
+    nodes = [node(3, "aten::relu", inputs=[tensor(1, 1, 4)], outputs=[tensor(2, 2, 4)],
+                  schema=RELU),
+             node(3, "aten::relu", inputs=[tensor(2, 2, 4)], outputs=[tensor(4, 4, 4)],
+                  schema=RELU)]
+    path = write_trace(tmp_path, nodes)
+    read = read_nodes(path)
+    assert read.streamed
+    read.release()
+    open_before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        with pytest.raises(TraceError, match="node id 3 appears twice"):
+            load_trace(path)
+    assert len(os.listdir("/proc/self/fd")) == open_before
