@@ -87,12 +87,14 @@ class PeakRss:
         return self
 
     def __exit__(self, *exc_info) -> None:
-        self.bytes = _vm_hwm_bytes() or psutil.Process().memory_info().rss
+        self.bytes = vm_hwm_bytes(os.getpid()) or psutil.Process().memory_info().rss
 
 
-def _vm_hwm_bytes() -> int | None:
+def vm_hwm_bytes(pid: int) -> int | None:
+    """The peak resident memory (``VmHWM``) of process ``pid`` so far; None where Linux's
+    /proc does not say it, or once the process is gone."""
     try:
-        with open(f"/proc/{os.getpid()}/status") as status:
+        with open(f"/proc/{pid}/status") as status:
             for line in status:
                 if line.startswith("VmHWM:"):
                     return int(line.split()[1]) * 1024

@@ -50,6 +50,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from orchestrator.outputs import RunDir  # noqa: E402
+from actors.memory_limit import vm_hwm_bytes  # noqa: E402
 from scripts.json_layout import EACH, emit  # noqa: E402
 
 ENTRY = [sys.executable, "-c", "from orchestrator.cli.main import main; main()"]
@@ -107,25 +108,13 @@ def _tracefleet(args: list[str], cwd: Path, peaks: dict | None = None) -> float:
     return wall_s
 
 
-def _hwm_bytes(pid: int) -> int | None:
-    """The peak RSS (VmHWM) of process ``pid`` so far; None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except OSError:
-        return None
-    return None
-
-
 def _watch_peaks(proc: subprocess.Popen, peaks: dict, deadline: float) -> None:
     """Until ``proc`` exits (or ``deadline``): the driver's VmHWM and that of each of its
     descendants titled ``ray::RankActor`` (Ray sets the title when the actor is created)."""
     driver = psutil.Process(proc.pid)
     peaks.update(driver=0, actors={})
     while proc.poll() is None and time.perf_counter() < deadline:
-        peaks["driver"] = max(peaks["driver"], _hwm_bytes(proc.pid) or 0)
+        peaks["driver"] = max(peaks["driver"], vm_hwm_bytes(proc.pid) or 0)
         try:
             children = driver.children(recursive=True)
         except psutil.NoSuchProcess:
@@ -136,7 +125,7 @@ def _watch_peaks(proc: subprocess.Popen, peaks: dict, deadline: float) -> None:
                     continue
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
-            hwm = _hwm_bytes(child.pid)
+            hwm = vm_hwm_bytes(child.pid)
             if hwm is not None:
                 peaks["actors"][child.pid] = max(peaks["actors"].get(child.pid, 0), hwm)
         time.sleep(RSS_POLL_S)
