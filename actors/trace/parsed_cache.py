@@ -56,7 +56,10 @@ def cached_load(source: TraceSource, rank: int | None, load) -> object:
     path = Path(os.path.expanduser(source.parsed_cache_dir)) / f"{key}.json"
     trace = _read(path, key)
     if trace is not None:
-        os.utime(path)  # recently used: the last to go
+        try:
+            os.utime(path)  # recently used: the last to go
+        except OSError:  # a folder shared read-only: still a hit
+            pass
         return trace
     trace = load()
     _write(path, key, trace)
