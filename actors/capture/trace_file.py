@@ -21,7 +21,7 @@ import orjson
 from actors.capture.fake.group_names import PG_INIT, group_table, rank_renamer
 from actors.errors import writing
 from actors.gc_pause import gc_paused
-from actors.trace.node_stream import read_nodes
+from actors.trace.node_stream import TraceNodes, over_nodes
 
 _AT = "_at"  # a slim node's position in the file (its full node's), for the writer
 _WRITE_BYTES = 1 << 20  # nodes' text gathered per write into the gzip stream
@@ -33,56 +33,59 @@ def rewrite_file(raw_path: str, out_path: str, rewrite: Callable[[dict], object]
     ``out_path``; removes ``raw_path``."""
     # millions of containers, no cycles: the cyclic GC would rescan them (3x the parse time)
     with gc_paused():
-        read = read_nodes(raw_path)
-        doc = dict(read.header)
-        doc["nodes"] = [_slim(read.full(node), at) for at, node in enumerate(read.nodes)]
-        rewrite(doc)
-        kept, doc["nodes"] = doc["nodes"], []  # the header is written around the nodes
-        with writing(out_path, "a rank trace"), gzip.open(out_path, "wb", compresslevel=6) as dst:
-            out = _NodeWriter(dst, doc)
-            for i, slim in enumerate(kept):
-                kept[i] = None
-                out.add(_edited(read.full(read.nodes[slim[_AT]]), slim))
-            out.close()
-        read.release()
+        over_nodes(raw_path, lambda read: _rewrite(read, out_path, rewrite))
     os.remove(raw_path)
+
+
+def _rewrite(read: TraceNodes, out_path: str, rewrite: Callable[[dict], object]) -> None:
+    doc = dict(read.header)
+    doc["nodes"] = [_slim(read.full(node), at) for at, node in enumerate(read.nodes)]
+    rewrite(doc)
+    kept, doc["nodes"] = doc["nodes"], []  # the header is written around the nodes
+    with writing(out_path, "a rank trace"), gzip.open(out_path, "wb", compresslevel=6) as dst:
+        out = _NodeWriter(dst, doc)
+        for i, slim in enumerate(kept):
+            kept[i] = None
+            out.add(_edited(read.full(read.nodes[slim[_AT]]), slim))
+        out.close()
 
 
 def read_group_table(path: str) -> list[dict]:
     """The process-group table of the trace at ``path`` ([] without one)."""
-    read = read_nodes(path)
-    try:
-        return group_table(read.full(n) for n in read.nodes if n["name"] == PG_INIT)
-    finally:
-        read.release()
+    return over_nodes(path, _group_table)
+
+
+def _group_table(read: TraceNodes) -> list[dict]:
+    return group_table(read.full(n) for n in read.nodes if n["name"] == PG_INIT)
 
 
 def write_as_ranks(src_path: str, targets: dict[str, tuple[list[dict], str]]) -> None:
     """Write the trace at ``src_path`` as other ranks of its role, in one pass over its nodes:
     ``targets`` maps each file to write to that rank's process-group table and what to call
     that rank in an error (group_names.py's ``rank_renamer``)."""
-    if not targets:
-        return
-    with gc_paused():
-        read = read_nodes(src_path)
-        table = group_table(read.full(n) for n in read.nodes if n["name"] == PG_INIT)
-        renames = [(path, rank_renamer(table, target, where))
-                   for path, (target, where) in targets.items()]
-        files = []
-        try:
-            for path, _ in renames:
-                files.append(gzip.open(path, "wb", compresslevel=6))
-            outs = [(_NodeWriter(f, read.header), rename) for f, (_, rename) in zip(files, renames)]
-            for node in read.nodes:
-                full = read.full(node)
-                for out, rename in outs:
-                    out.add(rename(full))
-            for out, _ in outs:
-                out.close()
-        finally:
-            for f in files:
-                f.close()
-        read.release()
+    if targets:
+        with gc_paused():
+            over_nodes(src_path, lambda read: _write_as_ranks(read, targets))
+
+
+def _write_as_ranks(read: TraceNodes, targets: dict[str, tuple[list[dict], str]]) -> None:
+    table = _group_table(read)
+    renames = [(path, rank_renamer(table, target, where))
+               for path, (target, where) in targets.items()]
+    files = []
+    try:
+        for path, _ in renames:
+            files.append(gzip.open(path, "wb", compresslevel=6))
+        outs = [(_NodeWriter(f, read.header), rename) for f, (_, rename) in zip(files, renames)]
+        for node in read.nodes:
+            full = read.full(node)
+            for out, rename in outs:
+                out.add(rename(full))
+        for out, _ in outs:
+            out.close()
+    finally:
+        for f in files:
+            f.close()
 
 
 class _NodeWriter:

@@ -40,7 +40,7 @@ from actors.trace.archive import rank_from_name
 from actors.trace.host_scalars import mark_host_scalars
 from actors.trace.made_inside import NestedAllocations, storages_made_inside
 from actors.trace.nested_lifetimes import nested_lifetimes
-from actors.trace.node_stream import LayoutMismatch, TraceNodes, read_nodes
+from actors.trace.node_stream import TraceNodes, over_nodes
 from actors.trace.conventions import FREED_OP, MODULE_BWD_BEGIN_PREFIX, MODULE_BWD_END_PREFIX, \
     parse_module_range
 from actors.trace.recorded_frees import free_positions, freed_storages, made_in_step
@@ -93,15 +93,7 @@ def load_trace(path, rank: int | None = None, data: bytes | None = None) -> Trac
 
 
 def _load_trace(source: TraceSource, rank: int | None, data: bytes | None) -> Trace:
-    read = read_nodes(source, data)
-    try:
-        try:
-            return _build_trace(source, read, rank)
-        except LayoutMismatch:  # a node's text was not the node its skeleton read
-            read = read.parsed_whole(source)
-            return _build_trace(source, read, rank)
-    finally:
-        read.release()  # the file, also when the trace is refused
+    return over_nodes(source, lambda read: _build_trace(source, read, rank), data)
 
 
 def _build_trace(source: TraceSource, read: TraceNodes, rank: int | None) -> Trace:

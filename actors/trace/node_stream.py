@@ -99,7 +99,8 @@ class TraceNodes:
             raw = orjson.loads(text)
         except orjson.JSONDecodeError:
             raise LayoutMismatch from None
-        if not isinstance(raw, dict) or raw.get("id") != node["id"] or raw.get("name") != node["name"]:
+        if not isinstance(raw, dict) or raw.get("id") != node["id"] \
+                or raw.get("name") != node["name"]:
             raise LayoutMismatch
         raw[self.parent_key] = node[self.parent_key]
         return raw
@@ -147,6 +148,22 @@ def read_nodes(path, data: bytes | None = None) -> TraceNodes:
             return whole_nodes(_parse_whole(source, text.whole()))
         finally:
             text.close()
+
+
+def over_nodes(path, body, data: bytes | None = None):
+    """``body(TraceNodes)`` over the trace's nodes (`read_nodes`); when a node's text turns out
+    not to be the node its skeleton read (`LayoutMismatch`), ``body`` runs again over the
+    document parsed whole. The file is let go after, whatever happened."""
+    source = as_source(path)
+    read = read_nodes(source, data)
+    try:
+        try:
+            return body(read)
+        except LayoutMismatch:
+            read = read.parsed_whole(source)
+            return body(read)
+    finally:
+        read.release()
 
 
 def _is_plain(source) -> bool:

@@ -134,3 +134,22 @@ def test_a_refused_trace_lets_its_file_go(tmp_path):
         with pytest.raises(TraceError, match="node id 3 appears twice"):
             load_trace(path)
     assert len(os.listdir("/proc/self/fd")) == open_before
+
+
+def test_a_node_start_inside_a_node_falls_back_to_the_whole_parse(tmp_path, monkeypatch):
+    """A value that reads as a node's start splits a node in two: its text no longer parses
+    to the node the skeleton read, and the load starts over on the document parsed whole."""
+    nodes = [node(3, "aten::relu", inputs=[tensor(1, 1, 4)], outputs=[tensor(2, 2, 4)],
+                  schema=RELU),
+             node(4, "a range", parent=2)]
+    path = write_trace(tmp_path, nodes)
+    doc = orjson.loads(path.read_bytes())
+    ranged = next(n for n in doc["nodes"] if n["name"] == "a range")
+    ranged["inputs"]["values"] = [{"id": 99, "name": "inside", "ctrl_deps": 4}]
+    path.write_bytes(orjson.dumps(doc))
+    read = read_nodes(path)
+    assert read.streamed and 99 in {n["id"] for n in read.nodes}  # the false start is seen
+    read.release()
+    streamed = trace_state(load_trace(path))
+    _whole(monkeypatch)
+    assert streamed == trace_state(load_trace(path))
