@@ -24,8 +24,18 @@ def dry_run(sources: dict, replay: ReplayConfig, target: TargetConfig,
     """``(groups, reports)``: the ranks of ``sources`` (rank -> TraceSource) grouped by
     identical trace (``{representative: [ranks]}``) and each representative's report."""
     groups = identical_groups(sources)
+    _import_dynamo()
     reports = {rep: dry_run_rank(sources[rep], rep, replay, target, zero3) for rep in groups}
     return groups, reports
+
+
+def _import_dynamo() -> None:
+    """Import ``torch._dynamo`` here, before any replay. Its first import comes from inside an
+    op (``torch._refs`` -> ``torch._compile``), and torch.fx's ``wrap`` then keeps its own frame
+    in a reference cycle whose ``f_back`` chain holds the replay's frames. With the GC off (the
+    predict command's), that kept the first replay's trace and engine to the end (1.2 GB on a
+    405B stage)."""
+    import torch._dynamo  # noqa: F401
 
 
 def dry_run_rank(source, rank: int, replay: ReplayConfig, target: TargetConfig,

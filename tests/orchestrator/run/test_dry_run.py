@@ -1,0 +1,45 @@
+"""tracefleet-predict's dry runs (orchestrator/run/dry_run.py) let each replay's trace go when
+the next one starts, with the cyclic GC off as the predict command runs: the first replay's
+first import of torch._dynamo, from inside an op, used to keep that replay's frames (its trace
+and engine) in a reference cycle to the end. Run in a fresh process: torch._dynamo must not be
+imported yet."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from tests.support.bounds import CAPTURE_BOUND_S
+
+_SCRIPT = textwrap.dedent("""
+    import gc, json, sys, weakref
+    gc.disable()
+    from actors.replay.config import AllocationMode, dry_run_config
+    from actors.replay.memory.target import TargetConfig
+    from actors.trace import loader
+    from actors.trace.source import as_source
+    from orchestrator.config import DEMO_TRACES
+    from orchestrator.run.dry_run import dry_run
+
+    assert "torch._dynamo" not in sys.modules
+    loaded, real = [], loader._load_trace
+    def spy(*args):
+        trace = real(*args)
+        loaded.append(weakref.ref(trace))
+        return trace
+    loader._load_trace = spy
+    sources = {r: as_source(str(DEMO_TRACES / "gpt_zero3_2" / f"rank-{r}.et.json.gz"))
+               for r in (0, 1)}
+    groups, _ = dry_run(sources, dry_run_config(AllocationMode.faithful),
+                        TargetConfig(name="h100_96gb"), None)
+    print(json.dumps({"groups": len(groups), "alive": [ref() is not None for ref in loaded]}))
+""")
+
+
+def test_each_replays_trace_is_freed_with_the_gc_off():
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True,
+                          timeout=CAPTURE_BOUND_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out == {"groups": 2, "alive": [False, False]}
