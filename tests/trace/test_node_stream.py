@@ -19,11 +19,18 @@ from orchestrator.config import DEMO_TRACES
 from tests.support.et_json import ADD, RELU, node, tensor, write_trace
 from tests.support.trace_state import trace_state
 
-PUBLIC = Path(__file__).resolve().parents[3] / "shared" / "traces" / "public" / "param"
-TRACES = [DEMO_TRACES / "gpt_dp_4" / "rank-0.et.json.gz",
-          DEMO_TRACES / "gpt_zero3_2" / "rank-1.et.json.gz",
-          PUBLIC / "linear_et.json.gz",  # the 1.0.1 layout: name, id, rf_id, parent
-          PUBLIC / "resnet_2gpu_et.json.gz"]
+DEMO_RANK0 = DEMO_TRACES / "gpt_dp_4" / "rank-0.et.json.gz"
+TRACES = ["gpt_dp_4/rank-0.et.json.gz", "gpt_zero3_2/rank-1.et.json.gz",
+          "public:linear_et.json.gz",  # the 1.0.1 layout: name, id, rf_id, parent
+          "public:resnet_2gpu_et.json.gz"]
+
+
+@pytest.fixture(params=TRACES)
+def path(request) -> Path:
+    """A demo trace, or a public one (skipped without the shared folder)."""
+    if request.param.startswith("public:"):
+        return request.getfixturevalue("public_trace_dir") / request.param.split(":", 1)[1]
+    return DEMO_TRACES / request.param
 
 
 def _whole(monkeypatch):
@@ -45,7 +52,6 @@ def _skeleton_of(doc: dict) -> list[tuple]:
     return [(n["id"], n["name"], n[key]) for n in doc["nodes"]]
 
 
-@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
 def test_skeleton_and_objects_are_the_whole_parse(path):
     doc = read_json(path)
     read = read_nodes(path)
@@ -57,7 +63,6 @@ def test_skeleton_and_objects_are_the_whole_parse(path):
     assert read.header == {**doc, "nodes": []}
 
 
-@pytest.mark.parametrize("path", TRACES, ids=lambda p: p.name)
 def test_the_loaded_trace_is_the_same_as_from_a_whole_parse(path, tmp_path, monkeypatch):
     plain = _plain(path, tmp_path)  # read where it lies, a node's bytes at a time
     streamed = [trace_state(load_trace(p)) for p in (path, plain)]
@@ -67,7 +72,7 @@ def test_the_loaded_trace_is_the_same_as_from_a_whole_parse(path, tmp_path, monk
 
 
 def test_chunk_edges_and_indented_text_find_the_same_nodes(tmp_path, monkeypatch):
-    src = TRACES[0]
+    src = DEMO_RANK0
     indented = _plain(src, tmp_path, orjson.OPT_INDENT_2)
     expected = _skeleton_of(read_json(src))
     monkeypatch.setattr(node_stream, "_CHUNK_BYTES", 97)  # fields cut at every chunk's edge
