@@ -36,7 +36,7 @@ from actors.capture.workloads.mesh import build_mesh, rank_roles
 from actors.capture.fake.meta_storage import unique_meta_storages
 from actors.capture.workloads.parallelize.eager_dtensor import eager_dtensor
 from actors.capture.fake.subclass_frames import mark_subclass_frames
-from actors.capture.trace_file import read_group_table, write_as_ranks
+from actors.capture.trace_file import write_as_ranks
 from actors.capture.worker import rank_facts, workload_config
 from actors.capture.workloads.build import build_workload
 from actors.errors import ConfigError, TracefleetError
@@ -145,14 +145,16 @@ def record_role(task: RoleTask, bound: Callable[[str], ContextManager]) -> dict:
     paths = {rank: first if rank == first_rank else os.path.join(task.out_dir,
                                                                    trace_file_name(rank))
              for rank in written}
-    if len(written) > 1:
-        if read_group_table(first) != mesh_group_table(par, task.world_size, first_rank):
+
+    def check_table(table: list[dict]) -> None:
+        if table != mesh_group_table(par, task.world_size, first_rank):
             raise TracefleetError(f"rank {first_rank}'s trace lists other process groups "
                                   "than its mesh makes (the step made groups of its own?): "
                                   "its role's other ranks cannot be derived from it")
-        write_as_ranks(first, {paths[r]: (mesh_group_table(par, task.world_size, r),
-                                          f"rank {r} from rank {first_rank}")
-                               for r in written if r != first_rank})
+
+    write_as_ranks(first, check_table, {paths[r]: (mesh_group_table(par, task.world_size, r),
+                                                   f"rank {r} from rank {first_rank}")
+                                        for r in written if r != first_rank})
     facts = []
     for rank in written:
         path = paths[rank]

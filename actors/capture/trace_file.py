@@ -50,26 +50,21 @@ def _rewrite(read: TraceNodes, out_path: str, rewrite: Callable[[dict], object])
         out.close()
 
 
-def read_group_table(path: str) -> list[dict]:
-    """The process-group table of the trace at ``path`` ([] without one)."""
-    return over_nodes(path, _group_table)
-
-
-def _group_table(read: TraceNodes) -> list[dict]:
-    return group_table(read.full(n) for n in read.nodes if n["name"] == PG_INIT)
-
-
-def write_as_ranks(src_path: str, targets: dict[str, tuple[list[dict], str]]) -> None:
+def write_as_ranks(src_path: str, check_table: Callable[[list[dict]], object],
+                   targets: dict[str, tuple[list[dict], str]]) -> None:
     """Write the trace at ``src_path`` as other ranks of its role, in one pass over its nodes:
     ``targets`` maps each file to write to that rank's process-group table and what to call
-    that rank in an error (group_names.py's ``rank_renamer``)."""
+    that rank in an error (group_names.py's ``rank_renamer``). ``check_table`` is given the
+    trace's own table before anything is written (it raises to refuse it)."""
     if targets:
         with gc_paused():
-            over_nodes(src_path, lambda read: _write_as_ranks(read, targets))
+            over_nodes(src_path, lambda read: _write_as_ranks(read, check_table, targets))
 
 
-def _write_as_ranks(read: TraceNodes, targets: dict[str, tuple[list[dict], str]]) -> None:
-    table = _group_table(read)
+def _write_as_ranks(read: TraceNodes, check_table: Callable[[list[dict]], object],
+                    targets: dict[str, tuple[list[dict], str]]) -> None:
+    table = group_table(read.full(n) for n in read.nodes if n["name"] == PG_INIT)
+    check_table(table)
     renames = [(path, rank_renamer(table, target, where))
                for path, (target, where) in targets.items()]
     files = []

@@ -173,7 +173,7 @@ def _is_plain(source) -> bool:
         with open(source.path, "rb") as f:
             magic = f.read(2)
             return os.fstat(f.fileno()).st_size <= source.max_decompressed_bytes \
-                and not archive.is_gzip(magic) and magic[:1] != b"\0" and not _is_tar(f)
+                and not archive.is_gzip(magic) and not _is_tar(f)
     except OSError:
         return False
 

@@ -1,7 +1,8 @@
 """The capture's trace files written a node at a time (actors/capture/trace_file.py) hold what
 the whole document's rewrite and dump wrote, byte for byte once inflated: the observer's file
 of a tensor-parallel fake step after the fake mode's rewrites (DTensor frames marked, the mode's
-nodes dropped, c10d groups named), and a role's other rank derived from its recorded one."""
+nodes dropped, c10d groups named), and a role's other rank derived from its recorded one; a
+recorded table the caller refuses writes no other rank."""
 from __future__ import annotations
 
 import gzip
@@ -12,8 +13,9 @@ import pytest
 
 from actors.capture import recorder
 from actors.capture.fake.group_names import group_table, rank_renamer
-from actors.capture.trace_file import rewrite_file
+from actors.capture.trace_file import rewrite_file, write_as_ranks
 from actors.capture.workloads.config import WorkloadConfig
+from actors.errors import TracefleetError
 from actors.trace.conventions import trace_file_name
 from actors.trace.node_stream import read_json
 from orchestrator.run.capture import CaptureConfig, run_capture_job
@@ -64,3 +66,18 @@ def test_a_derived_rank_is_its_roles_trace_renamed(recorded):
     assert group_table(derived["nodes"]) != group_table(first["nodes"])
     with gzip.open(traces / trace_file_name(1), "rb") as f:
         assert f.read() == orjson.dumps(expected)
+
+
+def test_a_refused_table_writes_no_rank(recorded, tmp_path):
+    traces, _ = recorded
+    first = traces / trace_file_name(0)
+    table = group_table(read_json(first)["nodes"])
+    seen = []
+
+    def refuse(found):
+        seen.append(found)
+        raise TracefleetError("not this mesh's groups")
+    target = tmp_path / trace_file_name(1)
+    with pytest.raises(TracefleetError, match="not this mesh's groups"):
+        write_as_ranks(str(first), refuse, {str(target): (table, "rank 1")})
+    assert seen == [table] and not target.exists()

@@ -111,7 +111,6 @@ class RecordingReservedModel(ReservedMemoryModel):
             out["snapshot_s"] = self.snapshot_s
         return out
 
-
     def close(self) -> None:
         """Let go of the trace's ops (the frame table): the replay's MemoryTracker, which holds
         this model as a listener, lies on a reference cycle of its own, and with the GC off
