@@ -1,24 +1,23 @@
-"""The run's structured config: components' dataclasses composed and registered with Hydra.
+"""The run's structured config: components' dataclasses composed into ``RunConfig``.
 
 The rank side's components own their dataclass next to their code (``ReplayConfig`` in
 actors/replay, ``Zero3Config`` in actors/zero3). The driver's sections live on its ground
 floor, below every layer that reads them: the cluster's here, the studies' in
 orchestrator/study_config.py; so this module imports no layer of the driver. It composes
-them, registers one schema per config group in Hydra's ConfigStore, and YAML files in
-``conf/`` (``CONF_DIR``, the one definition of where they are) pick and override.
+them; orchestrator/cli/schemas.py registers one schema per config group in Hydra's
+ConfigStore, and YAML files in ``conf/`` (``CONF_DIR``, the one definition of where they are)
+pick and override.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from hydra.core.config_store import ConfigStore
-
 from actors.config_fields import check_finite
 from actors.choices import Choice
 from actors.config_fields import setting
 from actors.errors import ConfigError
-from actors.replay.config import ReplayConfig, dry_run_config, parse_bytes
+from actors.replay.config import ReplayConfig, parse_bytes
 from actors.replay.memory.target import TargetConfig
 from actors.trace.parsed_cache import DEFAULT_DIR as PARSED_CACHE_DIR
 from actors.zero3.config import Zero3Config, Zero3Strategy  # noqa: F401 (composed here)
@@ -208,16 +207,3 @@ class RunConfig:
         self.zero3.validate(self.replay.mode)
         self.cluster.validate()
 
-
-def register_configs() -> None:
-    """Register the root schema and one schema per group in Hydra's ConfigStore."""
-    cs = ConfigStore.instance()
-    cs.store(name="run_schema", node=RunConfig)
-    cs.store(group="cluster", name="schema", node=ClusterConfig)
-    cs.store(group="trace", name="schema", node=TraceConfig)
-    cs.store(group="replay", name="schema", node=ReplayConfig)
-    # replay=dry_run: the one definition, actors/replay/config.py (no conf/replay/ file)
-    cs.store(group="replay", name="dry_run", node=dry_run_config())
-    cs.store(group="zero3", name="schema", node=Zero3Config)
-    cs.store(group="target", name="schema", node=TargetConfig)
-    cs.store(group="experiment", name="schema", node=ExperimentConfig)

@@ -177,9 +177,9 @@ def run_all(work: Path, only: list[str] | None) -> dict[str, dict]:
     from orchestrator.cli.predict import predict_config
     from orchestrator.run.launch import run_replay
     from orchestrator.run.session import ReplaySession
-    from orchestrator.run.capture import register_configs
+    from orchestrator.cli.schemas import register_all
 
-    register_configs()  # the capture schemas, as tracefleet-capture registers them
+    register_all()  # the capture schemas too, as tracefleet-capture registers them
 
     _STEP.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(REPO / "examples" / "ddp_step.py", _STEP)
@@ -227,8 +227,17 @@ def _run_one(work: Path, name: str, kind: str, make, session, predict, cache: Pa
         return got
     cfg = make()
     actor = _failing_actor(kind.removeprefix("fail_")) if kind.startswith("fail") else None
-    run_replay(cfg, out, session=session, quiet=True, **({"actor_cls": actor} if actor else {}))
+    run_replay(cfg, out, session=session, **_quiet(), **({"actor_cls": actor} if actor else {}))
     return _collect_run(out, tmp, str(cfg.replay.device) == "meta")
+
+
+def _quiet() -> dict:
+    """``run_replay``'s arguments for the files alone, as this version of the code takes them."""
+    try:
+        from orchestrator.run.sinks import file_sinks
+    except ImportError:
+        return {"quiet": True}
+    return {"sinks": file_sinks()}
 
 
 def _predict_fn():

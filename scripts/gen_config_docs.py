@@ -18,6 +18,7 @@ sys.path.insert(0, str(ROOT))
 from actors.capture.workloads.config import WorkloadConfig  # noqa: E402
 from actors.choices import Choice  # noqa: E402
 from actors.config_fields import help_of  # noqa: E402
+from orchestrator.cli.schemas import STORED_CHOICES  # noqa: E402 (registered, not in conf/)
 from orchestrator.config import CONF_DIR, RunConfig  # noqa: E402
 from orchestrator.run.capture import CaptureConfig  # noqa: E402
 from orchestrator.studies.fit_search_config import FitSearchConfig, FitSearchRunConfig  # noqa: E402
@@ -25,8 +26,6 @@ from orchestrator.studies.predict import (PredictConfig, PredictSettings,  # noq
                                           PredictTraceConfig)
 
 DOC = ROOT / "docs" / "configuration.md"
-# group -> options Hydra offers besides conf/<group>/*.yaml (registered in the ConfigStore)
-REGISTERED = {"replay": ["dry_run"]}
 # group -> options of conf/<group>/ that are not tracefleet's (tracefleet-predict's)
 NOT_RUN = {"experiment": {"fit_search"}}
 # groups of tracefleet-predict and tracefleet-capture beside RunConfig's
@@ -170,7 +169,8 @@ def render() -> str:
     rows, sections = [], []
     for group, cls in groups:
         options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")
-                         if p.stem not in NOT_RUN.get(group, ())) + REGISTERED.get(group, [])
+                         if p.stem not in NOT_RUN.get(group, ()))
+        options += STORED_CHOICES.get(group, ())
         top = [f"`{group}.{f.name}.*`" if dataclasses.is_dataclass(_default(f))
                else _typed(f"{group}.{f.name}", f, _default(f)) for f in dataclasses.fields(cls)]
         rows.append(f"| `{group}` ({', '.join(f'`{o}`' for o in options)}) | `{_where(cls)}` | "

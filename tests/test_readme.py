@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.cli.schemas import register_all
 from orchestrator.config import CONF_DIR, REPO_ROOT
 
 README = REPO_ROOT / "README.md"
@@ -133,8 +134,7 @@ def _composed(script: str, overrides: list[str], with_hydra: bool = False):
     ``with_hydra``: with its ``hydra`` node (where a sweep's params are)."""
     from hydra import compose, initialize_config_dir
 
-    module, _ = _entry(script)
-    module.register_configs()  # as the module does (on import, or in main()); idempotent
+    register_all()  # as the command does in main(); idempotent
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name=HYDRA_APPS[script], overrides=overrides,
                        return_hydra_config=with_hydra)

@@ -24,6 +24,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from orchestrator.cli.app import run_app, user_errors
+from orchestrator.cli.schemas import register_all
 from orchestrator.cli.usage import before_hydra
 from orchestrator.config import CONF_DIR
 from orchestrator.units import human_bytes
@@ -67,9 +68,7 @@ def main() -> None:
     code = before_hydra("tracefleet-capture", sys.argv[1:])
     if code is not None:
         sys.exit(code)
-    from orchestrator.run.capture import register_configs  # torch: after the help
-
-    register_configs()
+    register_all()  # torch: after the help
     run_app(_app, "tracefleet-capture")
 
 

@@ -15,19 +15,19 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from actors.gc_pause import gc_paused
 from orchestrator.cli.app import debugging, print_user_error, run_app, user_errors
+from orchestrator.cli.schemas import register_all
 from orchestrator.cli.usage import before_hydra
-from orchestrator.config import CONF_DIR, Search, register_configs
+from orchestrator.config import CONF_DIR, Search
 from orchestrator.status import RunStatus
 from orchestrator.studies import sweep
-
-register_configs()
 
 
 def run(run_cfg, out_dir: Path, config_yaml: str | None, session=None) -> dict:
     """One run of ``run_cfg`` (a RunConfig) into ``out_dir``; returns its summary."""
-    # the run's modules import torch and Ray (seconds): only once a run is composed, which
-    # keeps `--help` and a config error fast
+    # the run's modules import Ray and the replay (seconds): only once a run is composed,
+    # which keeps `--help` and a config error fast
     from orchestrator.run.launch import run_replay
 
     if run_cfg.experiment.search == Search.min_memory:
@@ -59,6 +59,10 @@ def main() -> None:
     if code is not None:
         sys.exit(code)
     sys.argv[1:] = sweep.with_sweep_dir(sys.argv[1:])
+    # the schemas import torch (as tracefleet-predict's and -capture's): after the help, with
+    # the cyclic GC off meanwhile (it would rescan torch's objects as they are made)
+    with gc_paused():
+        register_all()
     try:
         run_app(_app, "tracefleet")
     finally:

@@ -21,15 +21,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import hydra
-from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from actors.gc_pause import gc_paused
 from orchestrator.cli.app import run_app, user_errors
+from orchestrator.cli.schemas import register_all
 from orchestrator.cli.usage import before_hydra
 from orchestrator.config import CONF_DIR
-from orchestrator.outputs import FIT_SEARCH_JSON, PREDICTION_HTML, RunDir
+from orchestrator.outputs import FIT_SEARCH_JSON, PREDICTION_HTML
 
 if TYPE_CHECKING:
     from orchestrator.studies.predict import PredictConfig
@@ -37,24 +37,6 @@ if TYPE_CHECKING:
 # torch and the modules that import it are imported by the functions below, inside main()'s
 # GC pause: left on, the cyclic GC rescans torch's objects while they are made (~1 s of the
 # command's start-up).
-
-
-def register_configs() -> None:
-    """Register the predict schema and its groups' schemas in Hydra's ConfigStore."""
-    from actors.capture.workloads.config import WorkloadConfig
-    from actors.replay.config import ReplayConfig
-    from actors.replay.memory.target import TargetConfig
-    from actors.zero3.config import Zero3Config
-    from orchestrator.studies.fit_search_config import register_configs as register_fit_search
-    from orchestrator.studies.predict import PredictConfig
-
-    cs = ConfigStore.instance()
-    cs.store(name="predict_schema", node=PredictConfig)
-    cs.store(group="workload", name="schema", node=WorkloadConfig)
-    cs.store(group="target", name="schema", node=TargetConfig)
-    cs.store(group="replay", name="schema", node=ReplayConfig)
-    cs.store(group="zero3", name="schema", node=Zero3Config)
-    register_fit_search()  # experiment=fit_search's root schema
 
 
 _COMPOSING = threading.Lock()
@@ -65,7 +47,7 @@ def predict_config(*overrides: str) -> PredictConfig:
     ``predict(predict_config("workload=llama3_8b", "world_size=8"))``)."""
     from hydra import compose, initialize_config_dir
 
-    register_configs()
+    register_all()
     # Hydra's GlobalHydra is one per process: two threads composing at once would collide
     with _COMPOSING, initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return OmegaConf.to_object(compose(config_name="predict", overrides=list(overrides)))
@@ -74,9 +56,9 @@ def predict_config(*overrides: str) -> PredictConfig:
 @hydra.main(config_path=str(CONF_DIR), config_name="predict", version_base="1.3")
 def _app(cfg: DictConfig) -> None:
     # torch and the predictor (seconds to import) only once Hydra composed a config
-    from orchestrator.reports.predict_table import prediction_table
     from orchestrator.studies.fit_search_config import FitSearchRunConfig
     from orchestrator.studies.predict import predict
+    from orchestrator.studies.prediction_sinks import PredictionConsole, prediction_sinks
 
     with user_errors("tracefleet-predict"):
         run_cfg = OmegaConf.to_object(cfg)
@@ -89,10 +71,8 @@ def _app(cfg: DictConfig) -> None:
             print(f"fit_search: {out_dir / FIT_SEARCH_JSON}")
             print(f"page: {out_dir / PREDICTION_HTML}  (the job's prediction and the answers)")
             return
-        result = predict(run_cfg, out_dir, name=name)
-    print(prediction_table(result))
-    print(f"prediction: {RunDir(out_dir).prediction}")
-    print(f"page: {out_dir / PREDICTION_HTML}")
+        # the files, then the table and where they are: the last lines printed
+        predict(run_cfg, out_dir, name=name, sinks=[*prediction_sinks(), PredictionConsole()])
 
 
 def main() -> None:
@@ -105,7 +85,7 @@ def main() -> None:
         sys.exit(code)
     try:
         with gc_paused():
-            register_configs()
+            register_all()
             run_app(_app, "tracefleet-predict")
     finally:
         # The process ends here: the interpreter's final collection would rescan every object

@@ -7,8 +7,8 @@ The help is read from files, not from imported dataclasses: ``tracefleet-predict
 (``PredictConfig``, ``WorkloadConfig``) import torch, seconds a help must not cost. The field
 help comes from docs/configuration.md, which scripts/gen_config_docs.py writes from the config
 dataclasses' ``setting(..., help=...)`` (tests/test_config_docs.py fails when it is stale); the
-groups' choices from ``conf/<group>/*.yaml`` (and the ConfigStore's registered ones, e.g.
-``replay=dry_run``); the defaults from the command's root config and its default presets.
+groups' choices from ``conf/<group>/*.yaml`` (and those orchestrator/cli/schemas.py registers,
+``STORED_CHOICES``: ``replay=dry_run``); the defaults from the command's root config and its default presets.
 Nothing here imports torch, Ray or matplotlib.
 """
 from __future__ import annotations
@@ -21,11 +21,11 @@ import textwrap
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
 
 import yaml
 
-from orchestrator.config import CONF_DIR, REPO_ROOT, register_configs
+from orchestrator.cli.schemas import STORED_CHOICES
+from orchestrator.config import CONF_DIR, REPO_ROOT
 from orchestrator.errors import USER_ERROR_EXIT
 
 HELP_FLAGS = ("-h", "--help")
@@ -51,9 +51,6 @@ class Command:
     examples: tuple[tuple[str, str], ...]  # (command line, what it does)
     exit_statuses: tuple[tuple[str, str], ...]
     footer: str
-    # registers the choices the ConfigStore adds to conf/'s (replay=dry_run); None: none
-    # besides schemas (tracefleet-predict's registration imports torch)
-    register: Callable[[], None] | None = None
 
 
 _INTERRUPTED = ("130, 143", "interrupted by Ctrl-C (SIGINT) or SIGTERM: the cleanup ran, every "
@@ -105,7 +102,6 @@ COMMANDS = {
         footer=("Hydra: --cfg job prints the composed config, --hydra-help Hydra's own help; "
                 "--multirun (-m) runs every combination of comma-separated values (a=1,2). "
                 "--debug shows the traceback of a user error."),
-        register=register_configs,
     ),
     "tracefleet-predict": Command(
         name="tracefleet-predict",
@@ -284,8 +280,6 @@ def _experiment_choices(argv: list[str]) -> list[str]:
 def render_help(command: str, width: int | None = None) -> str:
     """The help of ``command`` (a key of ``COMMANDS``)."""
     cmd = COMMANDS[command]
-    if cmd.register is not None:
-        cmd.register()
     width = width or max(60, min(100, shutil.get_terminal_size((100, 24)).columns))
     out = ["usage: " + cmd.usage[0], *("       " + u for u in cmd.usage[1:]), ""]
     out += _wrap(cmd.summary, width)
@@ -356,19 +350,12 @@ def root_defaults(config_name: str) -> dict[str, str | None]:
 
 
 def group_choices(command: str, group: str) -> list[str]:
-    """The choices of ``group`` for ``command``: conf/<group>/*.yaml, those registered in the
-    ConfigStore (schemas left out), experiments: the command's own."""
+    """The choices of ``group`` for ``command``: conf/<group>/*.yaml, then those registered in
+    the ConfigStore (schemas/STORED_CHOICES), experiments: the command's own."""
     if group == EXPERIMENT:
         return experiments(command)
     names = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
-    from hydra.core.config_store import ConfigStore
-
-    try:
-        stored = ConfigStore.instance().list(group)
-    except OSError:  # nothing registered in this process
-        stored = []
-    return names + sorted(s.removesuffix(".yaml") for s in stored
-                          if s.removesuffix(".yaml") not in {"schema", *names})
+    return names + sorted(set(STORED_CHOICES.get(group, ())) - set(names))
 
 
 def experiment_summary(name: str) -> str:

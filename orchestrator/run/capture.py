@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from hydra.core.config_store import ConfigStore
-
 from actors.config_fields import check_finite, setting
 from actors.trace.conventions import kineto_file_name, trace_file_name
 from actors.capture.workloads.mesh import validate_parallelism
@@ -129,15 +127,6 @@ def check_world_size(world_size: int, key: str = "world_size") -> None:
                           "capture serves: its fake process group and device mesh (and "
                           "pre-flight's checks) keep a table of every rank, ~140 MiB at that "
                           "bound, growing with every rank")
-
-
-def register_configs() -> None:
-    """Register the capture schema (and the cluster and workload groups' schemas) in Hydra's
-    ConfigStore."""
-    cs = ConfigStore.instance()
-    cs.store(name="capture_schema", node=CaptureConfig)
-    cs.store(group="cluster", name="schema", node=ClusterConfig)
-    cs.store(group="workload", name="schema", node=WorkloadConfig)
 
 
 def _rank_files(out_dir: str) -> list[str]:

@@ -4,13 +4,11 @@
 is tracefleet-predict's root config with it added. conf/experiment/fit_search.yaml puts the
 latter in place of ``PredictConfig`` (OmegaConf re-types a node merged with a subclass of its
 schema), so ``PredictConfig`` itself knows nothing of the search. The schema is registered in
-Hydra's ConfigStore by ``register_configs`` below, called from orchestrator/predict_main.py.
+Hydra's ConfigStore as ``SCHEMA_NAME`` by orchestrator/cli/schemas.py's ``register_all``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from hydra.core.config_store import ConfigStore
 
 from actors.capture.workloads.checkpointing import ActivationCheckpointing
 from actors.choices import Choice
@@ -132,7 +130,3 @@ class FitSearchRunConfig(PredictConfig):
                               "workload preset instead")
         self.fit_search.validate(self.world_size)
 
-
-def register_configs() -> None:
-    """Register the fit search's root schema (conf/experiment/fit_search.yaml's defaults)."""
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=FitSearchRunConfig)

@@ -23,7 +23,8 @@ from actors.errors import ConfigError
 from actors.trace import load_trace
 from actors.trace.stats import trace_stats
 from orchestrator.config import CONF_DIR
-from orchestrator.run.capture import CaptureConfig, register_configs, run_capture_job
+from orchestrator.cli.schemas import register_all
+from orchestrator.run.capture import CaptureConfig, run_capture_job
 from orchestrator.preflight.validate import preflight
 from tests.support.bounds import CLUSTER_START_S
 
@@ -127,7 +128,7 @@ def test_preflight_accepts_a_meta_world_larger_than_the_machine(tmp_path):
 
 
 def test_presets_compose_and_typos_are_refused(tmp_path):
-    register_configs()  # what tracefleet-capture does on start (orchestrator/cli/capture.py)
+    register_all()  # what tracefleet-capture does on start (orchestrator/cli/capture.py)
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = OmegaConf.to_object(compose("capture", overrides=["workload=llama_70b",
                                                                  f"out_dir={tmp_path}"]))
@@ -151,7 +152,7 @@ def test_presets_compose_and_typos_are_refused(tmp_path):
 def test_llama_8b_preset_takes_little_memory(tmp_path):
     """An 8B-parameter model, 16 ranks, on this machine: well under 2 GiB (its time is
     scripts/bench_predict_speed.py's)."""
-    register_configs()
+    register_all()
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = OmegaConf.to_object(compose("capture", overrides=[
             "workload=llama_8b", "world_size=16", f"out_dir={tmp_path}"]))

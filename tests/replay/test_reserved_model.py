@@ -242,9 +242,10 @@ def test_every_target_preset_composes():
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from orchestrator.config import CONF_DIR, register_configs
+    from orchestrator.cli.schemas import register_all
+    from orchestrator.config import CONF_DIR
 
-    register_configs()
+    register_all()
     presets = sorted(p.stem for p in (CONF_DIR / "target").glob("*.yaml"))
     assert presets == ["a100_40gb", "a100_80gb", "custom", "h100_80gb", "h100_96gb",
                        "h200_141gb", "none"]

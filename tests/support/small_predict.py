@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from orchestrator.cli.predict import predict_config
-from orchestrator.run.capture import register_configs as register_capture_configs
 from orchestrator.studies.predict import predict
-
-register_capture_configs()  # the capture schemas, as tracefleet-capture registers them
+from orchestrator.studies.prediction import Prediction
 
 
 def predict_small(cache, preset: str, fields: dict, *overrides: str,
-                  world_size: int = 2) -> dict:
+                  world_size: int = 2) -> Prediction:
     """The prediction of ``workload=preset`` with ``fields`` and ``overrides`` applied."""
     return predict(predict_config(f"workload={preset}", f"predict.cache_dir={cache}",
                                   f"world_size={world_size}", "target=h100_80gb",

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 
 from actors.config_fields import help_of
 from orchestrator.cli import usage
+from orchestrator.cli.schemas import register_all
 from orchestrator.config import CONF_DIR, REPO_ROOT
 from orchestrator.errors import USER_ERROR_EXIT
 
@@ -129,9 +130,7 @@ def test_each_command_lists_only_its_own_experiments():
 
 def _compose_tracefleet(*overrides: str):
     """tracefleet's config as its Hydra app composes it, then the object its task builds."""
-    from orchestrator.config import register_configs
-
-    register_configs()
+    register_all()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return OmegaConf.to_object(compose(config_name="tracefleet", overrides=list(overrides)))
 
@@ -139,9 +138,7 @@ def _compose_tracefleet(*overrides: str):
 def _compose_capture():
     """tracefleet-capture's config as its Hydra app composes it: a container, since out_dir
     interpolates the run folder only a running Hydra app knows."""
-    from orchestrator.run.capture import register_configs
-
-    register_configs()
+    register_all()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return OmegaConf.to_container(compose(config_name="capture"), resolve=False)
 

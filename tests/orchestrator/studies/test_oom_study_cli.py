@@ -16,14 +16,15 @@ from actors.trace import load_trace
 from actors.zero3.config import Zero3Config
 from actors.zero3.extension import zero3_extensions
 from orchestrator.studies import study_traces
-from orchestrator.config import CONF_DIR, DEMO_TRACES, register_configs
+from orchestrator.cli.schemas import register_all
+from orchestrator.config import CONF_DIR, DEMO_TRACES
 from orchestrator.outputs import RESULTS_CSV
 from tests.orchestrator.studies.test_oom_study import TINY_LLAMA
 from tests.orchestrator.studies.test_sweep_cli import ENTRY, _env, ray_temp  # noqa: F401 (ray_temp: a fixture)
 
 
 def test_presets_compose():
-    register_configs()
+    register_all()
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         study = OmegaConf.to_object(compose("tracefleet", overrides=["experiment=oom_study"]))
         compare = compose("tracefleet", overrides=["experiment=zero3_compare"],

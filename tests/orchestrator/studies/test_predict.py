@@ -19,9 +19,6 @@ from orchestrator.config import CONF_DIR, REPO_ROOT
 from orchestrator.studies.predict import PredictConfig, capture_workload, predict, verdict
 from orchestrator.cli.predict import predict_config
 from orchestrator.reports.predict_table import prediction_table
-from orchestrator.run.capture import register_configs as register_capture_configs
-
-register_capture_configs()  # the capture schemas, as tracefleet-capture registers them
 
 REPO = REPO_ROOT
 TINY = dict(vocab=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, seq_len=32)
@@ -92,40 +89,40 @@ def test_verdicts_around_the_predicted_peak_and_the_cache(tmp_path):
     cache = tmp_path / "cache"
     cfg = _tiny("llama3_8b", cache, "world_size=4")
     first = predict(cfg, tmp_path / "run0", name="llama3_8b")
-    assert KEYS <= set(first) and not first["capture"]["reused"]
-    assert first["capture"]["device"] == "fake" and first["world_size"] == 4
+    assert KEYS <= set(first.to_dict()) and not first.capture["reused"]
+    assert first.capture["device"] == "fake" and first.world_size == 4
     written = json.loads((tmp_path / "run0" / "prediction.json").read_text())
-    assert KEYS <= set(written) and written["verdict"] == first["verdict"] == "fits"
+    assert KEYS <= set(written) and written["verdict"] == first.verdict == "fits"
     assert written["workload"]["name"] == "llama3_8b"
     folders = sorted(p.name for p in cache.iterdir())
     files = sorted(p.name for p in (cache / folders[0]).iterdir())
     assert len(folders) == 1 and files == ["meta.json", "rank-0.et.json.gz"]  # rank 0 stands for all
     trace_mtime = (cache / folders[0] / "rank-0.et.json.gz").stat().st_mtime_ns
-    assert first["predicted_reserved_peak_bytes"] >= first["predicted_allocated_peak_bytes"] > 0
-    assert sum(first["breakdown"].values()) > 0 and first["peak_op"]["op"]
+    assert first.predicted_reserved_peak_bytes >= first.predicted_allocated_peak_bytes > 0
+    assert sum(first.breakdown.values()) > 0 and first.peak_op["op"]
 
     cfg.target = _bare_target(1 << 40)  # the bare target's own workspace: its reserved peak
-    reserved = predict(cfg)["predicted_reserved_peak_bytes"]
+    reserved = predict(cfg).predicted_reserved_peak_bytes
     outcomes = {}
     for label, device in (("roomy", 2 * reserved), ("tight", int(reserved * 1.01)),
-                          ("small", first["predicted_allocated_peak_bytes"] // 2)):
+                          ("small", first.predicted_allocated_peak_bytes // 2)):
         cfg.target = _bare_target(device)
         p = predict(cfg)
-        assert p["capture"]["reused"]  # no re-capture
-        assert p["usable_capacity_bytes"] == device
-        assert p["headroom_bytes"] == device - p["predicted_reserved_peak_bytes"]
-        outcomes[label] = p["verdict"]
-        assert p["verdict"] == verdict(p["headroom_bytes"], p["predicted_reserved_peak_bytes"],
-                                       p["error_band"], p["num_predicted_ooms"])
+        assert p.capture["reused"]  # no re-capture
+        assert p.usable_capacity_bytes == device
+        assert p.headroom_bytes == device - p.predicted_reserved_peak_bytes
+        outcomes[label] = p.verdict
+        assert p.verdict == verdict(p.headroom_bytes, p.predicted_reserved_peak_bytes,
+                                    p.error_band, p.num_predicted_ooms)
     assert outcomes == {"roomy": "fits", "tight": "too_close", "small": "oom"}
     assert sorted(p.name for p in cache.iterdir()) == folders
     assert (cache / folders[0] / "rank-0.et.json.gz").stat().st_mtime_ns == trace_mtime
-    table = prediction_table(p)
+    table = prediction_table(p.to_dict())
     assert "**oom**" in table and "reserved peak*" in table and "error band 3%" in table
 
     cfg.predict.error_band = 0.5  # a wider band turns the roomy target's answer too_close
     cfg.target = _bare_target(int(reserved * 1.3))
-    assert predict(cfg)["verdict"] == "too_close"
+    assert predict(cfg).verdict == "too_close"
 
 
 def test_deepspeed_preset_emulates_zero3_at_the_job_world_size(tmp_path):
@@ -134,33 +131,33 @@ def test_deepspeed_preset_emulates_zero3_at_the_job_world_size(tmp_path):
     small = predict(_tiny("deepspeed_70b", cache, "world_size=2", every_param))
     large = predict(_tiny("deepspeed_70b", cache, "world_size=8", every_param))
     # a plain local trace, captured once for every world size
-    assert small["capture"]["world_size"] == large["capture"]["world_size"] == 1
-    assert not small["capture"]["reused"] and large["capture"]["reused"]
-    assert small["zero3_emulation"]["world_size"] == 2 and large["zero3_emulation"]["world_size"] == 8
-    assert small["zero3_emulation"]["layout"] == "deepspeed"
+    assert small.capture["world_size"] == large.capture["world_size"] == 1
+    assert not small.capture["reused"] and large.capture["reused"]
+    assert small.zero3_emulation["world_size"] == 2 and large.zero3_emulation["world_size"] == 8
+    assert small.zero3_emulation["layout"] == "deepspeed"
     # 1/8 of the model states is less than 1/2 of them
-    assert large["accounted_peak_bytes"] < small["accounted_peak_bytes"]
+    assert large.accounted_peak_bytes < small.accounted_peak_bytes
 
 
 def test_a_plain_trace_folder_predicts_with_zero3_at_the_job_world_size(tmp_path):
     every_param = "workload.zero3_emulation.param_persistence_threshold=0"  # tiny parameters
     preset = predict(_tiny("deepspeed_70b", tmp_path / "cache", "world_size=8", every_param))
-    folder = preset["capture"]["dir"]  # one plain (parallel=local) rank trace
+    folder = preset.capture["dir"]  # one plain (parallel=local) rank trace
 
     def given(*overrides):
         return predict(_compose(f"trace.dir={folder}", "zero3=per_module",
                                 "zero3.param_persistence_threshold=0", *overrides))
 
     large, small = given("world_size=8"), given("world_size=2")
-    assert large["world_size"] == 8 and large["ranks_per_trace"] == {"0": 8}
-    assert large["zero3_emulation"]["world_size"] == 8 and small["zero3_emulation"]["world_size"] == 2
+    assert large.world_size == 8 and large.ranks_per_trace == {"0": 8}
+    assert large.zero3_emulation["world_size"] == 8 and small.zero3_emulation["world_size"] == 2
     # the preset's path (capture + workload.zero3_emulation) and the given trace + zero3= agree
     for key in ("accounted_peak_bytes", "predicted_reserved_peak_bytes", "breakdown"):
-        assert large[key] == preset[key], key
-    assert large["accounted_peak_bytes"] < small["accounted_peak_bytes"]  # 1/8 < 1/2 of states
+        assert getattr(large, key) == getattr(preset, key), key
+    assert large.accounted_peak_bytes < small.accounted_peak_bytes  # 1/8 < 1/2 of states
     plain = predict(_compose(f"trace.dir={folder}"))  # no emulation: the trace as recorded
-    assert plain["zero3_emulation"] is None and plain["world_size"] == 1
-    assert plain["accounted_peak_bytes"] != large["accounted_peak_bytes"]
+    assert plain.zero3_emulation is None and plain.world_size == 1
+    assert plain.accounted_peak_bytes != large.accounted_peak_bytes
     with pytest.raises(ConfigError, match="holds 1 rank trace"):
         predict(_compose(f"trace.dir={folder}", "world_size=8"))  # 8 ranks need zero3 or 8 traces
     with pytest.raises(ConfigError, match="workload.zero3_emulation.strategy=per_module"):
@@ -170,9 +167,9 @@ def test_a_plain_trace_folder_predicts_with_zero3_at_the_job_world_size(tmp_path
 def test_a_trace_folder_replays_each_distinct_trace_once(tmp_path):
     cfg = _compose("trace.dir=" + str(REPO / "demo" / "traces" / "gpt_dp_4"), "target=a100_40gb")
     p = predict(cfg)
-    assert p["world_size"] == 4 and p["capture"] is None
-    assert sum(p["ranks_per_trace"].values()) == 4
-    assert 1 <= p["num_distinct_traces"] <= 4 and p["verdict"] == "fits"
+    assert p.world_size == 4 and p.capture is None
+    assert sum(p.ranks_per_trace.values()) == 4
+    assert 1 <= p.num_distinct_traces <= 4 and p.verdict == "fits"
     with pytest.raises(ConfigError, match="holds 4 rank trace"):
         predict(_compose("trace.dir=" + str(REPO / "demo" / "traces" / "gpt_dp_4"),
                          "world_size=8"))
@@ -199,7 +196,7 @@ def test_a_missing_or_unreadable_rank_is_named_never_left_out(tmp_path):
     for rank in range(4):
         shutil.copyfile(demo / f"rank-{rank}.et.json.gz", zero / f"rank-{rank}.et.json.gz")
     p = predict(_compose(f"trace.dir={zero}", "target=a100_40gb"))
-    assert p["ranks"] == [0, 1, 2, 3]  # the prediction says which ranks it read
+    assert p.ranks == [0, 1, 2, 3]  # the prediction says which ranks it read
     (zero / "rank-2.et.json.gz").unlink()
     (zero / "rank-2.et.json.gz").symlink_to("/dev/zero")
     with pytest.raises(ConfigError, match=r"rank-2.et.json.gz: not a regular file \(a link to "
@@ -228,7 +225,7 @@ def test_the_collector_stays_paused_from_the_load_to_the_end_of_the_run(monkeypa
     monkeypatch.setattr(ReplayEngine, "run", ran)
     demo = REPO / "demo" / "traces" / "gpt_dp_4"
     p = predict(_compose(f"trace.dir={demo}", "target=a100_40gb"))
-    assert p["verdict"] == "fits" and gc.isenabled()
+    assert p.verdict == "fits" and gc.isenabled()
     assert seen[:2] == [("after load", False), ("before run", False)]
 
 
@@ -238,8 +235,8 @@ def test_identical_rank_traces_replay_once(tmp_path):
         shutil.copyfile(demo / "rank-0.et.json.gz", tmp_path / f"rank-{rank}.et.json.gz")
     shutil.copyfile(demo / "rank-1.et.json.gz", tmp_path / "rank-3.et.json.gz")
     p = predict(_compose(f"trace.dir={tmp_path}", "target=a100_40gb"))
-    assert p["world_size"] == 4 and p["num_distinct_traces"] == 2
-    assert p["ranks_per_trace"] == {"0": 3, "3": 1}
+    assert p.world_size == 4 and p.num_distinct_traces == 2
+    assert p.ranks_per_trace == {"0": 3, "3": 1}
 
 
 def test_capture_key_follows_what_changes_the_trace(tmp_path):
@@ -358,18 +355,18 @@ def test_a_gpu_target_captures_with_the_gpus_kernels_and_says_so(tmp_path):
     cfg = _compose("workload=custom", f"workload.entrypoint={step}", "world_size=2",
                    "target=h100_80gb", f"predict.cache_dir={tmp_path / 'cache'}")
     p = predict(cfg, tmp_path / "out")
-    assert p["capture"]["gpu_kernels"] == "sm90"
-    kernels = {(r["op"], r["kernel"], r["cpu_kernel"]) for r in p["kernel_dispatch"]}
+    assert p.capture["gpu_kernels"] == "sm90"
+    kernels = {(r["op"], r["kernel"], r["cpu_kernel"]) for r in p.kernel_dispatch}
     assert kernels == {("aten::scaled_dot_product_attention", "flash", "cpu_math"),
                        ("aten::dropout", "native_dropout", "mul by noise")}
-    assert p["coverage"] == 1.0  # the fused kernels' ops dry-run on meta
+    assert p.coverage == 1.0  # the fused kernels' ops dry-run on meta
     from orchestrator.studies.study_traces import capture_key
 
-    table = prediction_table(p)
+    table = prediction_table(p.to_dict())
     assert "ran as CUDA's flash attention on sm90" in table
     assert "the CPU's math path would have made" in table
-    assert set(p["breakdown_help"]) == {k for k, b in p["breakdown"].items() if b}
-    for name, text in p["breakdown_help"].items():
+    assert set(p.breakdown_help) == {k for k, b in p.breakdown.items() if b}
+    for name, text in p.breakdown_help.items():
         assert f"  {name}: {text}" in table
     page = (tmp_path / "out" / "prediction.html").read_text()
     assert "Kernels of the target GPU" in page and "CUDA&#x27;s fused dropout" in page
@@ -380,4 +377,4 @@ def test_a_gpu_target_captures_with_the_gpus_kernels_and_says_so(tmp_path):
                             cfg.target.gpu_arch)
     assert (custom.gpu_kernels, a100.gpu_kernels) == ("sm90", "sm80")
     assert capture_key(custom, 2) != capture_key(a100, 2)
-    assert p["capture"]["dir"].endswith(capture_key(custom, 2, rank0_only=True))
+    assert p.capture["dir"].endswith(capture_key(custom, 2, rank0_only=True))

@@ -9,9 +9,6 @@ from actors.errors import ConfigError
 from orchestrator.cli.predict import predict_config
 from orchestrator.reports.predict_table import prediction_table
 from orchestrator.studies.predict import predict
-from orchestrator.run.capture import register_configs as register_capture_configs
-
-register_capture_configs()  # the capture schemas, as tracefleet-capture registers them
 
 TINY = dict(vocab=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, seq_len=32,
             batch_size=1, activation_checkpointing="none")
@@ -25,33 +22,33 @@ def _cfg(cache, *overrides):
 
 def test_a_cp_job_predicts_each_role_and_names_the_worst(tmp_path):
     result = predict(_cfg(tmp_path / "cache", "workload.parallelism.cp=2"), tmp_path / "out")
-    assert result["num_distinct_traces"] == 2 and result["ranks_per_trace"] == {"0": 2, "1": 2}
-    mesh = result["mesh"]
+    assert result.num_distinct_traces == 2 and result.ranks_per_trace == {"0": 2, "1": 2}
+    mesh = result.mesh
     assert mesh["description"] == "dp_shard 2 x cp 2"
     assert mesh["ranks_per_role"] == {"cp rank 0": 2, "cp rank 1": 2}
-    assert mesh["worst_rank_role"] == f"cp rank {result['rank']}"
-    table = prediction_table(result)
+    assert mesh["worst_rank_role"] == f"cp rank {result.rank}"
+    table = prediction_table(result.to_dict())
     assert "mesh dp_shard 2 x cp 2 on 4 x h100_80gb" in table
-    assert f"| worst rank | rank {result['rank']} (cp rank {result['rank']}, 2 rank(s) alike) |" \
+    assert f"| worst rank | rank {result.rank} (cp rank {result.rank}, 2 rank(s) alike) |" \
         in table
     # each role's figures and timeline, the worst first
-    roles = result["per_role"]
-    assert list(roles) == [mesh["worst_rank_role"], f"cp rank {1 - result['rank']}"]
+    roles = result.per_role
+    assert list(roles) == [mesh["worst_rank_role"], f"cp rank {1 - result.rank}"]
     assert roles[mesh["worst_rank_role"]]["predicted_reserved_peak_bytes"] == \
-        result["predicted_reserved_peak_bytes"]
+        result.predicted_reserved_peak_bytes
     assert "| reserved peak*: cp rank 1 |" in table
     for figures in roles.values():
         lines = (tmp_path / "out" / figures["timeline"]).read_text().splitlines()
         assert lines[0] == "op_index,held_bytes,high_bytes,low_bytes" and len(lines) > 100
         assert max(int(line.split(",")[2]) for line in lines[1:]) <= \
             figures["accounted_peak_bytes"]
-    assert (tmp_path / "out" / result["memory_timelines"]).stat().st_size > 0
+    assert (tmp_path / "out" / result.memory_timelines).stat().st_size > 0
 
 
 def test_a_one_dim_job_names_no_mesh(tmp_path):
     result = predict(_cfg(tmp_path))
-    assert result["mesh"] is None and result["ranks_per_trace"] == {"0": 4}
-    assert "worst rank" not in prediction_table(result)
+    assert result.mesh is None and result.ranks_per_trace == {"0": 4}
+    assert "worst rank" not in prediction_table(result.to_dict())
 
 
 def test_a_mesh_that_cannot_split_is_refused_before_capturing(tmp_path):
@@ -81,9 +78,9 @@ def test_a_skewed_moe_job_names_its_hot_expert_rank_the_worst(tmp_path):
     the most tokens and is the worst rank; the table names the mesh with ep."""
     result = predict(_cfg(tmp_path, "workload.moe_experts=4", "workload.parallelism.ep=2",
                           "workload.moe_routing_skew=1.0"))
-    mesh = result["mesh"]
+    mesh = result.mesh
     assert mesh["description"] == "dp_shard 4 x ep 2"
     assert mesh["ranks_per_role"] == {"ep rank 0": 2, "ep rank 1": 2}
-    assert mesh["worst_rank_role"] == "ep rank 0" and result["num_distinct_traces"] == 2
-    hot, cold = (result["per_role"][f"ep rank {e}"] for e in (0, 1))
+    assert mesh["worst_rank_role"] == "ep rank 0" and result.num_distinct_traces == 2
+    hot, cold = (result.per_role[f"ep rank {e}"] for e in (0, 1))
     assert hot["accounted_peak_bytes"] > cold["accounted_peak_bytes"]
