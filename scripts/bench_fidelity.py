@@ -45,6 +45,7 @@ from actors.replay.timed_iterations import median_interval  # noqa: E402
 from orchestrator.config import RunConfig, TraceConfig  # noqa: E402
 from orchestrator.outputs import RunDir  # noqa: E402
 from orchestrator.run.launch import run_replay  # noqa: E402
+from orchestrator.run.sinks import file_sinks  # noqa: E402
 from orchestrator.run.aggregate import slowest_series_s  # noqa: E402
 from orchestrator.run.original import OriginalWorkload  # noqa: E402
 from orchestrator.run.session import ReplaySession  # noqa: E402
@@ -97,7 +98,7 @@ def _replay(folder: Path, mode: str, host_gaps: bool, iters: int, measure: bool,
                     replay=ReplayConfig(mode="full", iters=iters, warmup_iters=2,
                                         measure_memory=measure, host_gaps=host_gaps,
                                         allocation=AllocationConfig(mode=mode)))
-    summary = run_replay(cfg, out, session=session, quiet=True)
+    summary = run_replay(cfg, out, session=session, sinks=file_sinks())
     if summary["status"] != "ok":
         raise SystemExit(f"{folder.name} {mode}: {summary['status']}: {summary['error']}")
     return summary

@@ -100,6 +100,7 @@ def drive(folder: str, hold: bool, use_ray: bool) -> dict:
     from actors.trace.source import discover
     from orchestrator.config import ExperimentConfig, RunConfig, TraceConfig
     from orchestrator.run.launch import run_replay
+    from orchestrator.run.sinks import file_sinks
     from orchestrator.preflight.signature_pool import pick_executor
 
     if use_ray:
@@ -114,7 +115,7 @@ def drive(folder: str, hold: bool, use_ray: bool) -> dict:
         cfg = RunConfig(trace=TraceConfig(dir=folder),
                         experiment=ExperimentConfig(preflight_only=True))
         with tempfile.TemporaryDirectory() as out:
-            summary = run_replay(cfg, Path(out), quiet=True)
+            summary = run_replay(cfg, Path(out), sinks=file_sinks())
         assert summary["status"] == "ok" and summary["num_collectives"]
     wall_s = time.perf_counter() - t0
     return {"rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

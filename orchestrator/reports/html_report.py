@@ -99,7 +99,7 @@ def load_run(run_dir: Path) -> tuple[dict, list[dict]]:
     """A run dir's summary and its rank reports, each with its memory timeline (from the
     summary, else from ``memory/rank-<r>.csv``); the flush threshold from ``config.yaml``
     when the summary lacks it."""
-    summary = read_summary(run_dir)
+    summary = read_summary(run_dir).to_dict()  # the page reads its figures by name
     config = run_dir / CONFIG_YAML
     if summary.get("device_memory_threshold") is None and config.is_file():
         alloc = OmegaConf.load(config).get("replay", {}).get("allocation", {})

@@ -15,20 +15,21 @@ from pathlib import Path
 from orchestrator.errors import ResultsError
 from orchestrator.outputs import RunDir
 from orchestrator.results import read_json
+from orchestrator.run_summary import RunSummary
 
 _MAX_BYTES = 1 << 63
 _SHOWN_CHARS = 40
 
 
-def read_summary(run_dir: Path) -> dict:
-    """The checked summary of ``run_dir`` (see the module docstring)."""
+def read_summary(run_dir: Path) -> RunSummary:
+    """The checked summary of ``run_dir`` (see the module docstring) as its record."""
     path = RunDir(run_dir).summary
     summary = read_json(path, "a run summary")
     if not isinstance(summary, dict):
         raise ResultsError(f"{path}: a run summary is a JSON object; this file holds a "
                            f"{type(summary).__name__}")
     check_summary(summary, path)
-    return summary
+    return RunSummary.from_dict(summary, path)
 
 
 def check_summary(summary: dict, path) -> None:

@@ -21,6 +21,7 @@ from statistics import median
 from actors.rank_actor import RANK_EXTENSIONS
 from actors.replay.failure import FailureReport
 from actors.replay.timed_iterations import interval_fields, median_interval
+from orchestrator.run_summary import ReplayedRun, RunFacts, RunSummary
 from orchestrator.status import FAILURE_PRECEDENCE, REPLAY_STATUSES, RunStatus
 
 MAX_RANKS_IN_ERROR = 4  # name this many failing ranks in full, summarize the rest
@@ -235,6 +236,23 @@ def aggregate(rank_reports: list[dict], *, world_size: int,
         raise ValueError(f"extra keys {clash} would shadow computed summary keys")
     summary.update(extra or {})
     return summary
+
+
+def summarize(rank_reports: list[dict], *, world_size: int, run: RunFacts,
+              replayed: ReplayedRun | None = None,
+              run_status_override: RunStatus | None = None,
+              error: str | None = None) -> RunSummary:
+    """The run summary record: the reports aggregated (``aggregate``) with the run's facts
+    and, for a run that replayed to the end, what it alone records."""
+    computed = aggregate(rank_reports, world_size=world_size,
+                         run_status_override=run_status_override, error=error)
+    assert replayed is None or not set(replayed.extensions) & set(computed), \
+        "an extension's name shadows a summary figure"
+    return RunSummary(status=computed["status"], world_size=world_size,
+                      error=computed["error"], ranks=computed["ranks"],
+                      figures={k: v for k, v in computed.items()
+                               if k not in ("status", "world_size", "error", "ranks")},
+                      run=run, replayed=replayed)
 
 
 def _run_status(ranks: list[dict], world_size: int, override: RunStatus | None,

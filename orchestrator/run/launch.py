@@ -11,12 +11,13 @@ import orjson
 from actors.machine import replay_machine_warnings
 from actors.replay.failure import FailureReport
 from actors.replay.memory.model_recording import pop_snapshot
-from actors.replay.memory.snapshot import write_snapshots
 from actors.rank_actor import RankActor, ReplayRequest
 from orchestrator.preflight import dedup
 from orchestrator.reports import run_report as report
-from orchestrator.reports.html_report import write_report
-from orchestrator.run.aggregate import aggregate, extension_summaries
+from orchestrator.run.aggregate import extension_summaries, summarize
+from orchestrator.run.sinks import RunFiles, RunResult, default_sinks, file_sinks
+from orchestrator.run_summary import ReplayedRun, RunFacts, RunSummary
+from orchestrator.sinks import Sink, close_all, write_all
 from orchestrator.config import RunConfig
 from orchestrator.cluster.node_state import lost_nodes
 from orchestrator.cluster.rank_result import Outcome
@@ -41,22 +42,26 @@ def _failed_report(result) -> dict:
 
 def run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None = None, console=None,
                actor_cls=RankActor, session: ReplaySession | None = None,
-               quiet: bool = False) -> dict:
-    """Replay ``cfg.trace.dir`` on a Ray cluster; returns the summary (also written to out_dir).
+               sinks: list[Sink[RunResult]] | None = None) -> dict:
+    """Replay ``cfg.trace.dir`` on a Ray cluster; returns the summary (``RunSummary.to_dict``:
+    the studies read its open-ended figures by name), handed to ``sinks``.
 
     ``actor_cls`` is the rank actor (tests substitute a subclass that misbehaves).
     ``session`` keeps Ray, the actors and pre-flight for the next replay (a sweep); without
-    one, everything started here is stopped before returning. ``quiet`` skips the console
-    tables and the plots (a search's probes). A signal (KeyboardInterrupt) stops the run:
+    one, everything started here is stopped before returning. ``sinks`` (orchestrator/run/
+    sinks.py) get the finished run; default: the files, the table and outputs listing on
+    ``console``, the page with experiment.report; a search's probes pass ``file_sinks()``.
+    A signal (KeyboardInterrupt) stops the run:
     the actors and the cluster are stopped as on any exit, ``summary.json`` gets status
     ``interrupted`` with the reports of the ranks that finished, and the exception goes on
     with a note saying so.
     """
     cfg.validate()
+    if sinks is None:
+        sinks = default_sinks(cfg.experiment.report, console)
     progress: dict = {}  # how far the run got: pre-flight's result, the ranks replayed
     try:
-        return _run_replay(cfg, out_dir, config_yaml, console, actor_cls, session, quiet,
-                           progress)
+        return _run_replay(cfg, out_dir, config_yaml, actor_cls, session, sinks, progress)
     except KeyboardInterrupt as stop:
         try:
             _write_interrupted(stop, cfg, out_dir, config_yaml, progress)
@@ -77,20 +82,20 @@ def _write_interrupted(stop: KeyboardInterrupt, cfg: RunConfig, out_dir: Path,
     if reports and len(replayed) < world_size:
         reports = dedup.expand_reports(reports, replayed, pre.same_as)
     done = sum(1 for r in reports if r.get("status") != RunStatus.interrupted)
-    summary = aggregate(
+    summary = summarize(
         reports, world_size=world_size, run_status_override=RunStatus.interrupted,
-        error=f"interrupted by {interrupts.name_of(stop)}", extra={
-            "experiment": cfg.experiment.name, "trace_dir": str(cfg.trace.dir),
-            "mode": cfg.replay.mode, "allocation_mode": cfg.replay.allocation.mode,
-            "trace_ranks": pre.ranks if pre is not None else None,
-            "num_replays": len(replayed) if replayed else 0})
-    report.write_run_outputs(summary, reports, out_dir, config_yaml, plots=False)
+        error=f"interrupted by {interrupts.name_of(stop)}",
+        run=_facts(cfg, pre.ranks if pre is not None else None,
+                   len(replayed) if replayed else 0))
+    # the files alone: what a stopped run must leave (the console has the signal's line)
+    RunFiles(plots=False).write(RunResult(summary, reports, out_dir, config_yaml))
     stop.add_note(f"{RunDir(out_dir).summary} has status interrupted, {done} of "
                   f"{world_size} rank(s) finished")
 
 
-def _run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None, console, actor_cls,
-                session: ReplaySession | None, quiet: bool, progress: dict) -> dict:
+def _run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None, actor_cls,
+                session: ReplaySession | None, sinks: list[Sink[RunResult]],
+                progress: dict) -> dict:
     """`run_replay`'s work, phase by phase (orchestrator/run/phases.py names them);
     ``progress`` records how far it got."""
     own_session = session is None
@@ -127,19 +132,13 @@ def _run_replay(cfg: RunConfig, out_dir: Path, config_yaml: str | None, console,
         snapshots = {r["rank"]: pop_snapshot(r) for r in rank_reports
                      if r.get("replayed_as_rank", r["rank"]) == r["rank"]}
         summary = _summarize(cfg, pre, results, rank_reports, len(replayed), timings)
-        report.write_run_outputs(summary, rank_reports, out_dir, config_yaml, plots=not quiet)
-        summary["snapshots"] = write_snapshots(out_dir, snapshots)
-        if not quiet:
-            report.print_summary(summary, console)
+        result = RunResult(summary, rank_reports, out_dir, config_yaml, snapshots)
+        write_all(sinks, result)
     timings["aggregation_s"] = clock.seconds["aggregation_s"]
     timings["total_s"] = clock.elapsed_s()
-    report.write_summary(summary, out_dir)  # again, now with every phase's time
     log.info("timings: %s", ", ".join(f"{k} {v:.2f}" for k, v in timings.items()))
-    if not quiet:  # the page people look at, then where it all went: last, where the eye lands
-        if cfg.experiment.report:
-            write_report(out_dir)
-        report.print_outputs(out_dir, console)
-    return summary
+    close_all(sinks, result)  # summary.json again, now with every phase's time; the page
+    return summary.to_dict()
 
 
 def _replay_ranks(cfg: RunConfig, out_dir: Path, session: ReplaySession, actor_cls, pre,
@@ -199,26 +198,35 @@ def _rank_reports(results: list, replayed: list[int], pre) -> list[dict]:
 
 
 def _summarize(cfg: RunConfig, pre, results: list, rank_reports: list[dict], num_actors: int,
-               timings: dict) -> dict:
+               timings: dict) -> RunSummary:
     """The run summary: the ranks aggregated, with the run's own facts."""
-    return aggregate(rank_reports, world_size=pre.world_size, error=lost_nodes(results), extra={
-        "experiment": cfg.experiment.name, "trace_dir": str(cfg.trace.dir),
-        "mode": cfg.replay.mode, "allocation_mode": cfg.replay.allocation.mode,
-        "device_memory_capacity_bytes": _capacity(rank_reports), "timings_s": timings,
-        "trace_ranks": pre.ranks, "preflight_warnings": pre.warnings, "num_replays": num_actors,
-        "machine_warnings": replay_machine_warnings(cfg.trace.dir, rank_reports, pre.ranks),
-        **extension_summaries(rank_reports),
-        "target": cfg.target.figures() if cfg.target.enabled else None})
+    return summarize(rank_reports, world_size=pre.world_size, error=lost_nodes(results),
+                     run=_facts(cfg, pre.ranks, num_actors), replayed=ReplayedRun(
+                         device_memory_capacity_bytes=_capacity(rank_reports),
+                         timings_s=timings, preflight_warnings=pre.warnings,
+                         machine_warnings=replay_machine_warnings(cfg.trace.dir, rank_reports,
+                                                                  pre.ranks),
+                         extensions=extension_summaries(rank_reports),
+                         target=cfg.target.figures() if cfg.target.enabled else None))
+
+
+def _facts(cfg: RunConfig, trace_ranks: list[int] | None, num_replays: int) -> RunFacts:
+    """What the run was (every summary records it, an interrupted run's too)."""
+    return RunFacts(experiment=cfg.experiment.name, trace_dir=str(cfg.trace.dir),
+                    mode=cfg.replay.mode, allocation_mode=cfg.replay.allocation.mode,
+                    trace_ranks=trace_ranks, num_replays=num_replays)
 
 
 @contextmanager
 def quiet_replays(session: ReplaySession | None = None):
-    """A ``replay(cfg, out_dir) -> summary`` callable for searches and studies: quiet replays
-    on one ReplaySession (the given one, or one started here and closed on exit)."""
+    """A ``replay(cfg, out_dir) -> summary`` callable for searches and studies: replays that
+    write their files and show nothing (``file_sinks``), on one ReplaySession (the given one,
+    or one started here and closed on exit)."""
     own = session is None
     session = session or ReplaySession()
     try:
-        yield lambda cfg, out_dir: run_replay(cfg, out_dir, session=session, quiet=True)
+        yield lambda cfg, out_dir: run_replay(cfg, out_dir, session=session,
+                                              sinks=file_sinks())
     finally:
         if own:
             session.close()

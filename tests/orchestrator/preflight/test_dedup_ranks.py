@@ -17,6 +17,7 @@ from orchestrator.preflight import trace_identity, validate
 from orchestrator.config import ClusterConfig, ExperimentConfig, RunConfig, TraceConfig
 from orchestrator.preflight.dedup import expand_reports
 from orchestrator.run.launch import run_replay
+from orchestrator.run.sinks import file_sinks
 from tests.support.trace_factory import capture_ranks
 from tests.support.bounds import CLUSTER_START_S
 
@@ -124,7 +125,7 @@ def _cfg(trace_dir, mode):
 
 @pytest.mark.slow
 def test_compute_mode_replays_each_distinct_trace_once(ray_session, mixed4, tmp_path):
-    summary = run_replay(_cfg(mixed4, "compute"), tmp_path, quiet=True)
+    summary = run_replay(_cfg(mixed4, "compute"), tmp_path, sinks=file_sinks())
     assert summary["status"] == "ok", summary["error"]
     assert summary["num_replays"] == 2 and summary["world_size"] == 4
     rows = summary["ranks"]
@@ -141,7 +142,7 @@ def test_compute_mode_replays_each_distinct_trace_once(ray_session, mixed4, tmp_
 
 @pytest.mark.slow
 def test_full_mode_replays_every_rank(ray_session, mixed4, tmp_path):
-    summary = run_replay(_cfg(mixed4, "full"), tmp_path, quiet=True)
+    summary = run_replay(_cfg(mixed4, "full"), tmp_path, sinks=file_sinks())
     assert summary["status"] == "ok", summary["error"]
     assert summary["num_replays"] == 4
     assert [r["rank"] for r in summary["ranks"]] == [0, 1, 2, 3]

@@ -77,10 +77,11 @@ def test_preflight_only_writes_its_result_and_starts_nothing(world16, tmp_path):
     import ray
 
     from orchestrator.run.launch import run_replay
+    from orchestrator.run.sinks import file_sinks
 
     cfg = RunConfig(trace=TraceConfig(dir=str(world16)),
                     experiment=ExperimentConfig(preflight_only=True))
-    summary = run_replay(cfg, tmp_path, quiet=True)
+    summary = run_replay(cfg, tmp_path, sinks=file_sinks())
     assert not ray.is_initialized()  # no cluster, no actor
     written = json.loads((tmp_path / "preflight.json").read_text())
     assert written["world_size"] == written["recorded_world_size"] == 16
@@ -144,9 +145,10 @@ def _cfg(trace_dir, **trace) -> RunConfig:
 def test_two_ranks_of_the_dlrm_archive_replay_in_compute_mode(ray_session, public_trace_dir,
                                                               tmp_path, transfer):
     from orchestrator.run.launch import run_replay
+    from orchestrator.run.sinks import file_sinks
 
     archive = public_trace_dir / "dlrm_pytorch_et.tar.gz"
-    summary = run_replay(_cfg(archive, ranks=[0, 3], transfer=transfer), tmp_path, quiet=True)
+    summary = run_replay(_cfg(archive, ranks=[0, 3], transfer=transfer), tmp_path, sinks=file_sinks())
     assert summary["status"] == "ok", summary["error"]
     assert summary["world_size"] == 2 and summary["trace_ranks"] == [0, 3]
     assert summary["preflight_warnings"] == []
@@ -159,7 +161,8 @@ def test_two_ranks_of_the_dlrm_archive_replay_in_compute_mode(ray_session, publi
 @pytest.mark.slow
 def test_one_file_of_a_two_gpu_job_replays_in_compute_mode(ray_session, public_trace_dir, tmp_path):
     from orchestrator.run.launch import run_replay
+    from orchestrator.run.sinks import file_sinks
 
-    summary = run_replay(_cfg(public_trace_dir / "resnet_2gpu_et.json.gz"), tmp_path, quiet=True)
+    summary = run_replay(_cfg(public_trace_dir / "resnet_2gpu_et.json.gz"), tmp_path, sinks=file_sinks())
     assert summary["status"] == "ok", summary["error"]
     assert summary["world_size"] == 1 and summary["trace_ranks"] == [0]

@@ -43,7 +43,7 @@ def test_whole_summaries_and_new_fields_pass(tmp_path):
     summary.update(num_ranks_by_status={"ok": 2}, timings_s={"replay_s": 1.5, "teardown_s": None},
                    iteration_time_stats_s={"min": 0.1}, new_field_of_a_later_version=[1, "a"])
     (tmp_path / "summary.json").write_bytes(orjson.dumps(summary))
-    assert read_summary(tmp_path)["num_ranks_by_status"] == {"ok": 2}
+    assert read_summary(tmp_path).to_dict()["num_ranks_by_status"] == {"ok": 2}
 
 
 def test_the_report_names_the_field_in_one_line(tmp_path, capsys):
