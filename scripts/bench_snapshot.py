@@ -72,12 +72,12 @@ def main() -> None:
             result = predict(cfg, out)
             runs[variant].append((_cpu_s() - c0, time.perf_counter() - w0))
             if variant == "snapshot":
-                path = out / result["snapshots"][str(result["rank"])]
-                facts = {"snapshot_s": round(result["timings_s"]["snapshot_s"], 3),
+                path = out / result.snapshots[str(result.rank)]
+                facts = {"snapshot_s": round(result.timings_s["snapshot_s"], 3),
                          "snapshot_bytes": path.stat().st_size,
                          "snapshot_events": len(pickle.loads(path.read_bytes())
                                                 ["device_traces"][0]),
-                         "reserved_peak_bytes": result["predicted_reserved_peak_bytes"]}
+                         "reserved_peak_bytes": result.predicted_reserved_peak_bytes}
     line = {"job": " ".join(job), "repeats": args.repeats, "capture_or_cache_s": round(capture_s, 1)}
     for variant, times in runs.items():
         line[f"{variant}_cpu_s"] = round(statistics.median(t[0] for t in times), 2)

@@ -104,7 +104,7 @@ def predict_case(overrides: list[str], out_dir: Path, cache_dir: Path) -> dict:
     from orchestrator.studies.predict import predict
 
     cfg = predict_config(*overrides, "predict.snapshot=true", f"predict.cache_dir={cache_dir}")
-    return predict(cfg, out_dir)
+    return predict(cfg, out_dir).to_dict()  # compared key by key with the measured run's
 
 
 def against(measured: dict, predicted: dict, recorded: Path | None, predicted_dir: Path | None,

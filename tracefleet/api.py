@@ -122,7 +122,8 @@ def predict(workload="llama3_8b", world_size: int | None = None,
     name = workload if isinstance(workload, str) and ":" not in workload and \
         trace_dir is None else None
     with _ONE_AT_A_TIME:
-        result = run_prediction(cfg, Path(out_dir) if out_dir is not None else None, name=name)
+        result = run_prediction(cfg, Path(out_dir) if out_dir is not None else None,
+                                name=name).to_dict()
     return Prediction(result, cfg, name, Path(out_dir) if out_dir is not None else None)
 
 
@@ -202,7 +203,7 @@ class Prediction:
         cfg.predict.snapshot = True
         try:
             with tempfile.TemporaryDirectory(prefix="tracefleet-snapshot-") as tmp:
-                again = run_prediction(cfg, Path(tmp), name=self._name)
+                again = run_prediction(cfg, Path(tmp), name=self._name).to_dict()
                 if str(rank) not in again["snapshots"]:
                     raise ConfigError(f"rank {rank}: no snapshot; this prediction replayed "
                                       f"ranks {sorted(map(int, again['snapshots']))}")

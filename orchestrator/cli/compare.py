@@ -12,8 +12,9 @@ from pathlib import Path
 import orjson
 
 from orchestrator.cli.app import guarded
-from orchestrator.errors import SnapshotError
+from orchestrator.errors import ResultsError, SnapshotError
 from orchestrator.outputs import RunDir
+from orchestrator.studies.prediction import read_prediction
 
 _EPILOG = """SNAPSHOT is a pickle from torch.cuda.memory._dump_snapshot (record with
 torch.cuda.memory._record_memory_history() before the steps). PREDICTION is the run dir of
@@ -45,11 +46,11 @@ def _rank_of(meta: Path) -> int | None:
     if not meta.is_file():
         return None
     try:
-        rank = orjson.loads(meta.read_bytes()).get("rank")
-    except (orjson.JSONDecodeError, AttributeError):
-        raise SnapshotError(meta, "not a whole prediction.json (cut or not a JSON object): "
-                                  "pass --rank, or the snapshot file itself") from None
-    return rank if type(rank) is int else None
+        return read_prediction(meta).rank
+    except ResultsError as e:
+        why = str(e).removeprefix(f"{meta}: ")
+        raise SnapshotError(meta, f"not a whole prediction.json ({why}): pass --rank, or the "
+                                  "snapshot file itself") from None
 
 
 def main(argv: list[str] | None = None) -> int:

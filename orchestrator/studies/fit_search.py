@@ -39,8 +39,9 @@ from orchestrator.studies.fit_layout import search_layout, with_layout
 from orchestrator.studies.fit_search_config import AC_ORDER, Axis, FitSearchRunConfig
 from orchestrator.cluster.worker_pool import in_workers, tell_parent
 from orchestrator.config import ClusterConfig, Executor
-from orchestrator.studies.predict import PredictConfig, Verdict, predict
-from orchestrator.reports.prediction_page import write_prediction_page
+from orchestrator.studies.predict import PredictConfig, predict
+from orchestrator.studies.prediction import Prediction
+from orchestrator.studies.prediction_sinks import PredictionPage, prediction_sinks
 from orchestrator.studies.fit_search_report import (ANSWER_COLUMNS, FitSearchRecorder, answer_rows,
                                                     answers_title)
 
@@ -93,10 +94,10 @@ class _Prober:
     is made once and its figures reused (``memoized``) by the other axes' first probe."""
 
     def __init__(self, cfg: FitSearchRunConfig, name: str, on_probe: Callable[[dict], None],
-                 done: dict[tuple, dict] | None = None):
+                 done: dict[tuple, Prediction] | None = None):
         self.cfg, self.name, self.on_probe = cfg, name, on_probe
         # (batch, seq, world size, AC) -> prediction
-        self.done: dict[tuple, dict] = dict(done or {})
+        self.done: dict[tuple, Prediction] = dict(done or {})
         # predictions made on this prober's behalf elsewhere (the job's, by the parent of a
         # worker): its first probe of them is not a reuse
         self.made_for_me: set[tuple] = set()
@@ -131,17 +132,17 @@ class _Prober:
                 raise ConfigError(f"fit_search {axis}={value}: {e}") from None
         p = self.done[job]
         record = {"axis": str(axis), "value": value if label is None else label,
-                  "verdict": p["verdict"],
-                  "predicted_allocated_peak_bytes": p["predicted_allocated_peak_bytes"],
-                  "predicted_reserved_peak_bytes": p["predicted_reserved_peak_bytes"],
-                  "usable_capacity_bytes": p["usable_capacity_bytes"],
-                  "headroom_bytes": p["headroom_bytes"], "error_band": p["error_band"],
-                  "capture_reused": bool(p["capture"] and p["capture"]["reused"]),
+                  "verdict": p.verdict,
+                  "predicted_allocated_peak_bytes": p.predicted_allocated_peak_bytes,
+                  "predicted_reserved_peak_bytes": p.predicted_reserved_peak_bytes,
+                  "usable_capacity_bytes": p.usable_capacity_bytes,
+                  "headroom_bytes": p.headroom_bytes, "error_band": p.error_band,
+                  "capture_reused": bool(p.capture and p.capture["reused"]),
                   "probe_s": time.perf_counter() - t0, "num_probe": len(probes) + 1,
                   "memoized": memoized}
         probes.append(record)
         self.on_probe(record)
-        return p["verdict"] == Verdict.fits
+        return p.fits
 
 
 def _job_key(cfg: FitSearchRunConfig) -> tuple:
@@ -228,8 +229,8 @@ def fit_search(cfg: FitSearchRunConfig, name: str | None = None,
         axis_bound_s, lambda i: f"fit_search's {axes[i]} axis", on_message=on_probe)]
 
 
-def _search_in_worker(cfg: FitSearchRunConfig, name: str, axis: Axis, done: dict[tuple, dict],
-                      first: bool) -> AxisAnswer:
+def _search_in_worker(cfg: FitSearchRunConfig, name: str, axis: Axis,
+                      done: dict[tuple, Prediction], first: bool) -> AxisAnswer:
     """One axis' search in a worker process (the probes come back in the answer); the first
     axis' probe of the job stands for the job's prediction (made by the parent)."""
     prober = _Prober(cfg, name, tell_parent, done)
@@ -247,9 +248,9 @@ def run_fit_search(cfg: FitSearchRunConfig, out_dir: Path, name: str | None = No
     answers = fit_search(cfg, name, recorder.probe)
     summary = recorder.finish(answers, time.perf_counter() - t0)
     # the job's own prediction.json and prediction.html (its capture is cached by now), the
-    # page with the search's plots
-    job = predict(_as_predict_config(cfg), Path(out_dir), name=name)
-    write_prediction_page(out_dir, job, [(f"fit_search: {axis}", Path(out_dir) / a["plot"])
-                                         for axis, a in summary["answers"].items() if a["plot"]],
+    # page with the search's plots and answers
+    page = PredictionPage([(f"fit_search: {axis}", Path(out_dir) / a["plot"])
+                           for axis, a in summary["answers"].items() if a["plot"]],
                           [(answers_title(summary), ANSWER_COLUMNS, answer_rows(summary))])
+    predict(_as_predict_config(cfg), Path(out_dir), name=name, sinks=prediction_sinks(page))
     return summary

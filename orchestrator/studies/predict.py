@@ -23,18 +23,16 @@ from actors.config_fields import check_finite
 from actors.capture.workloads.mesh import validate_parallelism
 from actors.capture.workloads.config import (ModelName, Parallel, Precision, WorkloadConfig,
                                              WorkloadDevice, validate as validate_workload)
-from actors.choices import Choice
 from actors.config_fields import setting
 from actors.errors import ConfigError, writing
 from actors.replay.config import AllocationMode, ReplayConfig, dry_run_config, parse_bytes
 from actors.replay.memory.model_recording import TIMELINE_KEY, pop_snapshot
-from actors.replay.memory.snapshot import write_snapshots
 from actors.trace.parsed_cache import DEFAULT_DIR as PARSED_CACHE_DIR
 from actors.gpu_arch import GpuArch
 from actors.replay.memory.target import TargetConfig, TargetName
 from actors.replay.report import RankFigures
 from orchestrator.run.dry_run import dry_run
-from orchestrator.reports.predict_timelines import per_role, write_timelines
+from orchestrator.reports.predict_timelines import per_role
 from orchestrator.reports.predict_notes import breakdown_help
 from orchestrator.studies.predict_mesh import (kernel_dispatch, mesh_facts, ranks_per_trace,
                                                roles_of)
@@ -43,9 +41,9 @@ from actors.capture.workloads.custom import resolve_entrypoint
 from orchestrator.studies.study_traces import capture_cached
 from actors.trace.meta_file import recorded_world_size
 from actors.trace.source import discover, missing_ranks
-from orchestrator.outputs import RunDir
-from orchestrator.reports.prediction_page import write_prediction_page
-from actors.atomic_file import atomic_write
+from orchestrator.sinks import Sink, close_all, write_all
+from orchestrator.studies.prediction import BREAKDOWN_OF, Prediction, Verdict
+from orchestrator.studies.prediction_sinks import PredictionResult, prediction_sinks
 from orchestrator.run.capture import check_world_size
 from orchestrator.run.roles_config import RolesConfig
 
@@ -60,14 +58,6 @@ OFFLOADED = ("parameters", "gradients", "optimizer_state")
 DEFAULT_ERROR_BAND = 0.03
 DEFAULT_ERROR_BAND_SOURCE = ("bench_predict's target band (every row within it; max |error| "
                              "0.0125, 2026-12-01)")
-
-
-class Verdict(Choice):
-    """Whether the job fits the target."""
-
-    fits = "fits"  # headroom above the error band
-    too_close = "too_close"  # fits as predicted, but the headroom is inside the error band
-    oom = "oom"  # the predicted reserved peak does not fit the usable capacity
 
 
 @dataclass
@@ -253,9 +243,11 @@ def verdict(headroom_bytes: int, reserved_bytes: int, error_band: float,
     return Verdict.fits
 
 
-def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = None) -> dict:
-    """The prediction for ``cfg`` (also written to ``out_dir/prediction.json`` when given);
-    ``name`` labels the workload (its preset), default ``<model>_<parallel>``."""
+def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = None,
+            sinks: list[Sink[PredictionResult]] | None = None) -> Prediction:
+    """The prediction for ``cfg``, handed to ``sinks`` (default: its files in ``out_dir`` when
+    given, prediction_sinks.py; none without one); ``name`` labels the workload (its
+    preset), default ``<model>_<parallel>``."""
     cfg = copy.deepcopy(cfg)
     cfg.validate()
     t0 = time.perf_counter()
@@ -268,61 +260,55 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
     groups, reports = dry_run(sources, cfg.replay, cfg.target, zero3)
     replay_s = time.perf_counter() - t1
     snapshots = {rank: pop_snapshot(report) for rank, report in reports.items()}
+    prediction = _prediction(cfg, name, reports, groups, sorted(sources), world, zero3, capture,
+                             replay_s, t0)
+    if sinks is None:
+        sinks = prediction_sinks() if out_dir is not None else []
+    result = PredictionResult(prediction, reports, None if out_dir is None else Path(out_dir),
+                              snapshots)
+    _hand_to(sinks, result)
+    return prediction
+
+
+def _prediction(cfg: PredictConfig, name: str, reports: dict, groups: dict, ranks: list[int],
+                world: int, zero3: Zero3Config | None, capture: dict | None, replay_s: float,
+                t0: float) -> Prediction:
+    """The prediction of the dry run's ``reports``: the figures of the rank with the largest
+    reserved peak, the verdict, and what they rest on."""
     worst = max(reports.values(), key=lambda r: r["predicted_reserved_peak_bytes"])
     figures = worst["cuda_allocator"]["target"]
     reserved, usable = worst["predicted_reserved_peak_bytes"], figures["usable_capacity_bytes"]
-    headroom = usable - reserved
-    band = cfg.predict.error_band
     mesh = mesh_facts(capture["dir"], worst["rank"]) if capture else None
     core = RankFigures.of(worst)  # what every replay reports; the allocator model's below
-    result = {
-        "predicted_allocated_peak_bytes": worst["predicted_allocated_peak_bytes"],
-        "predicted_reserved_peak_bytes": reserved,
-        "usable_capacity_bytes": usable,
-        "headroom_bytes": headroom,
-        "verdict": str(verdict(headroom, reserved, band, worst["num_predicted_ooms"])),
-        "error_band": band,
-        "breakdown": core.peak_breakdown,
-        "peak_op": core.peak_op,
-        "world_size": world,
-        "workload": {"name": name, **_plain(cfg.workload)} if cfg.trace.dir is None
+    return Prediction(
+        predicted_allocated_peak_bytes=worst["predicted_allocated_peak_bytes"],
+        predicted_reserved_peak_bytes=reserved, usable_capacity_bytes=usable,
+        headroom_bytes=usable - reserved,
+        verdict=str(verdict(usable - reserved, reserved, cfg.predict.error_band,
+                            worst["num_predicted_ooms"])),
+        error_band=cfg.predict.error_band, breakdown=core.peak_breakdown, peak_op=core.peak_op,
+        world_size=world,
+        workload={"name": name, **_plain(cfg.workload)} if cfg.trace.dir is None
         else {"name": name, "trace_dir": str(cfg.trace.dir)},
-        # what else the figures rest on
-        "error_band_source": cfg.predict.error_band_source,
-        "accounted_peak_bytes": core.accounted_peak_bytes,
-        "breakdown_of": "the accounted peak (bytes of the storages held, by category)",
-        "breakdown_help": breakdown_help(core.peak_breakdown),
-        "num_predicted_ooms": worst["num_predicted_ooms"],
-        "num_alloc_retries": worst["num_alloc_retries"],
-        # host offload: the peak of what the job keeps in host memory (not in the figures)
-        "host_peak_bytes": worst["cuda_allocator"].get("host_peak_bytes", 0),
-        "coverage": core.coverage,
-        # what did not run as recorded (actors/replay/report.py: not_run_ops), with its bytes
-        "num_dropped_ops": core.num_dropped_ops,
-        "num_orphan_ops": core.num_orphan_ops,
-        "not_run_ops": core.not_run_ops,
-        "target": figures,
-        "zero3_emulation": _plain(zero3) if zero3 is not None else None,
-        "rank": worst["rank"],
-        "ranks": sorted(sources),  # the ranks whose traces were read
-        "num_distinct_traces": len(groups),
-        "ranks_per_trace": {str(r[0]): len(r) for r in groups.values()}
-        if cfg.trace.dir is not None and len(sources) == world
+        error_band_source=cfg.predict.error_band_source,
+        accounted_peak_bytes=core.accounted_peak_bytes, breakdown_of=BREAKDOWN_OF,
+        breakdown_help=breakdown_help(core.peak_breakdown),
+        num_predicted_ooms=worst["num_predicted_ooms"],
+        num_alloc_retries=worst["num_alloc_retries"],
+        host_peak_bytes=worst["cuda_allocator"].get("host_peak_bytes", 0),
+        coverage=core.coverage, num_dropped_ops=core.num_dropped_ops,
+        num_orphan_ops=core.num_orphan_ops, not_run_ops=core.not_run_ops, target=figures,
+        zero3_emulation=_plain(zero3) if zero3 is not None else None, rank=worst["rank"],
+        ranks=ranks, num_distinct_traces=len(groups),
+        ranks_per_trace={str(r[0]): len(r) for r in groups.values()}
+        if cfg.trace.dir is not None and len(ranks) == world
         else ranks_per_trace(capture["dir"]) if mesh else {"0": world},
-        "mesh": mesh,  # N-D jobs: degrees, ranks per role, the worst rank's role
-        "capture": capture,
-        # ops the capture ran as the target GPU's kernels, not the CPU's (cuda_dispatch.py)
-        "kernel_dispatch": kernel_dispatch(capture["dir"]) if capture else [],
-        "timings_s": {"capture_s": capture["seconds"] if capture else 0.0, "replay_s": replay_s,
-                      "total_s": time.perf_counter() - t0},
-        "memory_timeline": worst["cuda_allocator"].get(TIMELINE_KEY),
-        "snapshots": {},  # rank -> snapshot_rank<r>.pickle, written beside prediction.json
-    }
-    # each distinct trace's figures, by its role on a mesh (docs/prediction.md)
-    result["per_role"] = per_role(reports, roles_of(capture["dir"]) if mesh else None, mesh)
-    if out_dir is not None:
-        _write_outputs(Path(out_dir), result, snapshots, reports)
-    return result
+        mesh=mesh, capture=capture,
+        kernel_dispatch=kernel_dispatch(capture["dir"]) if capture else [],
+        timings_s={"capture_s": capture["seconds"] if capture else 0.0, "replay_s": replay_s,
+                   "total_s": time.perf_counter() - t0},
+        memory_timeline=worst["cuda_allocator"].get(TIMELINE_KEY), snapshots={},
+        per_role=per_role(reports, roles_of(capture["dir"]) if mesh else None, mesh))
 
 
 def _sources(cfg: PredictConfig, name: str) -> tuple:
@@ -342,18 +328,17 @@ def _sources(cfg: PredictConfig, name: str) -> tuple:
         zero3, capture
 
 
-def _write_outputs(out_dir: Path, result: dict, snapshots: dict, reports: dict) -> None:
-    """prediction.json, its page, the snapshots and timelines into ``out_dir``. A write that
-    fails (a full disk) names the folder, and leaves no prediction.json: one is there only
-    when everything it lists was written (it is written last, whole or not at all)."""
-    with writing(out_dir, "the prediction's files"):
-        out_dir.mkdir(parents=True, exist_ok=True)
-        result["snapshots"] = write_snapshots(out_dir, snapshots)
-        result["timings_s"]["snapshot_s"] = sum(
-            r["cuda_allocator"].get("snapshot_s", 0.0) for r in reports.values())
-        result["memory_timelines"] = write_timelines(out_dir, reports, result["per_role"])
-        write_prediction_page(out_dir, result)
-        atomic_write(RunDir(out_dir).prediction, orjson.dumps(result, option=orjson.OPT_INDENT_2))
+def _hand_to(sinks: list[Sink[PredictionResult]], result: PredictionResult) -> None:
+    """Each sink's ``write``, then each one's ``close``; a write that fails in ``out_dir``
+    (a full disk) names the folder."""
+    if result.out_dir is None:
+        write_all(sinks, result)
+        close_all(sinks, result)
+        return
+    with writing(result.out_dir, "the prediction's files"):
+        result.out_dir.mkdir(parents=True, exist_ok=True)
+        write_all(sinks, result)
+        close_all(sinks, result)
 
 
 def _plain(obj) -> dict:

@@ -11,6 +11,7 @@ import pytest
 import actors.capture.recorder as recorder
 import actors.atomic_file as atomic_file
 import orchestrator.studies.predict as study_predict
+import orchestrator.studies.prediction_sinks as prediction_sinks
 from actors.errors import writing
 from orchestrator.cli.app import user_error_status
 from orchestrator.cli.predict import predict_config
@@ -74,7 +75,7 @@ def test_atomic_write_on_a_full_disk_leaves_the_old_file_and_no_temp(tmp_path, m
 
 def test_a_prediction_on_a_full_disk_names_its_folder_and_writes_no_prediction_json(
         tmp_path, monkeypatch):
-    monkeypatch.setattr(study_predict, "write_timelines", _full)
+    monkeypatch.setattr(prediction_sinks, "write_timelines", _full)
     cfg = predict_config(f"trace.dir={DEMO_TRACES / 'gpt_dp_4'}", "target=a100_40gb")
     out = tmp_path / "out"
     with pytest.raises(OSError) as e:

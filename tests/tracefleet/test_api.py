@@ -8,6 +8,7 @@ import os
 import pickle
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -60,9 +61,9 @@ def test_a_preset_with_overrides_the_same_cache_and_its_snapshot(tmp_path):
     same = study_predict(predict_config("workload=llama3_8b", "world_size=4", "target=a100_40gb",
                                         f"predict.cache_dir={cache}",
                                         *[f"workload.{k}={v}" for k, v in TINY.items()]))
-    assert same["capture"]["reused"] and same["capture"]["dir"] == first.result["capture"]["dir"]
+    assert same.capture["reused"] and same.capture["dir"] == first.result["capture"]["dir"]
     for key in FIGURES:
-        assert same[key] == first.result[key], key
+        assert getattr(same, key) == first.result[key], key
     # the snapshot: predicted again with the snapshot on, the same peak
     path = first.snapshot(tmp_path / "llama.pickle")
     snap = read_snapshot(path)
@@ -140,7 +141,8 @@ def test_predictions_from_several_threads(monkeypatch):
         overlaps.append(running[0])
         time.sleep(0.2)
         running[0] -= 1
-        return {"verdict": "fits", "world_size": cfg.world_size}
+        return types.SimpleNamespace(to_dict=lambda: {"verdict": "fits",
+                                                      "world_size": cfg.world_size})
 
     monkeypatch.setattr(study, "predict", slow_prediction)
 

@@ -45,16 +45,16 @@ def test_the_timeline_is_the_allocator_models(run):
     for pt in t["points"]:
         # the categories stack up to the allocated line; reserved is above it
         assert sum(pt[cols.index(s)] for s in SERIES) == pt[1] <= pt[2]
-    assert t["reserved_peak"]["bytes"] == p["predicted_reserved_peak_bytes"] == \
+    assert t["reserved_peak"]["bytes"] == p.predicted_reserved_peak_bytes == \
         max(pt[2] for pt in t["points"])  # the peak is in the measured iteration here
-    assert t["allocated_peak"]["bytes"] == p["predicted_allocated_peak_bytes"]
+    assert t["allocated_peak"]["bytes"] == p.predicted_allocated_peak_bytes
     assert sum(t["reserved_peak"]["by_stream"].values()) == t["reserved_peak"]["bytes"]
     assert [pt[0] for pt in t["points"]] == sorted(pt[0] for pt in t["points"])
     # one snapshot per distinct rank trace, named in the prediction
-    assert p["snapshots"] == {r: f"snapshot_rank{r}.pickle" for r in p["snapshots"]}
-    assert len(p["snapshots"]) == p["num_distinct_traces"]
-    assert all((out / name).stat().st_size > 1000 for name in p["snapshots"].values())
-    assert p["timings_s"]["snapshot_s"] > 0
+    assert p.snapshots == {r: f"snapshot_rank{r}.pickle" for r in p.snapshots}
+    assert len(p.snapshots) == p.num_distinct_traces
+    assert all((out / name).stat().st_size > 1000 for name in p.snapshots.values())
+    assert p.timings_s["snapshot_s"] > 0
 
 
 def test_the_page_is_self_contained(run):
@@ -66,7 +66,7 @@ def test_the_page_is_self_contained(run):
     assert {base64.b64decode(s.split(",", 1)[1]) for s in srcs} == {x.read_bytes() for x in pngs}
     assert "<script" not in text and not re.search(r"(?:src|href)=['\"]?(?:https?:|//|file:)",
                                                    text)
-    assert f">{p['verdict']}</span>" in text and "error band 3%" in text
+    assert f">{p.verdict}</span>" in text and "error band 3%" in text
     assert "Reserved at the peak, by stream" in text and "snapshot_rank0.pickle" in text
 
 
@@ -75,11 +75,12 @@ def test_extra_plots_and_a_prediction_without_a_timeline(run, tmp_path):
     fig = Figure(figsize=(4, 3))
     fig.add_subplot().plot([0, 1], [1, 0])
     fig.savefig(tmp_path / "fit_search_batch_size.png")
-    page = write_prediction_page(tmp_path, p, [("fit_search: batch_size",
-                                                tmp_path / "fit_search_batch_size.png")])
+    page = write_prediction_page(tmp_path, p.to_dict(), [("fit_search: batch_size",
+                                                          tmp_path / "fit_search_batch_size.png")])
     text = page.read_text()
     assert len(_images(text)) == 3 and "<h2>fit_search: batch_size</h2>" in text
-    bare = write_prediction_page(tmp_path / "bare", {**p, "memory_timeline": None}).read_text()
+    bare = write_prediction_page(tmp_path / "bare", {**p.to_dict(), "memory_timeline": None})
+    bare = bare.read_text()
     assert not _images(bare) and "No memory timeline" in bare
 
 
@@ -111,9 +112,9 @@ def test_the_cublas_workspace_is_said_where_the_peak_is(run):
     from orchestrator.reports.predict_table import prediction_table
 
     out, p = run
-    workspace = p["target"]["cublas_workspace_bytes"]
-    assert workspace > 0 and p["predicted_allocated_peak_bytes"] >= workspace
-    table = prediction_table(p)
+    workspace = p.target["cublas_workspace_bytes"]
+    assert workspace > 0 and p.predicted_allocated_peak_bytes >= workspace
+    table = prediction_table(p.to_dict())
     rows = table.splitlines()
     at = next(i for i, line in enumerate(rows) if line.startswith("| allocated peak* |"))
     assert rows[at + 1].startswith("| of which cuBLAS workspace* | ") and \
@@ -123,8 +124,8 @@ def test_the_cublas_workspace_is_said_where_the_peak_is(run):
 
 def test_the_allocated_peaks_stack_is_recorded_whole(run):
     _, p = run
-    peak = p["memory_timeline"]["allocated_peak"]
-    assert sum(peak["by_series"].values()) == peak["bytes"] == p["predicted_allocated_peak_bytes"]
+    peak = p.memory_timeline["allocated_peak"]
+    assert sum(peak["by_series"].values()) == peak["bytes"] == p.predicted_allocated_peak_bytes
     assert set(peak["by_series"]) <= set(SERIES) and all(peak["by_series"].values())
 
 

@@ -63,10 +63,10 @@ def test_a_predicted_snapshot_against_itself_and_a_late_recording(tmp_path):
     snap = read_snapshot(tmp_path / "snapshot_rank0.pickle")
     same = compare(snap, snap)
     assert same["first_divergence"] is None
-    assert same["predicted"]["reserved_peak_bytes"] == p["predicted_reserved_peak_bytes"]
+    assert same["predicted"]["reserved_peak_bytes"] == p.predicted_reserved_peak_bytes
     late = {**snap, "device_traces": [snap["device_traces"][0][40:]]}
     c = compare(late, snap)
-    assert c["recorded"]["reserved_peak_bytes"] == p["predicted_reserved_peak_bytes"]
+    assert c["recorded"]["reserved_peak_bytes"] == p.predicted_reserved_peak_bytes
     assert c["first_divergence"]["predicted"]["index"] == 0  # it lacks the start
 
 

@@ -73,8 +73,8 @@ def test_a_tiny_job_finds_the_boundary(tmp_path):
     roomy = _cfg(tmp_path / "cache", 8 << 30, 4, "fit_search.layout_pp=[1]")
     fsdp, tp2 = (predict(copy.deepcopy(with_layout(roomy, {"tp": tp, "pp": 1, "cp": 1})))
                  for tp in (1, 2))
-    need = math.ceil(tp2["predicted_reserved_peak_bytes"] * (1 + roomy.predict.error_band))
-    assert fsdp["predicted_reserved_peak_bytes"] > need, "tp 2 must need less than FSDP alone"
+    need = math.ceil(tp2.predicted_reserved_peak_bytes * (1 + roomy.predict.error_band))
+    assert fsdp.predicted_reserved_peak_bytes > need, "tp 2 must need less than FSDP alone"
     cfg = _cfg(tmp_path / "cache", need, 4, "fit_search.layout_pp=[1]")
     summary = run_fit_search(cfg, tmp_path / "run", name="small")
     found = summary["answers"]["layout"]

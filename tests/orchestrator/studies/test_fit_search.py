@@ -19,6 +19,7 @@ from orchestrator.studies.fit_search import fit_search, gallop_bisect, run_fit_s
 from orchestrator.studies.fit_search_config import FitSearchRunConfig
 from orchestrator.outputs import FIT_SEARCH_JSON
 from orchestrator.studies.fit_search_report import PROBE
+from orchestrator.studies.prediction import Prediction
 from orchestrator.studies.predict import predict
 from orchestrator.cli.predict import predict_config
 from orchestrator.config import REPO_ROOT
@@ -46,7 +47,7 @@ def _cfg(cache, capacity: int, *overrides: str) -> FitSearchRunConfig:
                           *[f"workload.{k}={v}" for k, v in SMALL.items()], *overrides)
 
 
-def _predict(cfg: FitSearchRunConfig, axis: str, value) -> dict:
+def _predict(cfg: FitSearchRunConfig, axis: str, value) -> Prediction:
     """One prediction of ``cfg`` with ``axis`` set to ``value``, outside the search."""
     cfg = copy.deepcopy(cfg)
     if axis == "world_size":
@@ -59,7 +60,7 @@ def _predict(cfg: FitSearchRunConfig, axis: str, value) -> dict:
 def _capacity_fitting(cache, axis: str, value) -> int:
     """The smallest usable capacity at which ``value`` fits with the error band."""
     cfg = _cfg(cache, ROOMY)
-    reserved = _predict(cfg, axis, value)["predicted_reserved_peak_bytes"]
+    reserved = _predict(cfg, axis, value).predicted_reserved_peak_bytes
     return math.ceil(reserved * (1 + cfg.predict.error_band))
 
 
@@ -74,8 +75,8 @@ def test_each_axis_finds_the_boundary(cache, tmp_path, axis, answer, beyond, ove
     capacity = _capacity_fitting(cache, axis, answer)
     cfg = _cfg(cache, capacity, f"fit_search.axes=[{axis}]", *overrides)
     # the boundary as separate predictions at that capacity show it
-    assert _predict(cfg, axis, answer)["verdict"] == "fits"
-    assert _predict(cfg, axis, beyond)["verdict"] != "fits"
+    assert _predict(cfg, axis, answer).verdict == "fits"
+    assert _predict(cfg, axis, beyond).verdict != "fits"
 
     summary = run_fit_search(cfg, tmp_path, name="small")
     found = summary["answers"][axis]

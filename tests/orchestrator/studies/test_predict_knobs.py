@@ -20,12 +20,12 @@ def test_a_chunked_loss_holds_a_slice_of_the_logits(tmp_path):
     whole = _predict(tmp_path)
     chunked = _predict(tmp_path, "workload.loss_chunks=8")
     logits = 2 * 256 * 16384 * 4  # the batch's float32 logits
-    saved = whole["predicted_allocated_peak_bytes"] - chunked["predicted_allocated_peak_bytes"]
+    saved = whole.predicted_allocated_peak_bytes - chunked.predicted_allocated_peak_bytes
     # at least half the float32 logits are no longer held (their bf16 copy and gradient
     # usually go too); a slice stays
     assert logits / 2 <= saved < 4 * logits
-    assert ", loss in 8 chunks" in prediction_table(chunked).splitlines()[0]
-    assert "chunks" not in prediction_table(whole).splitlines()[0]
+    assert ", loss in 8 chunks" in prediction_table(chunked.to_dict()).splitlines()[0]
+    assert "chunks" not in prediction_table(whole.to_dict()).splitlines()[0]
 
 
 def test_reshard_policy_orders_the_peaks(tmp_path):
@@ -47,4 +47,4 @@ def test_two_captures_of_one_job_predict_the_same_bytes(tmp_path):
     first, second = (_predict(tmp_path / name, "workload.loss_chunks=8")
                      for name in ("first", "second"))
     for key in ("predicted_allocated_peak_bytes", "predicted_reserved_peak_bytes"):
-        assert first[key] == second[key], key
+        assert getattr(first, key) == getattr(second, key), key

@@ -21,16 +21,16 @@ def _predict(cache, *overrides):
 def test_offloaded_states_leave_the_device_figures(tmp_path):
     on_gpu = _predict(tmp_path)
     offloaded = _predict(tmp_path, "workload.cpu_offload=true")
-    states = sum(offloaded["breakdown"][c] for c in ("parameters", "optimizer_state"))
-    assert offloaded["host_peak_bytes"] >= states > 0 and on_gpu["host_peak_bytes"] == 0
+    states = sum(offloaded.breakdown[c] for c in ("parameters", "optimizer_state"))
+    assert offloaded.host_peak_bytes >= states > 0 and on_gpu.host_peak_bytes == 0
     # the device keeps what it computes with; the fp32 shards, moments and gradients left it
-    assert offloaded["predicted_allocated_peak_bytes"] <= \
-        on_gpu["predicted_allocated_peak_bytes"] - states
-    assert offloaded["target"]["usable_capacity_bytes"] == on_gpu["target"]["usable_capacity_bytes"]
-    assert "| host memory (offloaded) |" in prediction_table(offloaded)
-    assert "host memory" not in prediction_table(on_gpu)
+    assert offloaded.predicted_allocated_peak_bytes <= \
+        on_gpu.predicted_allocated_peak_bytes - states
+    assert offloaded.target["usable_capacity_bytes"] == on_gpu.target["usable_capacity_bytes"]
+    assert "| host memory (offloaded) |" in prediction_table(offloaded.to_dict())
+    assert "host memory" not in prediction_table(on_gpu.to_dict())
     # the job line names the knob: the two jobs are told apart by it
-    first = [prediction_table(p).splitlines()[0] for p in (offloaded, on_gpu)]
+    first = [prediction_table(p.to_dict()).splitlines()[0] for p in (offloaded, on_gpu)]
     assert ", CPU offload)" in first[0]
     assert "CPU offload" not in first[1]
 
@@ -51,16 +51,16 @@ def test_deepspeed_offload_optimizer_leaves_the_device_figures(tmp_path):
 
     on_gpu = run()
     offloaded = run("workload.zero3_emulation.offload_optimizer.device=cpu")
-    assert on_gpu["host_peak_bytes"] == 0
-    ds = offloaded["zero3_emulation"]
+    assert on_gpu.host_peak_bytes == 0
+    ds = offloaded.zero3_emulation
     assert ds["offload_optimizer"]["device"] == "cpu"
-    moved = offloaded["host_peak_bytes"]
+    moved = offloaded.host_peak_bytes
     assert moved > 0
     # most of what moved was the device's (the fp32 gradient copy and the update's
     # temporaries are the host's own)
-    drop = on_gpu["predicted_allocated_peak_bytes"] - offloaded["predicted_allocated_peak_bytes"]
+    drop = on_gpu.predicted_allocated_peak_bytes - offloaded.predicted_allocated_peak_bytes
     assert drop > moved / 2
-    assert "| host memory (offloaded) |" in prediction_table(offloaded)
+    assert "| host memory (offloaded) |" in prediction_table(offloaded.to_dict())
 
 
 def test_deepspeeds_offload_knobs_are_its_own():

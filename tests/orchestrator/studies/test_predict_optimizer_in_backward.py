@@ -20,14 +20,14 @@ SHORT = dict(vocab=512, d_model=256, n_layers=4, n_heads=4, n_kv_heads=4, ffn_di
 def test_each_gradient_is_freed_after_its_own_update(tmp_path):
     plain = predict_small(tmp_path, "llama3_8b", SHORT)
     in_backward = predict_small(tmp_path, "llama3_8b", {**SHORT, "optimizer_in_backward": "true"})
-    grads, stepped = plain["breakdown"]["gradients"], in_backward["breakdown"]["gradients"]
+    grads, stepped = plain.breakdown["gradients"], in_backward.breakdown["gradients"]
     assert stepped < grads / 4  # a few parameters' gradients at a time, not all of them
     # the update is told apart wherever it runs: its moments stay optimizer state, not buffers
-    assert in_backward["breakdown"]["optimizer_state"] == plain["breakdown"]["optimizer_state"] > 0
-    assert in_backward["predicted_allocated_peak_bytes"] <= \
-        plain["predicted_allocated_peak_bytes"] - grads / 2
-    assert ", optimizer in backward)" in prediction_table(in_backward).splitlines()[0]
-    assert "optimizer in backward" not in prediction_table(plain).splitlines()[0]
+    assert in_backward.breakdown["optimizer_state"] == plain.breakdown["optimizer_state"] > 0
+    assert in_backward.predicted_allocated_peak_bytes <= \
+        plain.predicted_allocated_peak_bytes - grads / 2
+    assert ", optimizer in backward)" in prediction_table(in_backward.to_dict()).splitlines()[0]
+    assert "optimizer in backward" not in prediction_table(plain.to_dict()).splitlines()[0]
 
 
 @pytest.mark.parametrize("fields, named", [
