@@ -6,6 +6,7 @@ import sys
 import tempfile
 import traceback
 
+from actors.capture.request import CaptureRequest
 from actors.capture.worker import run_capture
 from actors.errors import TracefleetError
 from actors.rank_base import RankWorkerBase
@@ -14,8 +15,9 @@ from actors.rank_base import RankWorkerBase
 class CaptureActor(RankWorkerBase):
     """One rank of a capture: trains the workload and records its trace."""
 
-    def capture(self, cfg_dict: dict, out_dir: str, return_bytes: bool = False) -> dict:
-        """Run :func:`run_capture`; the driver has exported the rendezvous env via setup().
+    def capture(self, request: CaptureRequest, out_dir: str, return_bytes: bool = False) -> dict:
+        """Run :func:`run_capture` (``request`` as the driver made it: Ray pickles it); the
+        driver has exported the rendezvous env via setup().
 
         With ``return_bytes`` the trace is written to a private temp dir and its bytes come
         back as ``trace_bytes`` (and the profiler trace's as ``kineto_bytes``): no shared
@@ -23,7 +25,7 @@ class CaptureActor(RankWorkerBase):
         """
         work_dir = tempfile.mkdtemp(prefix="tracefleet-capture-") if return_bytes else out_dir
         try:
-            result = run_capture(cfg_dict, work_dir)
+            result = run_capture(request, work_dir)
             if return_bytes:
                 for path_key, bytes_key in (("path", "trace_bytes"), ("kineto_path", "kineto_bytes")):
                     if result[path_key]:

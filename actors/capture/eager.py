@@ -15,8 +15,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from actors.capture.worker import (rank_device, rendezvous_env, time_iterations, warm_up,
-                                   workload_config)
+from actors.capture.request import CaptureRequest
+from actors.capture.worker import rank_device, rendezvous_env, time_iterations, warm_up
 from actors.capture.workloads.build import build_workload
 from actors.errors import ConfigError
 from actors.rank_base import RankWorkerBase
@@ -28,22 +28,22 @@ class EagerActor(RankWorkerBase):
     _workload = None
     _device = None
 
-    def build(self, cfg: dict) -> int:
-        """Join the group, build ``cfg``'s workload (capture config keys: ``workload``,
-        ``warmup_iters``, ``num_threads``, ``dist_timeout_s``) and warm it up; returns the
-        rank. The rendezvous env comes from the driver's setup()."""
+    def build(self, request: CaptureRequest) -> int:
+        """Join the group, build ``request``'s workload (its ``num_threads`` and
+        ``dist_timeout_s`` too) and warm it up for ``warmup_iters``; returns the rank. The
+        rendezvous env comes from the driver's setup()."""
         rank, world_size = rendezvous_env()
-        wl_cfg = workload_config(cfg)
+        wl_cfg = request.workload
         if wl_cfg.device == "meta":
             raise ConfigError("the original of a meta capture cannot be timed: nothing runs")
-        if int(cfg.get("num_threads", 0)) > 0:
-            torch.set_num_threads(int(cfg["num_threads"]))
+        if request.num_threads > 0:
+            torch.set_num_threads(request.num_threads)
         self._device = rank_device(wl_cfg, rank)
         dist.init_process_group("nccl" if self._device.type == "cuda" else "gloo", rank=rank,
                                 world_size=world_size,
-                                timeout=timedelta(seconds=float(cfg.get("dist_timeout_s", 300))))
+                                timeout=timedelta(seconds=request.dist_timeout_s))
         self._workload = build_workload(wl_cfg, rank, world_size, self._device)
-        warm_up(self._workload, int(cfg.get("warmup_iters", 3)))
+        warm_up(self._workload, request.warmup_iters)
         return rank
 
     def time_iterations(self, num_iters: int) -> list[float]:

@@ -29,7 +29,8 @@ from actors.capture.fake.fake_values import known_values_look_real
 from actors.capture.fake.meta_storage import unique_meta_storages
 from actors.capture.recorder import record_iteration
 from actors.errors import ConfigError
-from actors.capture.worker import warm_up, workload_config
+from actors.capture.request import CaptureRequest
+from actors.capture.worker import warm_up
 from actors.capture.workloads.context import Workload, world_mesh
 from actors.capture.workloads.build import build_workload
 
@@ -76,9 +77,10 @@ def fake_errors(device: str):
         raise error from e
 
 
-def record_workload(workload: Workload, cfg: dict, path: str, mode: CaptureFakeMode | None,
-                    step=None, rewrite=None) -> None:
-    """Warm ``workload`` up to its steady state and record one iteration into ``path``: on fake
+def record_workload(workload: Workload, request: CaptureRequest, path: str,
+                    mode: CaptureFakeMode | None, step=None, rewrite=None) -> None:
+    """Warm ``workload`` (``request``'s) up to its steady state and record one iteration into
+    ``path``: on fake
     (``mode``) with the libraries' fakeness predicates answered where values are known, the
     run's frees written and the trace rewritten (``rewrite``, default
     strip_dispatch_mode_nodes); ``step`` replaces the workload's step for the recorded
@@ -87,20 +89,20 @@ def record_workload(workload: Workload, cfg: dict, path: str, mode: CaptureFakeM
     after build(): the user's code has imported its libraries."""
     fake = mode is not None
     with known_values_look_real() if fake else nullcontext(), \
-            cuda_kernels(workload_config(cfg).gpu_kernels) as dispatched:
+            cuda_kernels(request.workload.gpu_kernels) as dispatched:
         num_warmup = settle(workload)
         if dispatched is not None:  # the recorded iteration's calls only
             dispatched.clear()
         graphs = num_compiled_graphs()
         record_iteration(step or workload.step, workload.next_batch(), workload.model,
                          step_index=num_warmup, out_path=path,
-                         module_backward=bool(cfg.get("module_backward_ranges", True)),
+                         module_backward=request.module_backward_ranges,
                          tensor_ranges=False,
                          rewrite=(rewrite or strip_dispatch_mode_nodes) if fake else None,
                          around_step=partial(free_markers.recording, mode) if fake else None)
         if num_compiled_graphs() != graphs:
             raise ConfigError(
-                f"workload.device={workload_config(cfg).device}: torch.compile compiled again in "
+                f"workload.device={request.workload.device}: torch.compile compiled again in "
                 f"the recorded iteration, after {num_warmup} warm-up iterations: the step "
                 "recompiles every iteration (a guard fails each time: a Python number or shape "
                 "that changes per step); the trace would hold the compiler's own ops. Make the "
@@ -136,12 +138,14 @@ def rank_environment(rank: int, world_size: int) -> dict[str, str]:
             "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu")}
 
 
-def record_meta_rank(cfg: dict, out_dir: str, rank: int, world_size: int) -> tuple[Workload, str]:
-    """Record rank ``rank`` of a meta or fake world into out_dir; ``(workload, trace path)``."""
+def record_meta_rank(request: CaptureRequest, out_dir: str, rank: int,
+                     world_size: int) -> tuple[Workload, str]:
+    """Record rank ``rank`` of ``request``'s meta or fake world into out_dir; ``(workload,
+    trace path)``."""
     # Imported here: importing it registers the "fake" backend with torch.distributed.
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    wl_cfg = workload_config(cfg)
+    wl_cfg = request.workload
     path = os.path.join(out_dir, trace_file_name(rank))
     # Fake tensors are backed by meta ones: their storages need distinct addresses too.
     with unique_meta_storages(), mock.patch.dict(os.environ, rank_environment(rank, world_size)):
@@ -150,7 +154,7 @@ def record_meta_rank(cfg: dict, out_dir: str, rank: int, world_size: int) -> tup
             with fake_errors(str(wl_cfg.device)), \
                     _shapes_only(str(wl_cfg.device), world_size) as (device, mesh, mode):
                 workload = build_workload(wl_cfg, rank, world_size, device, mesh)
-                record_workload(workload, cfg, path, mode)
+                record_workload(workload, request, path, mode)
         finally:
             dist.destroy_process_group()
             _forget_deepspeed_groups()

@@ -37,7 +37,8 @@ from actors.capture.fake.meta_storage import unique_meta_storages
 from actors.capture.workloads.parallelize.eager_dtensor import eager_dtensor
 from actors.capture.fake.subclass_frames import mark_subclass_frames
 from actors.capture.trace_file import write_as_ranks
-from actors.capture.worker import rank_facts, workload_config
+from actors.capture.request import CaptureRequest
+from actors.capture.worker import rank_facts
 from actors.capture.workloads.build import build_workload
 from actors.errors import ConfigError, TracefleetError
 from actors.gc_pause import gc_paused
@@ -67,9 +68,10 @@ def mesh_group_table(par, world_size: int, rank: int) -> list[dict]:
         dist.destroy_process_group()
 
 
-def record_mesh_rank(cfg: dict, out_dir: str, rank: int, world_size: int):
-    """Record rank ``rank`` of the fake mesh job into out_dir; ``(workload, trace path)``."""
-    wl_cfg = workload_config(cfg)
+def record_mesh_rank(request: CaptureRequest, out_dir: str, rank: int, world_size: int):
+    """Record rank ``rank`` of ``request``'s fake mesh job into out_dir; ``(workload, trace
+    path)``."""
+    wl_cfg = request.workload
     if wl_cfg.device != "fake":
         raise ConfigError(f"workload.parallelism ({wl_cfg.parallelism.describe(world_size)}) "
                           f"on workload.device={wl_cfg.device}: a mesh job is captured on "
@@ -92,7 +94,7 @@ def record_mesh_rank(cfg: dict, out_dir: str, rank: int, world_size: int):
                     strip_dispatch_mode_nodes(doc)
                     name_c10d_groups(doc, mode.group_log, f"rank {rank}'s capture")
 
-                record_workload(workload, cfg, path, mode, step=step, rewrite=rewrite)
+                record_workload(workload, request, path, mode, step=step, rewrite=rewrite)
         finally:
             dist.destroy_process_group()
     return workload, path
@@ -104,7 +106,7 @@ class RoleTask:
     derived (all of them, or none with ``num_files``). Picklable: a worker process or a Ray
     task records it as this process would."""
 
-    cfg: dict
+    request: CaptureRequest
     out_dir: str
     role: str
     ranks: tuple[int, ...]
@@ -113,16 +115,16 @@ class RoleTask:
     mesh: dict  # the job's mesh, as every fact names it: degrees, description, roles
 
 
-def mesh_role_tasks(cfg: dict, out_dir: str, world_size: int,
+def mesh_role_tasks(request: CaptureRequest, out_dir: str, world_size: int,
                     num_files: int | None = None) -> list[RoleTask]:
-    """The roles of ``cfg``'s mesh job, one task each, in the mesh's order."""
-    wl = workload_config(cfg)
+    """The roles of ``request``'s mesh job, one task each, in the mesh's order."""
+    wl = request.workload
     par = wl.parallelism
     roles = rank_roles(par, world_size,
                        skewed_experts=wl.moe_experts > 0 and wl.moe_routing_skew > 0)
     mesh = {"degrees": par.degrees(world_size), "description": par.describe(world_size),
             "roles": roles}
-    return [RoleTask(cfg, out_dir, role, tuple(ranks), world_size, num_files, mesh)
+    return [RoleTask(request, out_dir, role, tuple(ranks), world_size, num_files, mesh)
             for role, ranks in roles.items()]
 
 
@@ -131,14 +133,13 @@ def record_role(task: RoleTask, bound: Callable[[str], ContextManager]) -> dict:
     "environment": the variables the step read}``; each fact carries the recording's
     seconds and its peak resident memory (actors/memory_limit.py's ``PeakRss``)."""
     os.makedirs(task.out_dir, exist_ok=True)
-    wl = workload_config(task.cfg)
-    par, first_rank = wl.parallelism, task.ranks[0]
+    par, first_rank = task.request.workload.parallelism, task.ranks[0]
     no_memory = MemoryMeter(torch.device("meta")).result()
     no_memory["method"] = FAKE_MEMORY_METHOD
     start = time.perf_counter()
     with environment_reads() as names, PeakRss() as peak:
         with bound(f"recording of rank {first_rank} (role {task.role})"), gc_paused():
-            workload, first = record_mesh_rank(task.cfg, task.out_dir, first_rank,
+            workload, first = record_mesh_rank(task.request, task.out_dir, first_rank,
                                                task.world_size)
     record_s = time.perf_counter() - start
     written = [first_rank] if task.num_files else list(task.ranks)
@@ -171,17 +172,18 @@ def _in_order(tasks: list[RoleTask], bound: Callable[[str], ContextManager]) -> 
     return (record_role(task, bound) for task in tasks)
 
 
-def run_mesh_capture(cfg: dict, out_dir: str, world_size: int, num_files: int | None = None,
+def run_mesh_capture(request: CaptureRequest, out_dir: str, world_size: int,
+                     num_files: int | None = None,
                      bound: Callable[[str], ContextManager] = lambda _what: nullcontext(),
                      run_roles: RunRoles | None = None) -> list[dict]:
-    """Capture the fake mesh job of ``cfg`` into out_dir: one recorded rank per role, the
+    """Capture the fake mesh job of ``request`` into out_dir: one recorded rank per role, the
     other ranks' files derived (see the module docstring); their facts in rank order.
     ``num_files`` set: write only the recorded ranks' files (one per role: what a dry run
     needs). Each role's recording runs in ``bound(what)`` (the caller's limits).
     ``run_roles(tasks, bound)`` records the roles (their ``record_role`` results, in the
     tasks' order): the driver's worker processes or Ray tasks; by default one after another
     in this process."""
-    tasks = mesh_role_tasks(cfg, out_dir, world_size, num_files)
+    tasks = mesh_role_tasks(request, out_dir, world_size, num_files)
     facts = []
     for result in (run_roles or _in_order)(tasks, bound):
         note_reads(result["environment"])  # read in a worker: the capture's reads too

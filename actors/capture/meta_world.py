@@ -31,45 +31,47 @@ from actors.capture.environment_reads import environment_of, environment_reads
 from actors.capture.fake_rank import FAKE_MEMORY_METHOD, META, record_meta_rank
 from actors.capture.memory import MemoryMeter
 from actors.capture.mesh_world import RunRoles, run_mesh_capture
-from actors.capture.worker import rank_facts, workload_config
+from actors.capture.request import CaptureRequest
+from actors.capture.worker import rank_facts
 from actors.gc_pause import gc_paused
 from actors.hardlink import link_or_copy
 from actors.trace.conventions import trace_file_name
 
 
-def run_meta_capture(cfg: dict, out_dir: str, world_size: int, num_files: int | None = None,
+def run_meta_capture(request: CaptureRequest, out_dir: str, world_size: int,
+                     num_files: int | None = None,
                      bound: Callable[[str], ContextManager] | None = None,
                      run_roles: RunRoles | None = None) -> list[dict]:
-    """Capture ranks 0..world_size-1 of a meta or fake workload into out_dir; their facts in
-    rank order (``cfg`` as :func:`actors.capture.worker.run_capture` reads it). ``num_files``
+    """Capture ranks 0..world_size-1 of ``request``'s meta or fake workload into out_dir;
+    their facts in rank order. ``num_files``
     writes only the first ranks' files (the rest would be copies of rank 0's). A job on an
     N-D mesh records one rank per role instead (actors/capture/mesh_world.py). ``bound(what)``
     makes the context each recorded rank runs in (the caller's time limit: per recording, so
     a 3-D job's eight pipeline stages get eight times a 1-D job's bound). ``run_roles``
     records a mesh job's roles (mesh_world.RunRoles; by default one after another here)."""
     with environment_reads() as names:
-        facts = _capture_world(cfg, out_dir, world_size, num_files,
+        facts = _capture_world(request, out_dir, world_size, num_files,
                                bound or (lambda _what: nullcontext()), run_roles)
     environment = environment_of(names)  # what the user's code read: the capture cache's too
     return [{**f, "environment": environment} for f in facts]
 
 
-def _capture_world(cfg: dict, out_dir: str, world_size: int, num_files: int | None,
-                   bound: Callable[[str], ContextManager],
+def _capture_world(request: CaptureRequest, out_dir: str, world_size: int,
+                   num_files: int | None, bound: Callable[[str], ContextManager],
                    run_roles: RunRoles | None) -> list[dict]:
-    wl = workload_config(cfg)
+    wl = request.workload
     if not wl.parallelism.is_one_dim() or wl.float8:  # tensor subclasses: see mesh_world
-        return run_mesh_capture(cfg, out_dir, world_size, num_files, bound, run_roles)
+        return run_mesh_capture(request, out_dir, world_size, num_files, bound, run_roles)
     os.makedirs(out_dir, exist_ok=True)
     start = time.perf_counter()
     # The fake mode and autograd make millions of short-lived objects, few in cycles: left on,
     # the cyclic GC rescans the model's and torch's objects again and again (8B: ~2x the
     # capture's time). The few cycles wait for the collection after the block.
     with bound("recording of rank 0"), gc_paused():
-        workload, first = record_meta_rank(cfg, out_dir, 0, world_size)
+        workload, first = record_meta_rank(request, out_dir, 0, world_size)
     record_s = time.perf_counter() - start
     no_memory = MemoryMeter(META).result()
-    if workload_config(cfg).device == "fake":
+    if wl.device == "fake":
         no_memory["method"] = FAKE_MEMORY_METHOD
     facts = []
     for rank in range(min(world_size, num_files or world_size)):

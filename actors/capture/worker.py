@@ -19,7 +19,6 @@ import os
 import socket
 import statistics
 import time
-from collections.abc import Mapping
 from datetime import timedelta
 
 import torch
@@ -28,6 +27,7 @@ import torch.distributed as dist
 from actors.trace.conventions import kineto_file_name, trace_file_name
 from actors.capture.memory import MemoryMeter
 from actors.capture.profiler_cost import profiler_op_cost
+from actors.capture.request import CaptureRequest
 from actors.capture.recorder import profiler_activities, record_iteration
 from actors.capture.workloads.context import Workload
 from actors.capture.workloads.mesh import build_mesh
@@ -36,17 +36,6 @@ from actors.errors import ConfigError
 from actors.machine import machine_info
 
 REQUIRED_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-def workload_config(cfg: Mapping) -> WorkloadConfig:
-    """The WorkloadConfig of a capture config's ``workload`` mapping (unknown keys rejected)."""
-    raw = dict(cfg.get("workload") or {})
-    known = WorkloadConfig.__dataclass_fields__
-    unknown = sorted(set(raw) - set(known))
-    if unknown:
-        raise ConfigError(f"unknown workload key(s) {', '.join(unknown)}; "
-                          f"expected some of {', '.join(known)}")
-    return WorkloadConfig(**raw)
 
 
 def rendezvous_env() -> tuple[int, int]:
@@ -70,27 +59,19 @@ def rank_device(wl_cfg: WorkloadConfig, rank: int) -> torch.device:
     return device
 
 
-def run_capture(cfg: Mapping, out_dir: str) -> dict:
-    """Capture one rank's trace into ``out_dir``; returns its facts (see :func:`rank_facts`).
-
-    cfg keys: ``workload`` (WorkloadConfig fields), ``warmup_iters`` (untimed, unrecorded;
-    the last one is measured for memory), ``timing_iters`` (timed without the observer),
-    ``num_threads`` (torch intra-op threads; 0 keeps torch's default), ``dist_timeout_s``
-    (collective timeout), ``module_backward_ranges`` (also mark module backward),
-    ``record_kineto`` (also write the profiler trace).
-    """
+def run_capture(request: CaptureRequest, out_dir: str) -> dict:
+    """Capture one rank's trace of ``request`` into ``out_dir``; returns its facts (see
+    :func:`rank_facts`)."""
     rank, world_size = rendezvous_env()
-    wl_cfg = workload_config(cfg)
-    # Counts come from CaptureConfig.rank_cfg(), validated on the driver.
-    warmup_iters = int(cfg.get("warmup_iters", 3))
-    timing_iters = int(cfg.get("timing_iters", 5))
-    if int(cfg.get("num_threads", 0)) > 0:
-        torch.set_num_threads(int(cfg["num_threads"]))
+    wl_cfg = request.workload
+    warmup_iters, timing_iters = request.warmup_iters, request.timing_iters
+    if request.num_threads > 0:
+        torch.set_num_threads(request.num_threads)
     os.makedirs(out_dir, exist_ok=True)
     device = rank_device(wl_cfg, rank)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank,
                             world_size=world_size,
-                            timeout=timedelta(seconds=float(cfg.get("dist_timeout_s", 300))))
+                            timeout=timedelta(seconds=request.dist_timeout_s))
     try:
         # 1-D: reuses the default group, no new one; N-D: workload.parallelism's mesh
         mesh = build_mesh(device.type, wl_cfg.parallelism, world_size)
@@ -102,14 +83,14 @@ def run_capture(cfg: Mapping, out_dir: str) -> dict:
         finally:
             meter.stop()
         times_s = time_iterations(workload, timing_iters, device)
-        record_kineto = bool(cfg.get("record_kineto", True))
+        record_kineto = request.record_kineto
         profiler_cost = _profiler_cost(rank, world_size) if record_kineto else None
         path = os.path.join(out_dir, trace_file_name(rank))
         kineto = os.path.join(out_dir, kineto_file_name(rank)) if record_kineto else None
         recorded = record_iteration(
             workload.step, workload.next_batch(), workload.model,
             step_index=warmup_iters + timing_iters, out_path=path,
-            module_backward=bool(cfg.get("module_backward_ranges", True)), kineto_path=kineto,
+            module_backward=request.module_backward_ranges, kineto_path=kineto,
             # the observer reads an integral tensor's range with .item(), which a DTensor (tp's
             # embedding input) refuses: the observer would stop recording there
             tensor_ranges=wl_cfg.parallelism.is_one_dim())

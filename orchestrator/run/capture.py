@@ -10,6 +10,7 @@ is orchestrator/cli/capture.py (``tracefleet-capture``); studies capture through
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import glob
 import json
@@ -28,6 +29,7 @@ from actors.trace.model import MAX_WORLD_SIZE
 from actors.capture.workloads.config import WorkloadConfig, validate as validate_workload
 from actors.errors import ConfigError, TracefleetError
 from actors.capture.bound import RecordingBound
+from actors.capture.request import CaptureRequest
 from orchestrator.config import ClusterConfig, Transfer
 from orchestrator.run.fake_check import check_fake
 from orchestrator.run.roles_config import RolesConfig
@@ -106,13 +108,14 @@ class CaptureConfig:
         self.cluster.validate()
         self.roles.validate()
 
-    def rank_cfg(self) -> dict:
-        """What each rank's run_capture reads."""
-        return {"workload": dataclasses.asdict(self.workload), "warmup_iters": self.warmup_iters,
-                "timing_iters": self.timing_iters, "num_threads": self.num_threads,
-                "dist_timeout_s": self.dist_timeout_s,
-                "module_backward_ranges": self.module_backward_ranges,
-                "record_kineto": self.record_kineto}
+    def request(self) -> CaptureRequest:
+        """What each rank runs. Its workload is a copy: a rank recorded in this process
+        shares no object with the config meta.json is written from."""
+        return CaptureRequest(
+            workload=copy.deepcopy(self.workload), warmup_iters=self.warmup_iters,
+            timing_iters=self.timing_iters, num_threads=self.num_threads,
+            dist_timeout_s=self.dist_timeout_s,
+            module_backward_ranges=self.module_backward_ranges, record_kineto=self.record_kineto)
 
 
 def check_world_size(world_size: int, key: str = "world_size") -> None:
@@ -174,7 +177,7 @@ def run_capture_job(cfg: CaptureConfig, rank0_only: bool = False,
                                    cfg.capture_stall_s, stall_key,
                                    int(cfg.roles.memory_limit_gib * 2**30),
                                    f"{roles_key}.memory_limit_gib")
-            ranks = run_meta_capture(cfg.rank_cfg(), out_dir, cfg.world_size,
+            ranks = run_meta_capture(cfg.request(), out_dir, cfg.world_size,
                                      num_files=1 if rank0_only else None, bound=bound,
                                      run_roles=role_runner(cfg.roles, roles_key))
         else:
@@ -209,7 +212,7 @@ def _capture_on_ray(cfg: CaptureConfig, out_dir: str) -> list[dict]:
                             use_gpu=cfg.workload.device == "cuda")
         try:
             group.start()
-            results = group.run("capture", cfg.rank_cfg(), out_dir,
+            results = group.run("capture", cfg.request(), out_dir,
                                 cfg.transfer == "object_store", timeout_s=cfg.capture_timeout_s)
         finally:
             group.shutdown()

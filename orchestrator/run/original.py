@@ -10,6 +10,7 @@ from __future__ import annotations
 import ray
 
 from actors.capture.eager import EagerActor
+from actors.capture.request import CaptureRequest
 from actors.errors import ConfigError
 from orchestrator.config import ClusterConfig
 from orchestrator.errors import ClusterError
@@ -29,8 +30,10 @@ class OriginalWorkload:
             raise ConfigError("meta.json names no capture workload (workload, world_size): "
                               "re-capture it with tracefleet-capture")
         threads = max(int(r.get("num_threads") or 0) for r in meta.get("ranks") or [{}])
-        self.cfg = {"workload": meta["workload"], "warmup_iters": meta.get("warmup_iters", 3),
-                    "num_threads": threads, "dist_timeout_s": timeout_s}
+        # meta.json's plain values become the typed request here, once (Ray pickles it)
+        self.request = CaptureRequest.from_dict(
+            {"workload": meta["workload"], "warmup_iters": meta.get("warmup_iters", 3),
+             "num_threads": threads, "dist_timeout_s": timeout_s})
         self.timeout_s = timeout_s
         self.group = WorkerGroup(ray.remote(EagerActor), meta["world_size"],
                                  cluster or ClusterConfig(),
@@ -39,7 +42,7 @@ class OriginalWorkload:
     def __enter__(self) -> "OriginalWorkload":
         self.group.start()
         try:
-            self._values(self.group.run("build", self.cfg, timeout_s=self.timeout_s), "build")
+            self._values(self.group.run("build", self.request, timeout_s=self.timeout_s), "build")
         except BaseException:
             self.group.shutdown()
             raise

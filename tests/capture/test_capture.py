@@ -20,7 +20,7 @@ from actors.trace.conventions import (BWD_BEGIN, BWD_END, FORWARD, MODULE_PREFIX
                             module_range_name, parse_module_range, trace_file_name)
 from actors.capture.workloads.models.gpt.model import Block
 from actors.capture.workloads.build import WorkloadConfig, build_model
-from actors.capture.worker import workload_config
+from actors.capture.request import CaptureRequest
 from actors.errors import ConfigError
 from actors.trace import compute_liveness, load_trace
 from actors.trace.kineto import host_gaps_s, host_times, kineto_path_for, read_kineto
@@ -285,7 +285,7 @@ def test_prepare_out_dir_refuses_stale_rank_traces(tmp_path):
 
 def test_config_errors_are_precise():
     with pytest.raises(ConfigError, match="unknown workload key"):
-        workload_config({"workload": {"d_modle": 3}})
+        CaptureRequest.from_dict({"workload": {"d_modle": 3}})
     with pytest.raises(ConfigError, match="not divisible"):
         CaptureConfig(workload=WorkloadConfig(d_model=30, n_heads=4)).validate()
 

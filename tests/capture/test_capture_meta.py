@@ -98,7 +98,7 @@ def test_another_rank_recorded_separately_is_the_same_program(llama_meta_4, tmp_
     out, meta = llama_meta_4
     cfg = CaptureConfig(workload=WorkloadConfig(**{**SMALL_LLAMA, "device": "meta",
                                                    "dtype": "bfloat16"}), world_size=4)
-    record_meta_rank(cfg.rank_cfg(), str(tmp_path), 3, 4)
+    record_meta_rank(cfg.request(), str(tmp_path), 3, 4)
     alone, copied = load_trace(tmp_path / trace_file_name(3)), load_trace(out / trace_file_name(3))
     names = [op.name for op in alone.ops]
     # a real step on both sides: two empty recordings would agree too

@@ -135,12 +135,14 @@ def test_workload_compile_compiles_every_block_of_the_built_in_model(tmp_path, a
     recompute replays attention under inductor's run_with_rng_state, a higher-order op whose
     fake rule torch keys by FakeTensorMode's exact type and whose RNG state is a real tensor)."""
     from actors.capture.fake_rank import record_meta_rank
+    from actors.capture.request import CaptureRequest
+    from actors.capture.workloads.config import WorkloadConfig
 
     def capture(compiled: bool):
-        cfg = {"workload": dict(model="llama", parallel="fsdp2", precision="bf16_mixed",
-                                vocab=256, d_model=64, n_layers=2, n_heads=4, seq_len=32,
-                                batch_size=2, device="fake", activation_checkpointing=ac,
-                                compile=compiled)}
+        cfg = CaptureRequest(WorkloadConfig(
+            model="llama", parallel="fsdp2", precision="bf16_mixed", vocab=256, d_model=64,
+            n_layers=2, n_heads=4, seq_len=32, batch_size=2, device="fake",
+            activation_checkpointing=ac, compile=compiled))
         out = tmp_path / f"compiled-{compiled}"
         out.mkdir()
         return load_trace(record_meta_rank(cfg, str(out), 0, 2)[1])

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from actors.capture.workloads.context import world_mesh
 from actors.capture.fake_rank import record_meta_rank
 from actors.capture.recorder import record_iteration
+from actors.capture.request import CaptureRequest
 from actors.capture.worker import warm_up
 from actors.capture.workloads.build import WorkloadConfig, build_workload
 from actors.trace import Trace, load_trace
@@ -50,15 +51,15 @@ def as_entrypoint(build: Callable, name: str) -> str:
     return f"{__name__}:{attr}"
 
 
-def _capture_cfg(spec: str, device: str) -> dict:
-    return {"workload": {"model": "custom", "entrypoint": spec, "device": device},
-            "module_backward_ranges": True}
+def _capture_request(spec: str, device: str) -> CaptureRequest:
+    return CaptureRequest(WorkloadConfig(model="custom", entrypoint=spec, device=device),
+                          module_backward_ranges=True)
 
 
 def capture_fake(spec: str, out_dir: Path, world_size: int = 1) -> Path:
     """Rank 0's trace of ``spec`` captured on ``workload.device=fake`` at ``world_size``."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    _, path = record_meta_rank(_capture_cfg(spec, "fake"), str(out_dir), 0, world_size)
+    _, path = record_meta_rank(_capture_request(spec, "fake"), str(out_dir), 0, world_size)
     return Path(path)
 
 

@@ -33,8 +33,9 @@ import json, os, sys
 rank, world, port, out = sys.argv[1:5]
 os.environ.update(RANK=rank, WORLD_SIZE=world, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
                   LOCAL_RANK=rank)
+from actors.capture.request import CaptureRequest
 from actors.capture.worker import run_capture
-facts = run_capture(json.loads(os.environ["HELD_CAPTURE_CFG"]), out)
+facts = run_capture(CaptureRequest.from_dict(json.loads(os.environ["HELD_CAPTURE_CFG"])), out)
 with open(os.path.join(out, f"facts-{rank}.json"), "w") as f:
     json.dump({"peak_memory_bytes": facts["peak_memory_bytes"]}, f)
 os._exit(0)  # torch sometimes aborts in static destructors after gloo + ET (trace_factory)

@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from actors.capture.fake_rank import record_meta_rank
+from actors.capture.request import CaptureRequest
 from actors.capture.workloads.build import WorkloadConfig, build_workload
 from actors.rank_base import free_port
 from actors.replay.config import ReplayConfig
@@ -62,8 +63,9 @@ def deepspeed_counts(tmp_path_factory):
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory):
     folder = tmp_path_factory.mktemp("plain")
-    _, path = record_meta_rank({"workload": {"kind": "llama_local", "device": "meta", **MODEL}},
-                               str(folder), 0, WORLD)
+    request = CaptureRequest.from_dict({"workload": {"kind": "llama_local", "device": "meta",
+                                                     **MODEL}})
+    _, path = record_meta_rank(request, str(folder), 0, WORLD)
     trace = load_trace(path)
     [ext] = zero3_extensions(Zero3Config(strategy="per_module", world_size=WORLD,
                                          param_persistence_threshold=0,
