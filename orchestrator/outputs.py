@@ -1,9 +1,9 @@
 """Every file tracefleet writes into a folder, named once; ``RunDir`` joins them to one.
 
-- a replay run (``tracefleet``, orchestrator/run/launch.py and reports/run_report.py):
+- a replay run (``tracefleet``, orchestrator/run/sinks.py and reports/run_report.py):
   ``summary.json``, ``preflight.json``, ``ranks.csv``/``ranks.parquet``, ``config.yaml``, the
   memory timelines under ``memory/``, ``memory_timeline.png``, ``iteration_times.png``;
-- a prediction (``tracefleet-predict``, studies/predict.py and reports/prediction_page.py):
+- a prediction (``tracefleet-predict``, studies/prediction_sinks.py and reports/prediction_page.py):
   ``prediction.json``, ``prediction.html`` and its plots under ``prediction/``,
   ``memory_timelines.png``;
 - a sweep or study (results.py, reports/html_report.py, studies/fit_search_report.py):

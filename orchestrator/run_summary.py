@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from orchestrator.errors import ResultsError
+from orchestrator.outputs import SUMMARY_JSON
 
 # the core's keys in summary.json (the rest are figures or extensions)
 _CORE = ("status", "world_size", "error", "ranks")
@@ -85,7 +86,7 @@ class RunSummary:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict, path="summary.json") -> "RunSummary":
+    def from_dict(cls, data: dict, path=SUMMARY_JSON) -> "RunSummary":
         """The summary ``data`` holds (``summary.json``'s object, read from ``path``);
         ResultsError naming the file and the field when the core is missing or mistyped."""
         for key in ("status", "world_size"):

@@ -148,7 +148,8 @@ def test_two_ranks_of_the_dlrm_archive_replay_in_compute_mode(ray_session, publi
     from orchestrator.run.sinks import file_sinks
 
     archive = public_trace_dir / "dlrm_pytorch_et.tar.gz"
-    summary = run_replay(_cfg(archive, ranks=[0, 3], transfer=transfer), tmp_path, sinks=file_sinks())
+    summary = run_replay(_cfg(archive, ranks=[0, 3], transfer=transfer), tmp_path,
+                         sinks=file_sinks())
     assert summary["status"] == "ok", summary["error"]
     assert summary["world_size"] == 2 and summary["trace_ranks"] == [0, 3]
     assert summary["preflight_warnings"] == []
@@ -163,6 +164,7 @@ def test_one_file_of_a_two_gpu_job_replays_in_compute_mode(ray_session, public_t
     from orchestrator.run.launch import run_replay
     from orchestrator.run.sinks import file_sinks
 
-    summary = run_replay(_cfg(public_trace_dir / "resnet_2gpu_et.json.gz"), tmp_path, sinks=file_sinks())
+    summary = run_replay(_cfg(public_trace_dir / "resnet_2gpu_et.json.gz"), tmp_path,
+                         sinks=file_sinks())
     assert summary["status"] == "ok", summary["error"]
     assert summary["world_size"] == 1 and summary["trace_ranks"] == [0]
