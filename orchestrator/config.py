@@ -10,8 +10,12 @@ pick and override.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+from hydra import compose as hydra_compose, initialize_config_dir
+from omegaconf import DictConfig
 
 from actors.config_fields import check_finite
 from actors.choices import Choice
@@ -27,6 +31,17 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO_ROOT / "conf"
 DEMO_TRACES = REPO_ROOT / "demo" / "traces"
 WORKLOAD_CONF_DIR = CONF_DIR / "workload"  # the capture workload presets
+# Hydra's GlobalHydra is one per process: two threads composing at once would collide
+_COMPOSING = threading.Lock()
+
+
+def compose(config_name: str | None, overrides: list[str]) -> DictConfig:
+    """``conf/<config_name>.yaml`` (None: an empty root) composed with command-line
+    ``overrides`` through Hydra's compose API, one composition at a time. The schemas the
+    presets name must be in Hydra's ConfigStore (orchestrator/cli/schemas.py's register_all:
+    every command registers them on start)."""
+    with _COMPOSING, initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name=config_name, overrides=overrides)
 
 
 class PlacementStrategy(Choice):

@@ -169,8 +169,10 @@ def bench_min_memory(work: Path) -> dict:
 
 def _workload(overrides: dict):
     """The dry runs' workload (--quick's when QUICK) with ``overrides``, on meta."""
+    from orchestrator.cli.schemas import register_all
     from orchestrator.studies.study_traces import workload_config
 
+    register_all()  # the preset composes with its schema, as tracefleet registers it
     preset, base = QUICK_DRY_RUN_WORKLOAD if QUICK else DRY_RUN_WORKLOAD
     return workload_config(preset, {**base, **overrides})
 

@@ -26,6 +26,9 @@ from orchestrator.studies import sweep
 
 def run(run_cfg, out_dir: Path, config_yaml: str | None, session=None) -> dict:
     """One run of ``run_cfg`` (a RunConfig) into ``out_dir``; returns its summary."""
+    # a sweep point may run in a launcher's worker, where main() never ran: the OOM study
+    # composes a workload preset
+    register_all()
     # the run's modules import Ray and the replay (seconds): only once a run is composed,
     # which keeps `--help` and a config error fast
     from orchestrator.run.launch import run_replay

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import gc
 import sys
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,7 +27,7 @@ from actors.gc_pause import gc_paused
 from orchestrator.cli.app import run_app, user_errors
 from orchestrator.cli.schemas import register_all
 from orchestrator.cli.usage import before_hydra
-from orchestrator.config import CONF_DIR
+from orchestrator.config import CONF_DIR, compose
 from orchestrator.outputs import FIT_SEARCH_JSON, PREDICTION_HTML
 
 if TYPE_CHECKING:
@@ -39,18 +38,11 @@ if TYPE_CHECKING:
 # command's start-up).
 
 
-_COMPOSING = threading.Lock()
-
-
 def predict_config(*overrides: str) -> PredictConfig:
     """The ``PredictConfig`` the command line ``overrides`` compose to (for scripts, e.g.
     ``predict(predict_config("workload=llama3_8b", "world_size=8"))``)."""
-    from hydra import compose, initialize_config_dir
-
     register_all()
-    # Hydra's GlobalHydra is one per process: two threads composing at once would collide
-    with _COMPOSING, initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return OmegaConf.to_object(compose(config_name="predict", overrides=list(overrides)))
+    return OmegaConf.to_object(compose("predict", list(overrides)))
 
 
 @hydra.main(config_path=str(CONF_DIR), config_name="predict", version_base="1.3")

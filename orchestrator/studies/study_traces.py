@@ -24,26 +24,24 @@ from omegaconf.errors import OmegaConfBaseException
 from actors.errors import ConfigError, TraceError
 from actors.trace.meta_file import META_JSON, environment_changes, meta_path_of, read_meta
 from actors.trace.meta_file import workload as meta_workload
-from orchestrator.config import WORKLOAD_CONF_DIR
+from orchestrator.config import WORKLOAD_CONF_DIR, compose
 from orchestrator.run.roles_config import RolesConfig
 
 
 def workload_config(preset: str, overrides: dict | None = None):
-    """The ``WorkloadConfig`` of ``conf/workload/<preset>.yaml`` with ``overrides`` (field ->
-    value) on top and ``device=meta`` (a study captures shapes only); ConfigError on an unknown
-    preset or field."""
-    from actors.capture.workloads.build import WorkloadConfig  # torch: only when a study captures
-
+    """The ``WorkloadConfig`` of ``conf/workload/<preset>.yaml`` (composed by Hydra, its
+    defaults list with it) with ``overrides`` (field -> value, applied to the typed config: no
+    quoting) on top and ``device=meta`` (a study captures shapes only); ConfigError on an
+    unknown preset or field."""
     path = WORKLOAD_CONF_DIR / f"{preset}.yaml"
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in WORKLOAD_CONF_DIR.glob("*.yaml")))
         raise ConfigError(f"experiment.oom_study.workload={preset!r}: no {path}; expected one "
                           f"of {known}")
-    preset_cfg = OmegaConf.load(path)
-    preset_cfg.pop("defaults", None)  # the Hydra schema line; the dataclass is the schema here
+    preset_cfg = compose(None, [f"+workload={preset}"]).workload
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(WorkloadConfig), preset_cfg,
-                                 OmegaConf.create(dict(overrides or {})), {"device": "meta"})
+        merged = OmegaConf.merge(preset_cfg, OmegaConf.create(dict(overrides or {})),
+                                 {"device": "meta"})
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
         raise ConfigError(f"experiment.oom_study.workload_overrides={dict(overrides or {})!r} "

@@ -15,6 +15,7 @@ from actors.errors import ConfigError
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
 from actors.trace import load_trace
+from orchestrator.cli.schemas import register_all
 from orchestrator.studies import study_traces
 from orchestrator.config import ExperimentConfig, RunConfig, TraceConfig
 from orchestrator.study_config import MinMemoryConfig, OomStudyConfig
@@ -190,6 +191,7 @@ def test_estimates_are_deepspeeds_formula():
         nodes_of(12, 8)
 
 
+register_all()  # the workload presets compose with their schema, as tracefleet registers it
 TINY_LLAMA = {"kind": "llama_local", "vocab": 64, "d_model": 32, "n_layers": 2, "n_heads": 4,
               "n_kv_heads": 2, "ffn_dim": 64, "seq_len": 16}
 
@@ -204,6 +206,24 @@ def test_workload_presets_merge_overrides_and_refuse_typos():
         study_traces.workload_config("llama_70b", {"seq_lne": 1})
     with pytest.raises(ConfigError, match="llama_8b"):  # the message lists the presets
         study_traces.workload_config("llama_7b")
+
+
+def test_a_preset_is_composed_by_hydra_with_its_defaults(tmp_path, monkeypatch):
+    """A preset built on another (its defaults list) keeps what that one sets: Hydra composes
+    it, where a hand merge of the file would drop the list."""
+    import orchestrator.config
+
+    (tmp_path / "workload").mkdir()
+    (tmp_path / "workload" / "base.yaml").write_text(
+        "defaults:\n  - schema\nmodel: llama\nd_model: 96\nn_layers: 3\n")
+    (tmp_path / "workload" / "child.yaml").write_text("defaults:\n  - base\nseq_len: 64\n")
+    monkeypatch.setattr(orchestrator.config, "CONF_DIR", tmp_path)
+    monkeypatch.setattr(study_traces, "WORKLOAD_CONF_DIR", tmp_path / "workload")
+    cfg = study_traces.workload_config("child", {"n_heads": 4})
+    assert (str(cfg.model), cfg.d_model, cfg.n_layers, cfg.seq_len, cfg.n_heads,
+            str(cfg.device)) == ("llama", 96, 3, 64, 4, "meta")
+    with pytest.raises(ConfigError, match="experiment.oom_study.workload='nope'.*base, child"):
+        study_traces.workload_config("nope")
 
 
 def test_capture_is_cached_and_its_model_rebuilt(tmp_path, monkeypatch):
