@@ -33,19 +33,6 @@ from actors.errors import ConfigError, ReplayError
 # A capture uses process-wide state (torch.distributed's default group, the fake tensor mode,
 # patched torch.nn.functional entries): predictions from several threads run one at a time.
 _ONE_AT_A_TIME = threading.Lock()
-_QUOTE = set(",:[]{}()='\" ")  # characters Hydra's override grammar would read as syntax
-
-
-def _value(value) -> str:
-    """A Python value as Hydra's override grammar writes it."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    text = str(value)
-    if any(c in _QUOTE for c in text):
-        return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    return text
 
 
 def _entrypoint(build: Callable) -> str:
@@ -80,27 +67,52 @@ def _world_size(value) -> int:
     return int(value)
 
 
-def overrides_for(workload, world_size: int | None, target: str | None,
-                  trace_dir: str | None, extra: dict) -> list[str]:
-    """The command-line overrides ``predict``'s arguments stand for."""
-    out = []
+def job_config(workload, world_size: int | None, target: str | None, trace_dir,
+               overrides: dict):
+    """The config ``predict``'s arguments stand for: the preset choices (workload, target)
+    composed by Hydra as the command line composes them, then every value (a custom step's
+    entrypoint, the world size, ``trace_dir``, the ``overrides``) applied to that typed config
+    as it is: no value is written as override text, so none needs quoting."""
+    from orchestrator.cli.predict import predict_config
+
+    values: dict = {}
     if trace_dir is not None:
-        out.append(f"trace.dir={_value(os.fspath(trace_dir))}")
-    elif callable(workload):
-        out += ["workload=custom", f"workload.entrypoint={_value(_entrypoint(workload))}"]
-    elif isinstance(workload, str) and ":" in workload:
-        out += ["workload=custom", f"workload.entrypoint={_value(workload)}"]
+        choices = []
+        values["trace__dir"] = os.fspath(trace_dir)
+    elif callable(workload) or (isinstance(workload, str) and ":" in workload):
+        choices = ["workload=custom"]
+        values["workload__entrypoint"] = _entrypoint(workload) if callable(workload) \
+            else workload
     elif isinstance(workload, str):
-        out.append(f"workload={workload}")
+        choices = [f"workload={workload}"]
     else:
         raise ConfigError(f"workload={workload!r}: expected a preset name, 'PATH.py:FUNCTION' "
                           "or a build function")
     if world_size is not None:
-        out.append(f"world_size={_world_size(world_size)}")
+        values["world_size"] = _world_size(world_size)
     if target is not None:
-        out.append(f"target={target}")
-    out += [f"{key.replace('__', '.')}={_value(v)}" for key, v in extra.items()]
-    return out
+        choices.append(f"target={target}")
+    return _with_values(_compose(predict_config, choices), {**values, **overrides})
+
+
+def _with_values(cfg, values: dict):
+    """``cfg`` with ``values`` (``a__b`` keys for ``a.b``) merged into it, checked by its
+    schema; OmegaConf's error (an unknown key, a value of the wrong type) as ConfigError."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    nested: dict = {}
+    for key, value in values.items():
+        *parents, leaf = key.split("__")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = os.fspath(value) if isinstance(value, os.PathLike) else value
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cfg), nested))
+    except OmegaConfBaseException as e:
+        shown = " ".join(f"{k.replace('__', '.')}={v!r}" for k, v in values.items())
+        raise ConfigError(f"{shown}: {e}".splitlines()[0]) from None
 
 
 def predict(workload="llama3_8b", world_size: int | None = None,
@@ -111,14 +123,9 @@ def predict(workload="llama3_8b", world_size: int | None = None,
     ``prediction.json`` and ``prediction.html`` there (and the snapshots with
     ``predict__snapshot=True``). Raises a ``TracefleetError`` on a user error."""
     # `import tracefleet` stays ~0.1 s: torch and the predictor load at the first call
-    from orchestrator.cli.predict import predict_config
-    from orchestrator.studies.predict import PredictConfig, predict as run_prediction
+    from orchestrator.studies.predict import predict as run_prediction
 
-    args = overrides_for(workload, world_size, target, trace_dir, overrides)
-    cfg = _compose(predict_config, args)
-    if not isinstance(cfg, PredictConfig):
-        raise ConfigError(f"{' '.join(args)}: not one prediction (experiment=fit_search is "
-                          "the command line's)")
+    cfg = job_config(workload, world_size, target, trace_dir, overrides)
     name = workload if isinstance(workload, str) and ":" not in workload and \
         trace_dir is None else None
     with _ONE_AT_A_TIME:
@@ -128,7 +135,8 @@ def predict(workload="llama3_8b", world_size: int | None = None,
 
 
 def _compose(predict_config, args: list[str]):
-    """The config, with Hydra's own errors (an unknown key or preset) as ConfigError."""
+    """The config of command-line ``args``, with Hydra's own errors (an unknown key or preset)
+    as ConfigError."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 

@@ -20,7 +20,7 @@ from orchestrator.reports.snapshot_file import read_snapshot
 from orchestrator.studies.predict import predict as study_predict
 from tests.support.memory_viz import replay_history
 from tracefleet import Prediction, predict
-from tracefleet.api import overrides_for
+from tracefleet.api import job_config
 
 DEMO = DEMO_TRACES / "gpt_dp_4"
 TINY = dict(vocab=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, seq_len=32)
@@ -103,26 +103,47 @@ def test_user_errors_are_tracefleet_errors(tmp_path):
         assert isinstance(raised.value, ConfigError), kwargs
 
 
-def test_build_functions_and_values_become_overrides(tmp_path):
+def test_build_functions_and_values_become_the_config(tmp_path):
     step = tmp_path / "my_step.py"
     step.write_text("def build(ctx):\n    return None\n")
     spec = importlib.util.spec_from_file_location("loaded_by_path", step)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     # a function loaded from a file is named by its file; one of a package, by its module
-    assert overrides_for(module.build, 2, None, None, {})[:2] == \
-        ["workload=custom", f"workload.entrypoint='{step}:build'"]
-    assert overrides_for(replay_history, 2, None, None, {})[1] == \
-        "workload.entrypoint='tests.support.memory_viz:replay_history'"
-    args = overrides_for("examples/fsdp2_llama_step.py:build", 8, "custom", None,
-                         {"target__device_memory": "24GiB", "predict__snapshot": True,
-                          "target__allocator__pytorch_cuda_alloc_conf":
-                              "max_split_size_mb:128,expandable_segments:True"})
-    cfg = predict_config(*args)
+    cfg = job_config(module.build, 2, None, None, {})
+    assert (str(cfg.workload.model), cfg.workload.entrypoint) == ("custom", f"{step}:build")
+    assert job_config(replay_history, 2, None, None, {}).workload.entrypoint == \
+        "tests.support.memory_viz:replay_history"
+    cfg = job_config("examples/fsdp2_llama_step.py:build", 8, "custom", None,
+                     {"target__device_memory": "24GiB", "predict__snapshot": True,
+                      "target__allocator__pytorch_cuda_alloc_conf":
+                          "max_split_size_mb:128,expandable_segments:True"})
     assert cfg.workload.entrypoint.endswith("fsdp2_llama_step.py:build")
     assert cfg.predict.snapshot is True and cfg.target.device_memory == "24GiB"
     assert cfg.target.allocator.pytorch_cuda_alloc_conf == \
         "max_split_size_mb:128,expandable_segments:True"
+    assert cfg.world_size == 8 and str(cfg.target.name) == "custom"
+
+
+def test_values_are_applied_as_they_are_without_quoting(tmp_path):
+    """A float, a list and strings holding what Hydra's override grammar reads as syntax
+    (quotes, commas, brackets, braces, parentheses, '=', ':', a backslash, spaces) reach the
+    config unchanged; the preset's other values stay; a value of the wrong type is refused."""
+    text = "it's \"[a], {b}=c: (d)\\ e"
+    cfg = job_config("gpt", 2, "a100_40gb", None, {
+        "predict__error_band": 0.05, "predict__error_band_source": text,
+        "target__host_categories": ["parameters", "optimizer_state"],
+        "predict__cache_dir": tmp_path / "a b,c", "workload__seq_len": 48})
+    assert cfg.predict.error_band == 0.05 and cfg.predict.error_band_source == text
+    assert cfg.target.host_categories == ["parameters", "optimizer_state"]
+    assert cfg.predict.cache_dir == str(tmp_path / "a b,c")
+    preset = predict_config("workload=gpt", "target=a100_40gb")
+    assert (cfg.workload.seq_len, cfg.workload.d_model) == (48, preset.workload.d_model)
+    assert str(cfg.target.name) == "a100_40gb" and cfg.world_size == 2
+    with pytest.raises(ConfigError, match="workload.seq_len='1,world_size=9'"):
+        job_config("gpt", 2, None, None, {"workload__seq_len": "1,world_size=9"})
+    with pytest.raises(ConfigError, match="no_such_field"):
+        job_config("gpt", 2, None, None, {"workload__no_such_field": 1})
 
 
 def test_predictions_from_several_threads(monkeypatch):
