@@ -30,7 +30,7 @@ def test_a_chunked_loss_holds_a_slice_of_the_logits(tmp_path):
 
 def test_reshard_policy_orders_the_peaks(tmp_path):
     peaks = {policy: _predict(tmp_path, f"workload.reshard_after_forward={policy}",
-                              "workload.loss_chunks=8")["predicted_allocated_peak_bytes"]
+                              "workload.loss_chunks=8").predicted_allocated_peak_bytes
              for policy in ("always", "default", "never")}
     assert peaks["always"] <= peaks["default"] < peaks["never"]
     # never keeps every block's bf16 parameters gathered through forward: the three blocks
