@@ -10,8 +10,10 @@ trap 'rm -rf "$results"' EXIT
 status=0
 # Most tests wait on Ray, subprocesses and sockets rather than compute: three workers, one test
 # file each at a time (a file's fixtures are set up once), beat one on two cores. The slowest
-# tests are listed at the end: where the suite's time goes.
-python -m pytest -q -n "${TRACEFLEET_TEST_WORKERS:-3}" --dist loadfile --durations=15 \
+# tests are listed at the end: where the suite's time goes. The files with slow tests start first
+# (tests/conftest.py orders them), so that no minutes-long file is left to run alone at the end.
+python -m pytest -q -n "${TRACEFLEET_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder \
+    --durations=15 \
     --junitxml="$results/junit.xml" "$@" || status=$?
 if grep -q "<skipped[^>]*chromium-headless-shell is not installed" "$results/junit.xml" 2>/dev/null; then
     echo "[test.sh] SKIPPED the HTML report's browser check: no chromium-headless-shell" \

@@ -70,6 +70,15 @@ def step():
 ''' + et_tail()
 
 
+def pytest_collection_modifyitems(config, items):
+    """The files holding a ``slow`` test run first (scripts/test.sh keeps this order with
+    ``--no-loadscope-reorder``): xdist otherwise starts the files with the most tests first,
+    which leaves the minutes-long multi-actor and benchmark files to the end, one worker
+    running them while the others idle."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: collection order kept
+
+
 @pytest.fixture(scope="module")
 def ray_session(tmp_path_factory):
     """One local Ray for a module's replays (run_replay reuses an initialized Ray), with its

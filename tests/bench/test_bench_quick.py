@@ -5,8 +5,12 @@ fails here), with sane values. Figures are not asserted: quick runs are too shor
 anything (docs/benchmarks.md has the real runs). scripts/bench_predict.py keeps its own check."""
 from __future__ import annotations
 
+import pytest
+
 from scripts.json_layout import mismatches
 from tests.support.bench import positive, run_bench
+
+pytestmark = pytest.mark.slow  # each runs a whole benchmark script
 
 
 def test_layout_check_names_every_stray_key():

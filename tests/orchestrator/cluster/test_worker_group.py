@@ -27,6 +27,8 @@ from orchestrator.cluster.worker_group import WorkerGroup, rank_envs, rank_order
 
 NUM_CPUS = 4
 
+pytestmark = pytest.mark.slow  # actors on a local Ray, one group after another
+
 
 @pytest.fixture(scope="module")
 def cluster_cfg():
