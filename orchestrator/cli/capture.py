@@ -17,7 +17,6 @@ fake process group instead (no Ray, any world size, no timings or memory). Examp
 """
 from __future__ import annotations
 
-import os
 import sys
 
 import hydra
@@ -40,8 +39,9 @@ def _app(cfg: DictConfig) -> None:
 
     with user_errors("tracefleet-capture"):
         capture_cfg = OmegaConf.to_object(cfg)
-        meta = run_capture_job(capture_cfg)
-    print(summary_line(meta, os.path.abspath(capture_cfg.out_dir)))
+        captured = run_capture_job(capture_cfg)
+    meta = captured.meta
+    print(summary_line(meta, str(captured.folder)))
     check = meta.get("check_fake")
     if check is not None:
         for line in check_lines(FakeCheck.from_dict(check)):

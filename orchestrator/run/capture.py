@@ -118,6 +118,22 @@ class CaptureConfig:
             module_backward_ranges=self.module_backward_ranges, record_kineto=self.record_kineto)
 
 
+@dataclass(frozen=True)
+class CaptureResult:
+    """A finished capture: its folder and the meta.json written there, for the caller to use
+    instead of reading back the file it just wrote (a folder given by the user is still read
+    from its meta.json: actors/trace/meta_file.py)."""
+
+    folder: Path
+    meta: dict
+
+    @property
+    def roles(self) -> dict[str, list[int]] | None:
+        """``{role: ranks}`` of a mesh job (one recorded rank per role); None for a 1-D job."""
+        mesh = self.meta.get("mesh")
+        return mesh["roles"] if mesh else None
+
+
 def check_world_size(world_size: int, key: str = "world_size") -> None:
     """ConfigError unless 1 <= world_size <= MAX_WORLD_SIZE: a capture's fake process group
     and device mesh hold a table of every rank (torch's rank map and the mesh's rank tensor,
@@ -155,9 +171,9 @@ def prepare_out_dir(out_dir: str, overwrite: bool) -> None:
 
 
 def run_capture_job(cfg: CaptureConfig, rank0_only: bool = False,
-                    timeout_key: str = "capture_timeout_s",
-                    stall_key: str = "capture_stall_s", roles_key: str = "roles") -> dict:
-    """Capture ``cfg.world_size`` rank traces into cfg.out_dir; returns the meta dict.
+                    timeout_key: str = "capture_timeout_s", stall_key: str = "capture_stall_s",
+                    roles_key: str = "roles") -> CaptureResult:
+    """Capture ``cfg.world_size`` rank traces into cfg.out_dir, with its meta.json.
     ``rank0_only`` (meta and fake: every rank's trace is rank 0's) writes rank 0's alone.
     ``timeout_key``, ``stall_key``, ``roles_key``: the settings a stopped capture names (the
     caller's own for the bounds)."""
@@ -185,15 +201,18 @@ def run_capture_job(cfg: CaptureConfig, rank0_only: bool = False,
         meta = build_meta(cfg, ranks, out_dir, time.perf_counter() - start)
         if cfg.workload.check_fake:  # the same step for real at world 2 (fake_check.py)
             meta["check_fake"] = check_fake(cfg, out_dir, run_capture_job).to_dict()
+        text = json.dumps(meta, indent=2)
         # replaced, never written through: a symlink planted as meta.json stays pointing at
         # a file tracefleet does not touch
-        atomic_write(Path(out_dir) / META_JSON, json.dumps(meta, indent=2).encode())
+        atomic_write(Path(out_dir) / META_JSON, text.encode())
     except BaseException:  # a failed or stopped capture leaves no rank file a rerun refuses
         for path in _rank_files(out_dir) + [os.path.join(out_dir, META_JSON)]:
             if os.path.exists(path):
                 os.remove(path)
         raise
-    return meta
+    # the meta as the file holds it (JSON's lists and string keys): what a later reader of the
+    # folder, or of a cached capture, gets too
+    return CaptureResult(Path(out_dir), json.loads(text))
 
 
 def _capture_on_ray(cfg: CaptureConfig, out_dir: str) -> list[dict]:

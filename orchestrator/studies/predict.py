@@ -34,8 +34,7 @@ from actors.replay.report import RankFigures
 from orchestrator.run.dry_run import dry_run
 from orchestrator.reports.predict_timelines import per_role
 from orchestrator.reports.predict_notes import breakdown_help
-from orchestrator.studies.predict_mesh import (kernel_dispatch, mesh_facts, ranks_per_trace,
-                                               roles_of)
+from orchestrator.studies.predict_mesh import kernel_dispatch, mesh_facts, ranks_per_trace
 from actors.zero3.config import Zero3Config
 from actors.capture.workloads.custom import resolve_entrypoint
 from orchestrator.studies.study_traces import capture_cached
@@ -44,7 +43,7 @@ from actors.trace.source import discover, missing_ranks
 from orchestrator.sinks import Sink, close_all, write_all
 from orchestrator.studies.prediction import BREAKDOWN_OF, Prediction, Verdict
 from orchestrator.studies.prediction_sinks import PredictionResult, prediction_sinks
-from orchestrator.run.capture import check_world_size
+from orchestrator.run.capture import CaptureResult, check_world_size
 from orchestrator.run.roles_config import RolesConfig
 
 log = logging.getLogger("tracefleet")
@@ -183,26 +182,27 @@ def capture_workload(workload: WorkloadConfig, gpu_arch: GpuArch | None = None
     return wl
 
 
-def _capture(cfg: PredictConfig, name: str) -> tuple[Path, dict]:
-    """The cached (or new) capture of the workload; ``(folder, facts about it)``."""
+def _capture(cfg: PredictConfig, name: str) -> tuple[CaptureResult, dict]:
+    """The cached (or new) capture of the workload; ``(capture, facts about it)``."""
     wl = capture_workload(cfg.workload, cfg.target.gpu_arch)
     # every rank of a local workload trains alone: its trace does not depend on the world
     world = 1 if wl.parallel == Parallel.local and wl.model != ModelName.custom else cfg.world_size
     start = time.perf_counter()
-    folder, reused = capture_cached(wl, world, cfg.predict.cache_dir, name, rank0_only=True,
-                                    timeout_s=cfg.predict.capture_timeout_s,
-                                    timeout_key="predict.capture_timeout_s",
-                                    stall_s=cfg.predict.capture_stall_s,
-                                    stall_key="predict.capture_stall_s",
-                                    roles=cfg.predict.roles, roles_key="predict.roles")
+    captured, reused = capture_cached(wl, world, cfg.predict.cache_dir, name, rank0_only=True,
+                                      timeout_s=cfg.predict.capture_timeout_s,
+                                      timeout_key="predict.capture_timeout_s",
+                                      stall_s=cfg.predict.capture_stall_s,
+                                      stall_key="predict.capture_stall_s",
+                                      roles=cfg.predict.roles, roles_key="predict.roles")
+    folder = captured.folder
     took = time.perf_counter() - start
     if reused:
         log.info("predict: capture reused from the cache: %s", folder)
     else:
         log.info("predict: captured on %s in %.1f s into %s", wl.device, took, folder)
-    return folder, {"dir": str(folder), "reused": reused, "device": str(wl.device),
-                    "world_size": world, "seconds": took,
-                    "gpu_kernels": str(wl.gpu_kernels) if wl.gpu_kernels else None}
+    return captured, {"dir": str(folder), "reused": reused, "device": str(wl.device),
+                      "world_size": world, "seconds": took,
+                      "gpu_kernels": str(wl.gpu_kernels) if wl.gpu_kernels else None}
 
 
 def _given_traces(cfg: PredictConfig) -> tuple[dict, int, Zero3Config | None]:
@@ -254,14 +254,14 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
     # what prediction.html plots, and the snapshots, are recorded only when written
     cfg.replay.allocator_timeline |= out_dir is not None
     cfg.replay.allocator_snapshot |= cfg.predict.snapshot and out_dir is not None
-    name, sources, world, zero3, capture = _sources(
+    name, sources, world, zero3, captured, capture = _sources(
         cfg, name or f"{cfg.workload.model}_{cfg.workload.parallel}")
     t1 = time.perf_counter()
     groups, reports = dry_run(sources, cfg.replay, cfg.target, zero3)
     replay_s = time.perf_counter() - t1
     snapshots = {rank: pop_snapshot(report) for rank, report in reports.items()}
-    prediction = _prediction(cfg, name, reports, groups, sorted(sources), world, zero3, capture,
-                             replay_s, t0)
+    prediction = _prediction(cfg, name, reports, groups, sorted(sources), world, zero3,
+                             captured, capture, replay_s, t0)
     if sinks is None:
         sinks = prediction_sinks() if out_dir is not None else []
     result = PredictionResult(prediction, reports, None if out_dir is None else Path(out_dir),
@@ -271,14 +271,15 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
 
 
 def _prediction(cfg: PredictConfig, name: str, reports: dict, groups: dict, ranks: list[int],
-                world: int, zero3: Zero3Config | None, capture: dict | None, replay_s: float,
-                t0: float) -> Prediction:
+                world: int, zero3: Zero3Config | None, captured: CaptureResult | None,
+                capture: dict | None, replay_s: float, t0: float) -> Prediction:
     """The prediction of the dry run's ``reports``: the figures of the rank with the largest
-    reserved peak, the verdict, and what they rest on."""
+    reserved peak, the verdict, and what they rest on (``captured``'s meta.json, and
+    ``capture`` the facts about it, of a captured workload)."""
     worst = max(reports.values(), key=lambda r: r["predicted_reserved_peak_bytes"])
     figures = worst["cuda_allocator"]["target"]
     reserved, usable = worst["predicted_reserved_peak_bytes"], figures["usable_capacity_bytes"]
-    mesh = mesh_facts(capture["dir"], worst["rank"]) if capture else None
+    mesh = mesh_facts(captured.meta, worst["rank"]) if captured else None
     core = RankFigures.of(worst)  # what every replay reports; the allocator model's below
     return Prediction(
         predicted_allocated_peak_bytes=worst["predicted_allocated_peak_bytes"],
@@ -302,30 +303,31 @@ def _prediction(cfg: PredictConfig, name: str, reports: dict, groups: dict, rank
         ranks=ranks, num_distinct_traces=len(groups),
         ranks_per_trace={str(r[0]): len(r) for r in groups.values()}
         if cfg.trace.dir is not None and len(ranks) == world
-        else ranks_per_trace(capture["dir"]) if mesh else {"0": world},
+        else ranks_per_trace(captured.roles) if mesh else {"0": world},
         mesh=mesh, capture=capture,
-        kernel_dispatch=kernel_dispatch(capture["dir"]) if capture else [],
+        kernel_dispatch=kernel_dispatch(captured.meta) if captured else [],
         timings_s={"capture_s": capture["seconds"] if capture else 0.0, "replay_s": replay_s,
                    "total_s": time.perf_counter() - t0},
         memory_timeline=worst["cuda_allocator"].get(TIMELINE_KEY), snapshots={},
-        per_role=per_role(reports, roles_of(capture["dir"]) if mesh else None, mesh))
+        per_role=per_role(reports, captured.roles if mesh else None, mesh))
 
 
 def _sources(cfg: PredictConfig, name: str) -> tuple:
-    """(name, the rank traces, world size, ZeRO-3 emulation or None, the capture's facts or
-    None): the given traces (``trace.dir``), else the workload captured (or found cached)."""
+    """(name, the rank traces, world size, ZeRO-3 emulation or None, the capture and the facts
+    about it, or None, None): the given traces (``trace.dir``), else the workload captured (or
+    found cached)."""
     if cfg.trace.dir is not None:
         sources, world, zero3 = _given_traces(cfg)
-        return "trace", sources, world, zero3, None
+        return "trace", sources, world, zero3, None, None
     if cfg.workload.cpu_offload:  # the offloaded states: host memory
         cfg.target.host_categories = list(OFFLOADED)
-    folder, capture = _capture(cfg, name)
+    captured, capture = _capture(cfg, name)
     zero3 = None
     if cfg.workload.zero3_emulation.enabled:
         zero3 = dataclasses.replace(cfg.workload.zero3_emulation, world_size=cfg.world_size)
         zero3.validate(str(cfg.replay.mode))
-    return name, discover(folder, parsed_cache_dir=cfg.trace.parsed_cache_dir), cfg.world_size, \
-        zero3, capture
+    return name, discover(captured.folder, parsed_cache_dir=cfg.trace.parsed_cache_dir), \
+        cfg.world_size, zero3, captured, capture
 
 
 def _hand_to(sinks: list[Sink[PredictionResult]], result: PredictionResult) -> None:

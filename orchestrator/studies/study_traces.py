@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -26,6 +27,9 @@ from actors.trace.meta_file import META_JSON, environment_changes, meta_path_of,
 from actors.trace.meta_file import workload as meta_workload
 from orchestrator.config import WORKLOAD_CONF_DIR, compose
 from orchestrator.run.roles_config import RolesConfig
+
+if TYPE_CHECKING:
+    from orchestrator.run.capture import CaptureResult
 
 
 def workload_config(preset: str, overrides: dict | None = None):
@@ -51,7 +55,8 @@ def workload_config(preset: str, overrides: dict | None = None):
 def cached_capture(preset: str, overrides: dict | None, world_size: int, cache_dir: str) -> Path:
     """The folder of ``world_size`` rank traces of the preset, captured on meta into
     ``cache_dir`` unless an earlier study did (returns the cached folder then)."""
-    return capture_cached(workload_config(preset, overrides), world_size, cache_dir, preset)[0]
+    capture, _ = capture_cached(workload_config(preset, overrides), world_size, cache_dir, preset)
+    return capture.folder
 
 
 # Workload fields added after caches were first keyed, with the value that means "as before":
@@ -93,9 +98,10 @@ def capture_cached(workload, world_size: int, cache_dir: str, label: str,
                    rank0_only: bool = False, timeout_s: float | None = None,
                    timeout_key: str = "capture_timeout_s", stall_s: float | None = None,
                    stall_key: str = "capture_stall_s", roles: RolesConfig | None = None,
-                   roles_key: str = "roles") -> tuple[Path, bool]:
-    """``(folder, reused)``: the workload's traces (a ``WorkloadConfig`` on meta or fake) at
-    ``world_size``, captured into ``cache_dir`` unless an earlier run did. ``rank0_only``
+                   roles_key: str = "roles") -> tuple[CaptureResult, bool]:
+    """``(capture, reused)``: the workload's traces (a ``WorkloadConfig`` on meta or fake) at
+    ``world_size``, captured into ``cache_dir`` unless an earlier run did; the capture's folder
+    and its meta.json (read once from a cached folder). ``rank0_only``
     writes rank 0's file alone (on meta and fake it is every rank's: actors/capture/
     meta_world.py), with ``meta.json`` naming the world size. ``timeout_s`` bounds the
     capture (None: the default ``capture_timeout_s``; ``timeout_key`` names the setting),
@@ -103,6 +109,9 @@ def capture_cached(workload, world_size: int, cache_dir: str, label: str,
     ``roles`` says how a mesh job's roles are recorded (named by ``roles_key``): not part of
     the cache key, since the traces do not depend on it. A capture that fails or is stopped
     leaves no temporary folder behind."""
+    # torch (the capture's modules): only once a study captures or reads a capture
+    from orchestrator.run.capture import CaptureConfig, CaptureResult, run_capture_job
+
     root = Path(os.path.expanduser(cache_dir))
     key = capture_key(workload, world_size, rank0_only)
     # a name, never a path: a preset named by a path (workload=../workload/gpt) stays in root
@@ -111,18 +120,17 @@ def capture_cached(workload, world_size: int, cache_dir: str, label: str,
     # the environment variables the user's code read then still have their values
     read: set[str] = set()
     for done in sorted(root.glob(f"*-{key}")) + sorted(root.glob(f"*-{key}-env*")):
-        changed = _changed_environment(done)
-        if changed is None:  # not a finished capture, or not one of ours
+        found = _cached_meta(done)
+        if found is None:  # not a finished capture, or not one of ours
             continue
+        meta, changed = found
         if not changed:
-            return done, True
-        read.update(read_meta(done / META_JSON)["environment"])
+            return CaptureResult(done, meta), True
+        read.update(meta["environment"])
     # a capture for other values of those variables lives beside, named by them
     values = json.dumps({name: os.environ.get(name) for name in sorted(read)}).encode()
     folder = root / (f"{label}-{key}" if not read else
                      f"{label}-{key}-env{hashlib.sha1(values).hexdigest()[:8]}")
-    from orchestrator.run.capture import CaptureConfig, run_capture_job  # ray: only to capture
-
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{folder.name}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -130,9 +138,10 @@ def capture_cached(workload, world_size: int, cache_dir: str, label: str,
     bound |= {} if stall_s is None else {"capture_stall_s": stall_s}
     bound |= {} if roles is None else {"roles": roles}
     try:
-        run_capture_job(CaptureConfig(workload=workload, world_size=world_size, out_dir=str(tmp),
-                                      overwrite=True, **bound), rank0_only=rank0_only,
-                        timeout_key=timeout_key, stall_key=stall_key, roles_key=roles_key)
+        captured = run_capture_job(
+            CaptureConfig(workload=workload, world_size=world_size, out_dir=str(tmp),
+                          overwrite=True, **bound), rank0_only=rank0_only,
+            timeout_key=timeout_key, stall_key=stall_key, roles_key=roles_key)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -140,15 +149,16 @@ def capture_cached(workload, world_size: int, cache_dir: str, label: str,
         os.replace(tmp, folder)
     except OSError:  # another run captured the same workload meanwhile: theirs is complete
         shutil.rmtree(tmp, ignore_errors=True)
-    return folder, False
+        return CaptureResult(folder, read_meta(folder / META_JSON)), False
+    return dataclasses.replace(captured, folder=folder), False
 
 
-def _changed_environment(folder: Path) -> list[str] | None:
-    """The variables a cached capture's user code read whose values changed since
-    (``environment_changes``); None for a folder without a well-formed meta.json."""
+def _cached_meta(folder: Path) -> tuple[dict, list[str]] | None:
+    """A cached capture's meta.json and the variables its user code read whose values changed
+    since (``environment_changes``); None for a folder without a well-formed meta.json."""
     try:
         meta = read_meta(folder / META_JSON)
-        return None if meta is None else environment_changes(folder / META_JSON, meta)
+        return None if meta is None else (meta, environment_changes(folder / META_JSON, meta))
     except TraceError:
         return None
 

@@ -58,7 +58,7 @@ def _capture(out_dir: Path, warmup_iters: int = 1, base: dict = TINY, **workload
     cfg = CaptureConfig(workload=WorkloadConfig(**{**base, **workload}), world_size=2,
                         warmup_iters=warmup_iters, timing_iters=2, out_dir=str(out_dir),
                         capture_timeout_s=CAPTURE_BOUND_S, cluster=ClusterConfig(timeout_s=CLUSTER_START_S))
-    return run_capture_job(cfg)
+    return run_capture_job(cfg).meta
 
 
 def _params(wl: WorkloadConfig) -> list:

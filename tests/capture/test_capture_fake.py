@@ -37,7 +37,7 @@ def fake_capture(out_dir: Path, world_size: int, entrypoint: str = FSDP2_EXAMPLE
     cfg = CaptureConfig(workload=WorkloadConfig(model="custom", entrypoint=entrypoint,
                                                 device="fake"),
                         world_size=world_size, out_dir=str(out_dir))
-    return run_capture_job(cfg)
+    return run_capture_job(cfg).meta
 
 
 def example_shapes(env: dict) -> list[tuple[int, ...]]:

@@ -31,7 +31,7 @@ TINY = dict(model="llama", parallel="fsdp2", precision="bf16_mixed", device="fak
 def _capture(out, parallelism, rank0_only=False, **fields):
     cfg = CaptureConfig(workload=WorkloadConfig(**{**TINY, **fields}, parallelism=parallelism),
                         world_size=4, out_dir=str(out))
-    return run_capture_job(cfg, rank0_only=rank0_only)
+    return run_capture_job(cfg, rank0_only=rank0_only).meta
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +180,7 @@ def test_a_custom_step_gets_the_named_mesh(tmp_path):
                                                 entrypoint=str(tmp_path / "step.py") + ":build",
                                                 parallelism={"tp": 2}),
                         world_size=4, out_dir=str(tmp_path / "out"))
-    meta = run_capture_job(cfg)
+    meta = run_capture_job(cfg).meta
     assert meta["mesh"]["roles"] == {"every rank": [0, 1, 2, 3]}
     with gzip.open(tmp_path / "out" / trace_file_name(0)) as f:
         names = Counter(n["name"] for n in orjson.loads(f.read())["nodes"])
@@ -300,3 +300,24 @@ def test_stages_share_blocks_as_torchtitan():
     assert [len(r) for r in stage_layers(126, 8)] == [15, 16, 16, 16, 16, 16, 16, 15]
     assert stage_layers(4, 2) == [range(0, 2), range(2, 4)]
     assert [len(r) for r in stage_layers(2, 4)] == [0, 1, 1, 0]
+
+
+def test_the_capture_returns_its_roles_and_a_cache_hit_reads_meta_json_once(tmp_path,
+                                                                            monkeypatch):
+    """A capture's result carries the meta.json it wrote (the mesh's roles with it), so its
+    caller reads nothing back; a cached capture's meta.json is read once, for the reuse check
+    and the result alike."""
+    from orchestrator.studies import study_traces
+
+    wl = WorkloadConfig(**{**TINY, "n_layers": 4}, parallelism={"pp": 2})
+    fresh, reused = study_traces.capture_cached(wl, 4, str(tmp_path), "pp", rank0_only=True)
+    on_disk = json.loads((fresh.folder / "meta.json").read_text())
+    assert not reused and fresh.meta == on_disk and fresh.folder.parent == tmp_path
+    assert fresh.roles == on_disk["mesh"]["roles"] and len(fresh.roles) == 2
+    reads = []
+    real_read = study_traces.read_meta
+    monkeypatch.setattr(study_traces, "read_meta", lambda path: reads.append(path) or
+                        real_read(path))
+    assert study_traces.capture_cached(wl, 4, str(tmp_path), "other", rank0_only=True) == \
+        (fresh, True)
+    assert reads == [fresh.folder / "meta.json"]

@@ -35,7 +35,7 @@ SMALL_LLAMA = dict(kind="llama_dp", vocab=96, d_model=32, n_layers=2, n_heads=4,
 def meta_capture(out_dir: Path, world_size: int, **workload) -> dict:
     cfg = CaptureConfig(workload=WorkloadConfig(**{**SMALL_LLAMA, "device": "meta", **workload}),
                         world_size=world_size, out_dir=str(out_dir))
-    return run_capture_job(cfg)
+    return run_capture_job(cfg).meta
 
 
 def _signatures(trace) -> list[tuple]:
@@ -156,7 +156,7 @@ def test_llama_8b_preset_takes_little_memory(tmp_path):
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = OmegaConf.to_object(compose("capture", overrides=[
             "workload=llama_8b", "world_size=16", f"out_dir={tmp_path}"]))
-    meta = run_capture_job(cfg)
+    meta = run_capture_job(cfg).meta
     assert 8.0e9 < meta["num_params"] < 8.1e9
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 2 * 2**20  # KiB
     trace = load_trace(tmp_path / trace_file_name(15))

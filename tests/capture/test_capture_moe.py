@@ -59,7 +59,7 @@ def _capture(out, parallelism, **fields):
     cfg = CaptureConfig(workload=WorkloadConfig(**{**TINY, **MOE, **fields},
                                                 parallelism=parallelism),
                         world_size=4, out_dir=str(out))
-    return run_capture_job(cfg)
+    return run_capture_job(cfg).meta
 
 
 @pytest.fixture(scope="module")

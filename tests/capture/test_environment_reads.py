@@ -78,13 +78,14 @@ def test_a_capture_made_with_other_values_is_not_reused(tmp_path, monkeypatch):
     monkeypatch.delenv("TF_ENV_TEST_DEPTH", raising=False)
     monkeypatch.setenv("TF_ENV_TEST_WIDTH", "8")
     first, reused = capture_cached(wl, 1, cache, "custom")
-    meta = json.loads((first / "meta.json").read_text())
+    meta = json.loads((first.folder / "meta.json").read_text())
+    assert first.meta == meta  # what the capture wrote, returned
     assert not reused and meta["environment"] == {"TF_ENV_TEST_DEPTH": None,
                                                   "TF_ENV_TEST_WIDTH": "8"}
     monkeypatch.setenv("TF_ENV_TEST_WIDTH", "16")  # the same settings, another model
     second, reused = capture_cached(wl, 1, cache, "custom")
-    assert not reused and second != first
-    meta2 = json.loads((second / "meta.json").read_text())
+    assert not reused and second.folder != first.folder
+    meta2 = json.loads((second.folder / "meta.json").read_text())
     assert meta2["environment"]["TF_ENV_TEST_WIDTH"] == "16"
     # the file was loaded again in this process: its import-time read saw the new value
     assert (meta["num_params"], meta2["num_params"]) == (8 * 8 + 8, 16 * 16 + 16)

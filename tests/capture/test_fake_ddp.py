@@ -226,7 +226,7 @@ def _need(module: str) -> None:
 def _example_fake(tmp_path: Path, name: str, **cfg) -> tuple[dict, object]:
     meta = run_capture_job(CaptureConfig(
         workload=WorkloadConfig(model="custom", entrypoint=f"{EXAMPLES / name}:build",
-                                device="fake"), world_size=8, out_dir=str(tmp_path), **cfg))
+                                device="fake"), world_size=8, out_dir=str(tmp_path), **cfg)).meta
     return meta, _trace(tmp_path, 7)
 
 

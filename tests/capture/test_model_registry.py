@@ -202,7 +202,7 @@ def test_deepseek_v3_captures_on_fake_with_expert_parallel(tmp_path):
                                                 precision="bf16_mixed", device="fake",
                                                 parallelism=ParallelismConfig(ep=2)),
                         world_size=4, out_dir=str(tmp_path))
-    meta = run_capture_job(cfg, rank0_only=True)
+    meta = run_capture_job(cfg, rank0_only=True).meta
     assert meta["mesh"]["description"] == "dp_shard 4 x ep 2"
     trace = load_trace(tmp_path / trace_file_name(0))
     names = {op.name for op in trace.ops}

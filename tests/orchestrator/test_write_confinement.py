@@ -41,7 +41,8 @@ def test_a_cache_label_that_is_a_path_names_a_folder_inside_the_cache(tmp_path, 
     wl = WorkloadConfig(model="llama", parallel="local", vocab=64, d_model=32, n_layers=1,
                         n_heads=4, seq_len=16, batch_size=1, device="meta")
     cache = tmp_path / "deep" / "cache"
-    folder, reused = capture_cached(wl, 1, str(cache), label)
+    capture, reused = capture_cached(wl, 1, str(cache), label)
+    folder = capture.folder
     assert not reused and folder.parent == cache and (folder / "meta.json").is_file()
     assert sorted(p.name for p in tmp_path.rglob("meta.json")) == ["meta.json"]
 

@@ -27,7 +27,7 @@ WORLD_SIZE = 4
 
 def _capture(out_dir, roles: RolesConfig) -> dict:
     return run_capture_job(CaptureConfig(workload=WorkloadConfig(**TINY), world_size=WORLD_SIZE,
-                                         out_dir=str(out_dir), roles=roles))
+                                         out_dir=str(out_dir), roles=roles)).meta
 
 
 def _ops(out_dir) -> list[list[str]]:
