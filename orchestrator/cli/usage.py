@@ -8,8 +8,8 @@ The help is read from files, not from imported dataclasses: ``tracefleet-predict
 help comes from docs/configuration.md, which scripts/gen_config_docs.py writes from the config
 dataclasses' ``setting(..., help=...)`` (tests/test_config_docs.py fails when it is stale); the
 groups' choices from ``conf/<group>/*.yaml`` (and those orchestrator/cli/schemas.py registers,
-``STORED_CHOICES``: ``replay=dry_run``); the defaults from the command's root config and its default presets.
-Nothing here imports torch, Ray or matplotlib.
+``STORED_CHOICES``: ``replay=dry_run``); the defaults from the command's root config and its
+default presets. Nothing here imports torch, Ray or matplotlib.
 """
 from __future__ import annotations
 
