@@ -290,9 +290,10 @@ def _fsdp_mem_tracker(workload: dict, env: dict, tmp: Path) -> int | None:
 
 
 # --quick: one row of each way a row is predicted, on the tiny model or the steps' own tiny
-# defaults: a built-in recipe, DeepSpeed through the ZeRO-3 emulation, a user's step (with
-# FSDPMemTracker beside it), a 2 x 2 mesh at world 4
-QUICK_CONFIGS = ["ddp_fp32", "deepspeed_zero3_fp32", "nn_transformer_encoder_fsdp2_checkpoint",
+# defaults: DeepSpeed through the ZeRO-3 emulation, a user's step (with FSDPMemTracker beside
+# it), a built-in recipe on a 2 x 2 mesh at world 4 (each row is two captures, ~25 s: a plain
+# built-in recipe's row would only repeat the mesh row's path)
+QUICK_CONFIGS = ["deepspeed_zero3_fp32", "nn_transformer_encoder_fsdp2_checkpoint",
                  "fsdp2_tp_sp_bf16_mixed"]
 # the keys of the JSON line (scripts/json_layout.py)
 KEYS = {"configs": {EACH: dict.fromkeys(("predicted", "measured", "ratio", "breakdown",
