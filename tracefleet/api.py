@@ -24,11 +24,14 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import orjson
 
 from actors.errors import ConfigError, ReplayError
+
+if TYPE_CHECKING:
+    from orchestrator.studies.predict import PredictConfig
 
 # A capture uses process-wide state (torch.distributed's default group, the fake tensor mode,
 # patched torch.nn.functional entries): predictions from several threads run one at a time.
@@ -68,7 +71,7 @@ def _world_size(value) -> int:
 
 
 def job_config(workload, world_size: int | None, target: str | None, trace_dir,
-               overrides: dict):
+               overrides: dict) -> "PredictConfig":
     """The config ``predict``'s arguments stand for: the preset choices (workload, target)
     composed by Hydra as the command line composes them, then every value (a custom step's
     entrypoint, the world size, ``trace_dir``, the ``overrides``) applied to that typed config
@@ -98,6 +101,7 @@ def job_config(workload, world_size: int | None, target: str | None, trace_dir,
 def _with_values(cfg, values: dict):
     """``cfg`` with ``values`` (``a__b`` keys for ``a.b``) merged into it, checked by its
     schema; OmegaConf's error (an unknown key, a value of the wrong type) as ConfigError."""
+    # as in _compose: `import tracefleet` loads no config machinery until the first call
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
