@@ -114,8 +114,11 @@ def test_bench_meta_dry_run():
 
 
 def test_bench_fit_search():
+    from scripts.bench_predict_speed import FIT_SEARCH_KEY
+
     out = run_bench("fit_search")
     assert out["quick"] is True and out["workload"] == "llama3_8b"
+    assert FIT_SEARCH_KEY in out  # the figure bench_predict_speed.py reports as its own
     assert positive(out["fit_search_s"], out["fit_search_cold_s"])
     assert out["num_captured"] > 0 and out["num_captured_cached_run"] == 0  # cold, then cached
     assert out["same_answers"] is True
