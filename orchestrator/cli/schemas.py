@@ -17,8 +17,11 @@ STORED_CHOICES = {"replay": ("dry_run",)}
 
 
 def register_all() -> None:
-    """Register every root schema and group schema in Hydra's ConfigStore (idempotent: a second
-    call stores the same nodes again)."""
+    """Register every root schema and group schema in Hydra's ConfigStore; a call finding them
+    there returns at once (storing them is ~0.9 s of OmegaConf, and every compose calls this)."""
+    (stored_group, (stored,)), = STORED_CHOICES.items()
+    if f"{stored}.yaml" in ConfigStore.instance().repo.get(stored_group, {}):  # stored last
+        return
     # torch (the workload's and the predictor's dataclasses): only once a command composes
     from actors.capture.workloads.config import WorkloadConfig
     from actors.replay.config import ReplayConfig, dry_run_config
@@ -38,5 +41,4 @@ def register_all() -> None:
                           ("target", TargetConfig), ("experiment", ExperimentConfig),
                           ("workload", WorkloadConfig)):
         cs.store(group=group, name="schema", node=schema)
-    (dry_run,) = STORED_CHOICES["replay"]
-    cs.store(group="replay", name=dry_run, node=dry_run_config())
+    cs.store(group=stored_group, name=stored, node=dry_run_config())  # last: the check above
