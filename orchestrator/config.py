@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hydra import compose as hydra_compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
 from actors.config_fields import check_finite
@@ -39,9 +40,14 @@ def compose(config_name: str | None, overrides: list[str]) -> DictConfig:
     """``conf/<config_name>.yaml`` (None: an empty root) composed with command-line
     ``overrides`` through Hydra's compose API, one composition at a time. The schemas the
     presets name must be in Hydra's ConfigStore (orchestrator/cli/schemas.py's register_all:
-    every command registers them on start)."""
-    with _COMPOSING, initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose(config_name=config_name, overrides=overrides)
+    every command registers them on start). Inside a command's own Hydra app (tracefleet's OOM
+    study composes its workload preset while ``tracefleet`` runs), Hydra is initialized on
+    conf/ already and cannot be initialized twice: the app's is used."""
+    with _COMPOSING:
+        if GlobalHydra.instance().is_initialized():
+            return hydra_compose(config_name=config_name, overrides=overrides)
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return hydra_compose(config_name=config_name, overrides=overrides)
 
 
 class PlacementStrategy(Choice):

@@ -226,6 +226,18 @@ def test_a_preset_is_composed_by_hydra_with_its_defaults(tmp_path, monkeypatch):
         study_traces.workload_config("nope")
 
 
+def test_a_preset_is_composed_inside_a_running_hydra_app():
+    """tracefleet's OOM study composes its preset while tracefleet's own Hydra app runs, where
+    Hydra is initialized already and refuses a second initialization: the app's is used."""
+    from hydra import initialize_config_dir
+
+    from orchestrator.config import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = study_traces.workload_config("llama_8b", {"n_layers": 1})
+    assert (str(cfg.model), cfg.n_layers, str(cfg.device)) == ("llama", 1, "meta")
+
+
 def test_capture_is_cached_and_its_model_rebuilt(tmp_path, monkeypatch):
     folder = study_traces.cached_capture("llama_8b", TINY_LLAMA, 1, str(tmp_path))
     assert (folder / "rank-0.et.json.gz").is_file()
