@@ -5,6 +5,8 @@ import pytest
 
 from tests.support.bench import SLOW_TIMEOUT_S, positive, run_bench
 
+pytestmark = pytest.mark.bench  # CI's second job (scripts/test.sh --bench)
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(SLOW_TIMEOUT_S)
