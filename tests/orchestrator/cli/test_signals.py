@@ -18,8 +18,10 @@ import pytest
 
 from tests.support.bounds import CLUSTER_START_S, LOAD_MARGIN_S
 
+from orchestrator.config import DEMO_TRACES
+
 ENTRY = [sys.executable, "-c", "from orchestrator.cli.main import main; main()"]
-# Ray's node start and the 4 actors' start, bounded by cluster.timeout_s (the suite's
+# Ray's node start and the 2 actors' start, bounded by cluster.timeout_s (the suite's
 # CLUSTER_START_S), within pytest's 900 s: beside two busy processes Ray's node missed its own
 # 30 s start bound twice, and the run ended before its ranks started
 START_TIMEOUT_S = CLUSTER_START_S + LOAD_MARGIN_S
@@ -57,14 +59,16 @@ def test_signal_mid_replay_stops_everything(tmp_path, signum, to_group, code):
     ray_dir = tempfile.mkdtemp(prefix="tf-sig-", dir="/tmp")  # Ray's socket paths are short
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [*ENTRY, f"hydra.run.dir={run_dir}", f"cluster.temp_dir={ray_dir}",
+            # the smallest demo: two rank actors, each replaying until it is stopped
+            [*ENTRY, f"trace.dir={DEMO_TRACES / 'gpt_zero3_leaf_2'}", f"hydra.run.dir={run_dir}",
+             f"cluster.temp_dir={ray_dir}",
              f"cluster.timeout_s={CLUSTER_START_S:g}", "replay.iters=100000",
              "experiment.replay_timeout_s=600"],
             stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True,
             env={**os.environ, "PYTHONPATH": os.getcwd()})
     started: list[psutil.Process] = []
     try:
-        _wait_for(log_path, "worker group of 4 ranks", proc, START_TIMEOUT_S)
+        _wait_for(log_path, "worker group of 2 ranks", proc, START_TIMEOUT_S)
         time.sleep(2)  # the ranks are replaying now
         started = psutil.Process(proc.pid).children(recursive=True)
         names = {p.name() for p in _alive(started)}
@@ -87,12 +91,12 @@ def test_signal_mid_replay_stops_everything(tmp_path, signum, to_group, code):
         name = signal.Signals(signum).name
         lines = [line for line in out.splitlines() if line.startswith("tracefleet:")]
         assert lines == [f"tracefleet: interrupted by {name}: {run_dir / 'summary.json'} has "
-                         "status interrupted, 0 of 4 rank(s) finished"], out[-3000:]
+                         "status interrupted, 0 of 2 rank(s) finished"], out[-3000:]
         assert "Traceback" not in out and "SIGTERM received" not in out
         summary = json.loads((run_dir / "summary.json").read_text())
-        assert summary["status"] == "interrupted" and summary["world_size"] == 4
+        assert summary["status"] == "interrupted" and summary["world_size"] == 2
         assert summary["error"].startswith(f"interrupted by {name}")
-        assert [r["status"] for r in summary["ranks"]] == ["interrupted"] * 4
+        assert [r["status"] for r in summary["ranks"]] == ["interrupted"] * 2
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
