@@ -10,8 +10,8 @@
   ``results.csv``/``results.parquet`` (the rows under ``rows/``), ``report.html`` and its plots
   under ``report/``, ``oom_study.png``, ``fit_search.json``;
 - a capture (run/capture.py, run/fake_check.py): the rank traces
-  (actors/trace/conventions.py), ``meta.json`` (named by actors/trace/meta_file.py, the layer
-  that reads it) and ``check_fake.json``.
+  (actors/trace/conventions.py), ``meta.json`` (named and built by actors/trace/meta_file.py,
+  beside its reader) and ``check_fake.json``.
 
 Writers and readers (the CLI, the studies, the scripts) take the names from here: renaming a
 file is one line.

@@ -1,4 +1,5 @@
-"""The ``meta.json`` tracefleet-capture writes beside its rank traces, read bounded and checked.
+"""The ``meta.json`` tracefleet-capture writes beside its rank traces: built (``build_meta``),
+and read bounded and checked.
 
 Only the fields tracefleet uses are checked, where they are read: every rank's measured
 figures a replay reads (`check_ranks`, in pre-flight: eager iteration times, the profiler's
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
+from datetime import datetime, timezone
 from pathlib import Path
 
 import orjson
@@ -43,6 +46,74 @@ def read_meta(path) -> dict | None:
     if not isinstance(doc, dict):
         raise TraceError(path, f"expected a JSON object, got {type(doc).__name__}")
     return doc
+
+
+def build_meta(ranks: list[dict], out_dir: str, wall_s: float, *, world_size: int,
+               workload: dict, warmup_iters: int, timing_iters: int,
+               module_backward_ranges: bool) -> dict:
+    """meta.json's object from what the ranks of a capture report (orchestrator/run/capture.py):
+    the settings, versions, eager timings and the original's measured memory (rank order;
+    times and memory null on meta and fake, where nothing is measured). ``workload`` is the
+    capture's WorkloadConfig as plain values, as the file holds it."""
+    first = ranks[0]
+    shapes_only = workload["device"] in ("meta", "fake")
+    rank_times_s = [r["iteration_time_s"] for r in ranks]
+    measured = [r for r in ranks if r["peak_memory_bytes"] is not None]
+    meta = {
+        "world_size": world_size,
+        "workload": workload,
+        "num_params": first["num_params"],
+        "torch_version": first["torch_version"],
+        "iteration_time_s": (statistics.median(rank_times_s)
+                             if None not in rank_times_s else None),
+        "rank_iteration_time_s": rank_times_s,
+        "memory": {
+            "method": first["memory_method"],
+            "peak_bytes": max((r["peak_memory_bytes"] for r in measured), default=None),
+            "iteration_start_bytes": max((r["iteration_start_bytes"] for r in measured),
+                                         default=None),
+        },
+        "warmup_iters": 1 if shapes_only else warmup_iters,
+        "timing_iters": 0 if shapes_only else timing_iters,
+        "module_backward_ranges": module_backward_ranges,
+        "captured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "capture_wall_s": wall_s,
+        "ranks": [{"rank": r["rank"], "file": os.path.relpath(r["path"], out_dir),
+                   "kineto_file": (os.path.relpath(r["kineto_path"], out_dir)
+                                   if r["kineto_path"] else None),
+                   "file_bytes": r["file_bytes"], "hostname": r["hostname"],
+                   "num_threads": r["num_threads"], "iteration_time_s": r["iteration_time_s"],
+                   "iteration_times_s": r["iteration_times_s"],
+                   "peak_memory_bytes": r["peak_memory_bytes"],
+                   "iteration_start_bytes": r["iteration_start_bytes"],
+                   # [host ops of the profiler-only iteration linked to the ET's, of all]
+                   "kineto_aligned_ops": r.get("kineto_aligned_ops"),
+                   # the machine (CPU model, logical CPUs, threads per rank): a replay on
+                   # another one is warned about (actors/machine.py)
+                   "machine": r.get("machine"),
+                   # the profiler's own cost per recorded op, for host-gap calibration
+                   # (actors/capture/profiler_cost.py); null where no profile was recorded
+                   "profiler_op_cost_s": (r.get("profiler_cost") or {}).get("profiler_op_cost_s"),
+                   "profiler_cost": r.get("profiler_cost")} for r in ranks],
+    }
+    # kernel_dispatch: ops run as the GPU of workload.gpu_kernels would (cuda_dispatch.py);
+    # environment: the variables the user's code read, with their values (environment_reads.py)
+    for key in ("deepspeed_version", "shm_comm_op", "ds_config", "entrypoint", "mesh",
+                "kernel_dispatch", "environment"):
+        if key in first:
+            meta[key] = first[key]
+    if "recorded_as_rank" in first:  # meta/fake: one rank recorded, its trace written for all
+        meta["recorded_rank"] = first["recorded_as_rank"]
+    # a mesh job: each role's recording, measured where it ran (orchestrator/run/roles.py)
+    recordings = [r for r in ranks if "role" in r and r["rank"] == r["recorded_as_rank"]]
+    if recordings:
+        meta["role_recordings"] = [
+            {"role": r["role"], "rank": r["rank"], "record_s": r["record_s"],
+             "peak_rss_bytes": r["record_peak_rss_bytes"],
+             "peak_rss_method": r["record_peak_rss_method"], "pid": r["record_pid"],
+             "node_id": r.get("node_id")}
+            for r in recordings]
+    return meta
 
 
 def rank_entry(path, meta: dict, rank: int) -> tuple[int, dict] | None:

@@ -15,16 +15,14 @@ import dataclasses
 import glob
 import json
 import os
-import statistics
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 from actors.config_fields import check_finite, setting
 from actors.trace.conventions import kineto_file_name, trace_file_name
 from actors.capture.workloads.mesh import validate_parallelism
-from actors.trace.meta_file import META_JSON
+from actors.trace.meta_file import META_JSON, build_meta
 from actors.trace.model import MAX_WORLD_SIZE
 from actors.capture.workloads.config import WorkloadConfig, validate as validate_workload
 from actors.errors import ConfigError, TracefleetError
@@ -198,7 +196,10 @@ def run_capture_job(cfg: CaptureConfig, rank0_only: bool = False,
                                      run_roles=role_runner(cfg.roles, roles_key))
         else:
             ranks = _capture_on_ray(cfg, out_dir)
-        meta = build_meta(cfg, ranks, out_dir, time.perf_counter() - start)
+        meta = build_meta(ranks, out_dir, time.perf_counter() - start,
+                          world_size=cfg.world_size, workload=dataclasses.asdict(cfg.workload),
+                          warmup_iters=cfg.warmup_iters, timing_iters=cfg.timing_iters,
+                          module_backward_ranges=cfg.module_backward_ranges)
         if cfg.workload.check_fake:  # the same step for real at world 2 (fake_check.py)
             meta["check_fake"] = check_fake(cfg, out_dir, run_capture_job).to_dict()
         text = json.dumps(meta, indent=2)
@@ -256,67 +257,3 @@ def _capture_on_ray(cfg: CaptureConfig, out_dir: str) -> list[dict]:
                     f"rank {info['rank']} wrote {info[key]} on {info['hostname']}, but the "
                     "driver cannot see it: use a shared out_dir or transfer=object_store")
     return ranks
-
-
-def build_meta(cfg: CaptureConfig, ranks: list[dict], out_dir: str, wall_s: float) -> dict:
-    """meta.json: the capture's settings, versions, eager timings and the original's measured
-    memory (rank order; times and memory null on meta and fake, where nothing is measured)."""
-    first = ranks[0]
-    shapes_only = cfg.workload.device in ("meta", "fake")
-    rank_times_s = [r["iteration_time_s"] for r in ranks]
-    measured = [r for r in ranks if r["peak_memory_bytes"] is not None]
-    meta = {
-        "world_size": cfg.world_size,
-        "workload": dataclasses.asdict(cfg.workload),
-        "num_params": first["num_params"],
-        "torch_version": first["torch_version"],
-        "iteration_time_s": (statistics.median(rank_times_s)
-                             if None not in rank_times_s else None),
-        "rank_iteration_time_s": rank_times_s,
-        "memory": {
-            "method": first["memory_method"],
-            "peak_bytes": max((r["peak_memory_bytes"] for r in measured), default=None),
-            "iteration_start_bytes": max((r["iteration_start_bytes"] for r in measured),
-                                         default=None),
-        },
-        "warmup_iters": 1 if shapes_only else cfg.warmup_iters,
-        "timing_iters": 0 if shapes_only else cfg.timing_iters,
-        "module_backward_ranges": cfg.module_backward_ranges,
-        "captured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "capture_wall_s": wall_s,
-        "ranks": [{"rank": r["rank"], "file": os.path.relpath(r["path"], out_dir),
-                   "kineto_file": (os.path.relpath(r["kineto_path"], out_dir)
-                                   if r["kineto_path"] else None),
-                   "file_bytes": r["file_bytes"], "hostname": r["hostname"],
-                   "num_threads": r["num_threads"], "iteration_time_s": r["iteration_time_s"],
-                   "iteration_times_s": r["iteration_times_s"],
-                   "peak_memory_bytes": r["peak_memory_bytes"],
-                   "iteration_start_bytes": r["iteration_start_bytes"],
-                   # [host ops of the profiler-only iteration linked to the ET's, of all]
-                   "kineto_aligned_ops": r.get("kineto_aligned_ops"),
-                   # the machine (CPU model, logical CPUs, threads per rank): a replay on
-                   # another one is warned about (actors/machine.py)
-                   "machine": r.get("machine"),
-                   # the profiler's own cost per recorded op, for host-gap calibration
-                   # (actors/capture/profiler_cost.py); null where no profile was recorded
-                   "profiler_op_cost_s": (r.get("profiler_cost") or {}).get("profiler_op_cost_s"),
-                   "profiler_cost": r.get("profiler_cost")} for r in ranks],
-    }
-    # kernel_dispatch: ops run as the GPU of workload.gpu_kernels would (cuda_dispatch.py);
-    # environment: the variables the user's code read, with their values (environment_reads.py)
-    for key in ("deepspeed_version", "shm_comm_op", "ds_config", "entrypoint", "mesh",
-                "kernel_dispatch", "environment"):
-        if key in first:
-            meta[key] = first[key]
-    if "recorded_as_rank" in first:  # meta/fake: one rank recorded, its trace written for all
-        meta["recorded_rank"] = first["recorded_as_rank"]
-    # a mesh job: each role's recording, measured where it ran (orchestrator/run/roles.py)
-    recordings = [r for r in ranks if "role" in r and r["rank"] == r["recorded_as_rank"]]
-    if recordings:
-        meta["role_recordings"] = [
-            {"role": r["role"], "rank": r["rank"], "record_s": r["record_s"],
-             "peak_rss_bytes": r["record_peak_rss_bytes"],
-             "peak_rss_method": r["record_peak_rss_method"], "pid": r["record_pid"],
-             "node_id": r.get("node_id")}
-            for r in recordings]
-    return meta

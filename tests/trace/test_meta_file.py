@@ -69,3 +69,35 @@ def test_pre_flight_refuses_a_malformed_rank_figure_naming_it(tmp_path, rank1, m
     assert err.value.path == str(folder / "meta.json")
     meta["ranks"][1].update({k: None for k in rank1})  # null: not measured, no error
     check_ranks(folder / "meta.json", meta)
+
+
+def _rank(rank: int, out_dir, **extra) -> dict:
+    """What a capture's rank reports (orchestrator/run/capture.py), on fake: nothing measured."""
+    return {"rank": rank, "path": f"{out_dir}/rank-{rank}.et.json.gz", "kineto_path": None,
+            "file_bytes": 10, "hostname": "h", "num_threads": 1, "iteration_time_s": None,
+            "iteration_times_s": None, "peak_memory_bytes": None, "iteration_start_bytes": None,
+            "num_params": 7, "torch_version": "2.13.0", "memory_method": None, **extra}
+
+
+def test_build_meta_reads_back_as_what_the_capture_recorded(tmp_path):
+    """build_meta's object, written, is what the readers beside it read: a fake capture's one
+    recorded rank written for both, its role's recording, and nothing measured (null times and
+    memory; one warm-up, no timed iteration, whatever the settings asked)."""
+    import orjson
+
+    from actors.trace.meta_file import build_meta, read_meta, recorded_world_size
+
+    role = dict(recorded_as_rank=0, role="pp0", record_s=1.5, record_peak_rss_bytes=2 << 30,
+                record_peak_rss_method="VmHWM", record_pid=42)
+    ranks = [_rank(0, tmp_path, **role), _rank(1, tmp_path, **{**role, "role": "pp0"})]
+    meta = build_meta(ranks, str(tmp_path), 3.0, world_size=2,
+                      workload={"device": "fake", "model": "llama"}, warmup_iters=3,
+                      timing_iters=5, module_backward_ranges=True)
+    (tmp_path / "meta.json").write_bytes(orjson.dumps(meta))
+    back = read_meta(tmp_path / "meta.json")
+    assert back == meta and recorded_world_size(tmp_path) == 2
+    assert (back["warmup_iters"], back["timing_iters"], back["iteration_time_s"]) == (1, 0, None)
+    assert [r["file"] for r in back["ranks"]] == ["rank-0.et.json.gz", "rank-1.et.json.gz"]
+    assert back["recorded_rank"] == 0 and back["memory"]["peak_bytes"] is None
+    assert [(r["role"], r["rank"], r["peak_rss_bytes"]) for r in back["role_recordings"]] == \
+        [("pp0", 0, 2 << 30)]
