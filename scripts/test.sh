@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Run the test suite (CPU; CUDA tests skip without a GPU). Extra arguments go to pytest.
-#   scripts/test.sh            the suite, less the benchmark scripts' smoke tests
-#   scripts/test.sh --bench    the benchmark scripts' smoke tests (each runs a script whole;
-#                              CI runs them as its second job, after the suite)
+#   scripts/test.sh            the suite, less the tests marked long
+#   scripts/test.sh --long     the tests marked long: the benchmark scripts' smoke tests and
+#                              whole sweeps with faults, each a minute or more end to end (CI
+#                              runs them as its second job, after the suite)
 # The exit code is pytest's; a skipped browser check of the HTML report is said in one line
 # after pytest's output (under CI=true that test fails instead of skipping).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/bootstrap.sh"
 cd "$ROOT"
-marker="not bench"
-if [ "${1:-}" = "--bench" ]; then
-    marker="bench"
+marker="not long"
+if [ "${1:-}" = "--long" ]; then
+    marker="long"
     shift
 fi
 results="$(mktemp -d)"

@@ -22,11 +22,11 @@ def test_files_with_a_slow_test_move_to_the_front_whole_and_in_order():
     assert [i.name for i in items] == ["b1", "b2", "d1", "d2", "a1", "c1"]
 
 
-def test_every_benchmark_smoke_test_is_in_the_bench_job():
-    """A test running a benchmark script whole (run_bench) is marked ``bench``, for CI's
-    second job (scripts/test.sh --bench), not left in the suite's run by forgetting the mark."""
+def test_every_benchmark_smoke_test_is_in_the_long_job():
+    """A test running a benchmark script whole (run_bench) is marked ``long``, for CI's
+    second job (scripts/test.sh --long), not left in the suite's run by forgetting the mark."""
     bench_dir = Path(__file__).resolve().parent / "bench"
     calling = [p for p in sorted(bench_dir.glob("test_*.py")) if "run_bench(" in p.read_text()]
     assert calling, "no benchmark smoke test found"
-    unmarked = [p.name for p in calling if "pytest.mark.bench" not in p.read_text()]
+    unmarked = [p.name for p in calling if "pytest.mark.long" not in p.read_text()]
     assert unmarked == []

@@ -5,7 +5,7 @@ import pytest
 
 from tests.support.bench import SLOW_TIMEOUT_S, positive, run_bench
 
-pytestmark = pytest.mark.bench  # CI's second job (scripts/test.sh --bench)
+pytestmark = pytest.mark.long  # CI's second job (scripts/test.sh --long)
 
 
 @pytest.mark.slow

@@ -9,8 +9,8 @@ import pytest
 
 from tests.support.bench import positive, run_bench
 
-# each runs a whole benchmark script: CI's second job (scripts/test.sh --bench)
-pytestmark = [pytest.mark.slow, pytest.mark.bench]
+# each runs a whole benchmark script: CI's second job (scripts/test.sh --long)
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 
 def test_bench_load(public_trace_dir):

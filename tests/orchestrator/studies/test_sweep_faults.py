@@ -30,7 +30,8 @@ from orchestrator.outputs import RESULTS_CSV, RESULTS_PARQUET, ROWS_DIR
 from orchestrator.cluster.stale_cluster import RECORD_NAME
 from tests.orchestrator.studies.test_sweep_cli import ENTRY, ray_temp  # noqa: F401 (fixture)
 
-pytestmark = pytest.mark.slow
+# whole sweeps through the CLI on clusters of their own, killed mid-point: CI's second job
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 REPO = REPO_ROOT
 REPLAYING = "ray::RankActor.replay"  # a rank actor's process title while it replays

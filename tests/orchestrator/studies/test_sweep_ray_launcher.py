@@ -19,7 +19,8 @@ from tests.support.chain_trace import TENSOR_BYTES, capture_chain
 from tests.support.ray_nodes import ray_two_node_cluster
 from tests.support.bounds import CLUSTER_START_S
 
-pytestmark = pytest.mark.slow
+# whole sweeps through the CLI on Ray's launcher (a local and a joined cluster): CI's second job
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 ENTRY = [sys.executable, "-c", "from orchestrator.cli.main import main; main()"]
 REPO = REPO_ROOT
