@@ -20,7 +20,7 @@ from orchestrator.run.roles_config import RolesConfig
 from orchestrator.studies.fit_search import fit_search
 from tests.orchestrator.run.test_roles import WORLD_SIZE, _capture
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]  # two-node clusters: CI's second job
 # Ray workers cannot import modules under tests/: ship this one's functions by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

@@ -46,6 +46,7 @@ def _tiny_overrides() -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # a whole study: CI's second job
 def test_oom_study_runs_on_a_tiny_llama(tmp_path, ray_temp):  # noqa: F811
     cache = tmp_path / "cache"
     # the preset's recipe (its workload overrides merge under the tiny shapes) and ZeRO-3 knobs
@@ -101,6 +102,7 @@ def test_oom_study_runs_on_a_tiny_llama(tmp_path, ray_temp):  # noqa: F811
 
 
 @pytest.mark.slow
+@pytest.mark.long  # a whole study: CI's second job
 def test_zero3_compare_runs_every_strategy(tmp_path, ray_temp):  # noqa: F811
     """On one rank of the demo, emulating its 4-rank ZeRO-3 job on meta: a tiny case."""
     root = tmp_path / "sweep"

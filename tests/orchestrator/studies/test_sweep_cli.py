@@ -22,7 +22,7 @@ from orchestrator.outputs import RESULTS_CSV, RESULTS_PARQUET, ROWS_DIR
 from tests.support.chain_trace import TENSOR_BYTES, capture_chain
 from tests.support.bounds import CLUSTER_START_S
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]  # whole sweeps: CI's second job
 
 ENTRY = [sys.executable, "-c", "from orchestrator.cli.main import main; main()"]
 REPO = REPO_ROOT
