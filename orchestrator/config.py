@@ -4,9 +4,10 @@ The rank side's components own their dataclass next to their code (``ReplayConfi
 actors/replay, ``Zero3Config`` in actors/zero3). The driver's sections live on its ground
 floor, below every layer that reads them: the cluster's here, the studies' in
 orchestrator/study_config.py; so this module imports no layer of the driver. It composes
-them; orchestrator/cli/schemas.py registers one schema per config group in Hydra's
-ConfigStore, and YAML files in ``conf/`` (``CONF_DIR``, the one definition of where they are)
-pick and override.
+them, and registers one schema per config group in Hydra's ConfigStore
+(``store_group_schemas``, which every ``compose`` calls; the commands' root schemas are
+orchestrator/cli/schemas.py's); YAML files in ``conf/`` (``CONF_DIR``, the one definition of
+where they are) pick and override.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hydra import compose as hydra_compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 
@@ -38,11 +40,13 @@ _COMPOSING = threading.Lock()
 
 def compose(config_name: str | None, overrides: list[str]) -> DictConfig:
     """``conf/<config_name>.yaml`` (None: an empty root) composed with command-line
-    ``overrides`` through Hydra's compose API, one composition at a time. The schemas the
-    presets name must be in Hydra's ConfigStore (orchestrator/cli/schemas.py's register_all:
-    every command registers them on start). Inside a command's own Hydra app (tracefleet's OOM
-    study composes its workload preset while ``tracefleet`` runs), Hydra is initialized on
-    conf/ already and cannot be initialized twice: the app's is used."""
+    ``overrides`` through Hydra's compose API, one composition at a time. The group schemas
+    the presets name are stored first (``store_group_schemas``); a command's root schema
+    (``config_name``) must be registered (orchestrator/cli/schemas.py's register_all: every
+    command registers it on start). Inside a command's own Hydra app (tracefleet's OOM study
+    composes its workload preset while ``tracefleet`` runs), Hydra is initialized on conf/
+    already and cannot be initialized twice: the app's is used."""
+    store_group_schemas()
     with _COMPOSING:
         if GlobalHydra.instance().is_initialized():
             return hydra_compose(config_name=config_name, overrides=overrides)
@@ -228,3 +232,27 @@ class RunConfig:
         self.zero3.validate(self.replay.mode)
         self.cluster.validate()
 
+
+# Choices of a group that are ConfigStore entries, not conf/ files: the help and the generated
+# config docs list them beside conf/'s presets (without registering: that imports torch)
+STORED_CHOICES = {"replay": ("dry_run",)}
+
+
+def store_group_schemas() -> None:
+    """Store each config group's schema (``<group>/schema``: the first line of its presets'
+    defaults, the same dataclass under every command) and ``STORED_CHOICES`` in Hydra's
+    ConfigStore. Every ``compose`` calls this, so composing a preset needs no registration
+    first; a call finding them there returns at once (storing is ~0.9 s of OmegaConf)."""
+    store = ConfigStore.instance()
+    (stored_group, (stored,)), = STORED_CHOICES.items()
+    if f"{stored}.yaml" in store.repo.get(stored_group, {}):  # stored last
+        return
+    from actors.capture.workloads.config import WorkloadConfig  # torch: only once composing
+    from actors.replay.config import dry_run_config
+
+    for group, schema in (("cluster", ClusterConfig), ("trace", TraceConfig),
+                          ("replay", ReplayConfig), ("zero3", Zero3Config),
+                          ("target", TargetConfig), ("experiment", ExperimentConfig),
+                          ("workload", WorkloadConfig)):
+        store.store(group=group, name="schema", node=schema)
+    store.store(group=stored_group, name=stored, node=dry_run_config())  # last: the check above

@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 from actors.capture.workloads.config import WorkloadConfig  # noqa: E402
 from actors.choices import Choice  # noqa: E402
 from actors.config_fields import help_of  # noqa: E402
-from orchestrator.cli.schemas import STORED_CHOICES  # noqa: E402 (registered, not in conf/)
+from orchestrator.config import STORED_CHOICES  # noqa: E402 (registered, not in conf/)
 from orchestrator.config import CONF_DIR, RunConfig  # noqa: E402
 from orchestrator.run.capture import CaptureConfig  # noqa: E402
 from orchestrator.studies.fit_search_config import FitSearchConfig, FitSearchRunConfig  # noqa: E402

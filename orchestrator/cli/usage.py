@@ -7,7 +7,7 @@ The help is read from files, not from imported dataclasses: ``tracefleet-predict
 (``PredictConfig``, ``WorkloadConfig``) import torch, seconds a help must not cost. The field
 help comes from docs/configuration.md, which scripts/gen_config_docs.py writes from the config
 dataclasses' ``setting(..., help=...)`` (tests/test_config_docs.py fails when it is stale); the
-groups' choices from ``conf/<group>/*.yaml`` (and those orchestrator/cli/schemas.py registers,
+groups' choices from ``conf/<group>/*.yaml`` (and those orchestrator/config.py registers,
 ``STORED_CHOICES``: ``replay=dry_run``); the defaults from the command's root config and its
 default presets. Nothing here imports torch, Ray or matplotlib.
 """
@@ -24,8 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator.cli.schemas import STORED_CHOICES
-from orchestrator.config import CONF_DIR, REPO_ROOT
+from orchestrator.config import CONF_DIR, REPO_ROOT, STORED_CHOICES
 from orchestrator.errors import USER_ERROR_EXIT
 
 HELP_FLAGS = ("-h", "--help")
@@ -351,7 +350,7 @@ def root_defaults(config_name: str) -> dict[str, str | None]:
 
 def group_choices(command: str, group: str) -> list[str]:
     """The choices of ``group`` for ``command``: conf/<group>/*.yaml, then those registered in
-    the ConfigStore (schemas/STORED_CHOICES), experiments: the command's own."""
+    the ConfigStore (config.STORED_CHOICES), experiments: the command's own."""
     if group == EXPERIMENT:
         return experiments(command)
     names = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))

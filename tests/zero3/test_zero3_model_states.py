@@ -16,11 +16,8 @@ from actors.zero3.config import Zero3Config
 from actors.zero3.extension import zero3_extensions
 from actors.zero3.states_plan import GRAD, STATE, TEMP
 from actors.zero3.partition import shard_numel
-from orchestrator.cli.schemas import register_all
 from orchestrator.studies import study_traces
 from tests.orchestrator.studies.test_oom_study import TINY_LLAMA
-
-register_all()  # the workload presets compose with their schema, as tracefleet registers it
 
 BF16 = 2  # bytes per element: the tiny Llama is traced in bfloat16
 BUCKET = 1000  # elements: several reduce-scatters per step on the tiny model

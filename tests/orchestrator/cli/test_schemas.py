@@ -8,8 +8,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from orchestrator.cli.schemas import STORED_CHOICES, register_all
-from orchestrator.config import CONF_DIR
+from orchestrator.cli.schemas import register_all
+from orchestrator.config import CONF_DIR, STORED_CHOICES, compose as compose_preset
 
 
 def _schemas_named_in_conf() -> set[str]:
@@ -84,3 +84,14 @@ def test_register_all_stores_nothing_when_the_schemas_are_there(monkeypatch):
     monkeypatch.setattr(ConfigStore, "store", lambda self, **kw: stored.append(kw))
     register_all()
     assert stored == []
+
+
+def test_a_preset_composes_with_no_registration_first(monkeypatch):
+    """orchestrator.config.compose stores the group schemas itself: a study composing a
+    workload preset (study_traces.workload_config) needs no command to have registered them."""
+    store = ConfigStore.instance()
+    monkeypatch.setattr(store, "repo", {k: v for k, v in store.repo.items()
+                                        if k in ("hydra", "_dummy_empty_config_.yaml")})
+    workload = compose_preset(None, ["+workload=qwen3_32b"]).workload
+    assert OmegaConf.get_type(workload).__name__ == "WorkloadConfig"
+    assert "schema.yaml" in store.repo["workload"] and "run_schema.yaml" not in store.repo

@@ -15,7 +15,6 @@ from actors.errors import ConfigError
 from actors.replay.config import AllocationConfig, ReplayConfig
 from actors.replay.engine import ReplayEngine
 from actors.trace import load_trace
-from orchestrator.cli.schemas import register_all
 from orchestrator.studies import study_traces
 from orchestrator.config import ExperimentConfig, RunConfig, TraceConfig
 from orchestrator.study_config import MinMemoryConfig, OomStudyConfig
@@ -191,7 +190,6 @@ def test_estimates_are_deepspeeds_formula():
         nodes_of(12, 8)
 
 
-register_all()  # the workload presets compose with their schema, as tracefleet registers it
 TINY_LLAMA = {"kind": "llama_local", "vocab": 64, "d_model": 32, "n_layers": 2, "n_heads": 4,
               "n_kv_heads": 2, "ffn_dim": 64, "seq_len": 16}
 
