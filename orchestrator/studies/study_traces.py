@@ -66,7 +66,8 @@ _LATER_FIELDS = {"gpu_kernels": None, "compile": False, "head_dim": 0, "tie_embe
                  "loss_chunks": 1, "reshard_after_forward": "default", "moe_dense_layers": 0,
                  "moe_score": "softmax", "moe_groups": 0, "moe_limited_groups": 0,
                  "mla_kv_lora_rank": 0, "mla_q_lora_rank": 0, "mla_rope_head_dim": 64,
-                 "mla_v_head_dim": 0, "optimizer_in_backward": False}
+                 "mla_v_head_dim": 0, "optimizer_in_backward": False,
+                 "float8_recipe": "tensorwise", "float8_all_gather": None}
 
 
 def capture_key(workload, world_size: int, rank0_only: bool = False) -> str:

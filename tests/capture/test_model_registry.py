@@ -53,7 +53,7 @@ def _changed(value):
 def test_every_workload_field_reaches_the_cache_key():
     """A field a new knob adds cannot be forgotten in the key: a job that changes it would
     reuse another job's capture."""
-    base = WorkloadConfig(model="llama", gpu_kernels="sm90")
+    base = WorkloadConfig(model="llama", gpu_kernels="sm90", float8_all_gather=False)
     key = capture_key(base, 8)
     fields = [f.name for f in dataclasses.fields(WorkloadConfig)
               if f.name not in NOT_CAPTURE_KNOBS]

@@ -61,7 +61,8 @@ def build_workload(cfg: WorkloadConfig, rank: int, world_size: int,
         model = model.to(PARAM_DTYPES[cfg.precision])
     num_params = sum(p.numel() for p in model.parameters())
     if cfg.float8:  # a converter on the built model, before parallelizing it (torchtitan's)
-        apply_float8(model, fsdp=cfg.parallel == Parallel.fsdp2)
+        apply_float8(model, str(cfg.float8_recipe), cfg.float8_all_gather,
+                     fsdp=cfg.parallel == Parallel.fsdp2)
     blocks = blocks_of(model, cfg)
     apply_activation_checkpointing(blocks, cfg.activation_checkpointing, cfg.ac_every)
     if cfg.compile:  # each block in place: module names stay, and so do FSDP2's units

@@ -49,6 +49,14 @@ class ReshardPolicy(Choice):
     never = "never"  # none: parameters stay gathered from forward through backward
 
 
+class Float8Recipe(Choice):
+    """torchao's float8 scaling recipe (Float8LinearRecipeName; torchtitan's float8.recipe_name)."""
+
+    tensorwise = "tensorwise"  # one scale per tensor, dynamic: the cuBLAS tensorwise kernel
+    rowwise = "rowwise"  # a scale per row, e4m3 everywhere, power-of-two scales
+    rowwise_with_gw_hp = "rowwise_with_gw_hp"  # rowwise, the weight gradient in bf16
+
+
 class Precision(Choice):
     """Parameter, compute and optimizer dtypes."""
 
@@ -119,10 +127,18 @@ class WorkloadConfig:
         "last's; none under pp), always or never (kept from forward to backward: no second "
         "all-gather, a whole model's bf16 copy held)."))
     float8: bool = setting(False, help=(
-        "torchao float8 training: the Linears but the output as Float8Linear (tensorwise "
-        "dynamic scaling), and FSDP2's all-gathers in float8 "
+        "torchao float8 training: the Linears but the output as Float8Linear (dynamic scaling "
+        "by workload.float8_recipe), FSDP2's all-gathers as workload.float8_all_gather says "
         "(actors/capture/workloads/parallelize/float8.py; torchtitan's float8 converter). Needs "
         "fsdp2, bf16_mixed and the fake device (or cuda)."))
+    float8_recipe: Float8Recipe = setting(Float8Recipe.tensorwise, help=(
+        "workload.float8's scaling: tensorwise, rowwise or rowwise_with_gw_hp (torchao's "
+        "Float8LinearRecipeName, torchtitan's float8.recipe_name)."))
+    float8_all_gather: Optional[bool] = setting(None, help=(
+        "workload.float8 under fsdp2: true all-gathers the weights in float8 (torchao's "
+        "enable_fsdp_float8_all_gather: half of bf16's bytes; tensorwise only), false in bf16 "
+        "(each weight cast after its gather); null: the recipe's way, float8 for tensorwise, "
+        "bf16 for the rowwise recipes."))
     cpu_offload: bool = setting(False, help=(
         "fsdp2: FSDP2's CPUOffloadPolicy (torchtitan's training.enable_cpu_offload): parameter "
         "shards, their gradients and the optimizer state (and its step) in host memory. "
@@ -289,6 +305,7 @@ class WorkloadConfig:
         self.moe_score = MoeScore.coerce(self.moe_score, "workload.moe_score")
         self.reshard_after_forward = ReshardPolicy.coerce(self.reshard_after_forward,
                                                           "workload.reshard_after_forward")
+        self.float8_recipe = Float8Recipe.coerce(self.float8_recipe, "workload.float8_recipe")
         for name in ("zero3_offload_optimizer", "zero3_offload_param"):
             setattr(self, name, OffloadDevice.coerce(getattr(self, name), f"workload.{name}"))
         # The deprecated aliases, resolved here and only here. An alias replaces fields left at
@@ -430,6 +447,10 @@ def _validate_recipe(cfg: WorkloadConfig) -> None:
                           f"device={cfg.device}: float8 training is torchtitan's bf16_mixed "
                           "FSDP2 recipe with float8 linears, on fake (or cuda: _scaled_mm has "
                           "no cpu kernel for it here)")
+    if cfg.float8 and cfg.float8_all_gather and cfg.float8_recipe != Float8Recipe.tensorwise:
+        raise ConfigError(f"workload.float8_all_gather=true with float8_recipe="
+                          f"{cfg.float8_recipe}: torchao gathers float8 weights with tensorwise "
+                          "scales only; set float8_all_gather=false (or null: bf16 gathers)")
     if cfg.compile and (cfg.model == ModelName.custom or cfg.parallel == Parallel.zero3
                         or cfg.float8 or cfg.device == WorkloadDevice.meta
                         or not cfg.parallelism.is_one_dim()):

@@ -1,8 +1,11 @@
 """float8 training with torchao, as torchtitan's ``float8`` converter applies it: every Linear
 but the output projection (torchtitan's ``filter_fqns = ["output"]``) becomes a torchao
-``Float8Linear`` with tensorwise dynamic scaling (inputs and weights cast to e4m3, gradients
-to e5m2, matmuls as ``_scaled_mm``), and under FSDP2 the weights are all-gathered in float8
-(``enable_fsdp_float8_all_gather``: half of bf16's all-gather bytes).
+``Float8Linear`` with dynamic scaling by ``workload.float8_recipe``: tensorwise (inputs and
+weights cast to e4m3, gradients to e5m2, matmuls as ``_scaled_mm``), or one of torchao's rowwise
+recipes (``Float8LinearConfig.from_recipe_name``: a scale per row). Under FSDP2 tensorwise
+weights are all-gathered in float8 (``enable_fsdp_float8_all_gather``: half of bf16's
+all-gather bytes) unless ``workload.float8_all_gather=false``; rowwise weights in bf16, cast
+after the gather.
 
 torchao runs on the fake device (its tensor subclasses dispatch their local ops under the fake
 mode, told apart by actors/capture/fake/subclass_frames.py), so a float8 job is captured like any
@@ -29,10 +32,16 @@ def torchao_float8():
     return float8
 
 
-def apply_float8(model: nn.Module, fsdp: bool) -> None:
-    """Convert ``model``'s Linears in place (see the module docstring)."""
+def apply_float8(model: nn.Module, recipe: str, all_gather: bool | None, fsdp: bool) -> None:
+    """Convert ``model``'s Linears in place with torchao's ``recipe`` (a Float8LinearRecipeName
+    value); under FSDP2 (``fsdp``) float8 all-gathers unless ``all_gather`` is false, for
+    tensorwise only (validate refuses them with a rowwise recipe)."""
     float8 = torchao_float8()
-    config = float8.Float8LinearConfig(enable_fsdp_float8_all_gather=fsdp)
+    if recipe == "tensorwise":
+        config = float8.Float8LinearConfig(
+            enable_fsdp_float8_all_gather=fsdp and all_gather is not False)
+    else:
+        config = float8.Float8LinearConfig.from_recipe_name(recipe)
     float8.convert_to_float8_training(
         model, config=config,
         module_filter_fn=lambda module, fqn: fqn.split(".")[-1] not in SKIPPED)
