@@ -18,6 +18,7 @@ from actors.capture.workloads.build import build_model
 from actors.errors import ConfigError
 from actors.trace import load_trace
 from actors.trace.conventions import trace_file_name
+from orchestrator.config import compose
 from orchestrator.run.capture import CaptureConfig, run_capture_job
 from orchestrator.studies.study_traces import capture_key
 
@@ -167,6 +168,10 @@ def test_deepseek_v3_has_its_671b_parameters():
     """MLA's low-rank projections, 3 dense blocks, 58 of 256 routed + 1 shared experts; the
     multi-token-prediction module (the model card's other 14B) is not built."""
     assert abs(_param_count(WorkloadConfig(**DEEPSEEK_V3_671B)) / 671e9 - 1) < 0.001
+    # conf/workload/deepseek_v3_671b.yaml trains these shapes (torchtitan's 671B flavor)
+    preset = compose(None, ["+workload=deepseek_v3_671b"]).workload
+    assert {k: preset[k] for k in DEEPSEEK_V3_671B if k != "seq_len"} == \
+        {k: v for k, v in DEEPSEEK_V3_671B.items() if k != "seq_len"}
 
 
 def test_deepseek_v3_blocks_latent_attention_and_dense_first_layers():

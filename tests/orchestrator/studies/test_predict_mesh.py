@@ -66,6 +66,7 @@ def test_a_mesh_that_cannot_split_is_refused_before_capturing(tmp_path):
     ("qwen3_32b", 8, "dp_shard 8"),
     ("qwen3_1_7b", 8, "dp_shard 8"),
     ("deepseek_v3_16b", 8, "dp_shard 8"),
+    ("deepseek_v3_671b", 256, "dp_shard 256"),
 ])
 def test_reference_run_presets_compose_and_validate(preset, world, mesh):
     cfg = predict_config(f"workload={preset}", f"world_size={world}", "target=h100_96gb")
