@@ -161,6 +161,25 @@ def test_c10d_groups_are_named_and_a_trace_becomes_another_ranks():
         rename_map(rank0, rank3 + [_pg("9", "mesh_dp", [1, 3])], "test")
 
 
+def test_a_call_a_dispatch_mode_passed_on_is_one_call_with_two_nodes():
+    """Selective activation checkpointing's mode passes FSDP2's all-gather of a unit nested in
+    a checkpointed block on to the fake mode: the call's node holds its re-dispatch (through
+    a PythonSubclass frame); the fake mode logs it once, and both nodes get its group."""
+    t = [1, 1, 0, 4, 4, "cpu"]
+
+    def gather(nid, parent=1):
+        return {**_op(nid, "c10d::_allgather_base_", [t, t, "<Object>", False, -1],
+                      ["Tensor(float)", "Tensor(float)", "Object", "Bool", "Int"], AG),
+                "ctrl_deps": parent}
+
+    frame = {**_op(6, "PythonSubclass", [], [], ""), "ctrl_deps": 5}
+    doc = _doc([_pg("0", "default_pg", [])], [gather(5), frame, gather(7, 6), gather(9)])
+    log = [("c10d::_allgather_base_", "1"), ("c10d::_allgather_base_", "2")]
+    assert name_c10d_groups(doc, log, "test") == 2
+    assert [n["inputs"]["values"][2] for n in doc["nodes"] if n["id"] in (5, 7, 9)] == \
+        ["1", "1", "2"]
+
+
 def _frame_doc(child_storage):
     """A composite op over a DTensor op (inputs on wrapper storage 100) with a
     PythonDispatchMode frame over one child op reading ``child_storage``, and the fake mode's

@@ -200,11 +200,14 @@ def test_node_limited_routing_chooses_within_the_best_groups():
     assert torch.equal((kept.view(64, 4, 2) > 0).any(-1).float().argmax(-1), best)
 
 
-def test_deepseek_v3_captures_on_fake_with_expert_parallel(tmp_path):
+@pytest.mark.parametrize("ac", ["none", "selective_op"])
+def test_deepseek_v3_captures_on_fake_with_expert_parallel(tmp_path, ac):
     """ep 2 over 4 ranks with a dense first block: only the MoE blocks' experts are split
-    and get FSDP units of their own."""
+    and get FSDP units of their own; under selective AC (DeepSeek-V3 671B's torchtitan
+    config) the experts' units are all-gathered inside the checkpointed blocks."""
     cfg = CaptureConfig(workload=WorkloadConfig(**SMALL_DEEPSEEK, parallel="fsdp2",
                                                 precision="bf16_mixed", device="fake",
+                                                activation_checkpointing=ac,
                                                 parallelism=ParallelismConfig(ep=2)),
                         world_size=4, out_dir=str(tmp_path))
     meta = run_capture_job(cfg, rank0_only=True).meta

@@ -67,23 +67,55 @@ def _schema(node: dict) -> str:
 
 def name_c10d_groups(doc: dict, group_log: list[tuple[str, str]], where: str) -> int:
     """Write the logged group names into ``doc``'s c10d ops (in execution order, matched by
-    op name); returns how many. TracefleetError when the log and the trace disagree."""
+    op name); returns how many calls. A call that a Python dispatch mode above the fake one
+    passed on (selective activation checkpointing's, when FSDP2 all-gathers a unit nested in
+    a checkpointed block) is two nodes, the call and its re-dispatch inside it: both get the
+    one logged name. TracefleetError when the log and the trace disagree."""
     nodes = sorted((n for n in doc["nodes"] if n["name"].startswith("c10d::")
                     and _group_arg(_schema(n)) is not None), key=lambda n: n["id"])
-    if len(nodes) != len(group_log):
-        raise TracefleetError(f"{where}: the trace holds {len(nodes)} c10d collectives with a "
+    by_id = {n["id"]: n for n in doc["nodes"]}
+    calls: list[list[dict]] = []  # each call's nodes: the outermost first
+    outer_call: dict[int, list[dict]] = {}
+    for node in nodes:
+        outer = _enclosing_c10d(node, by_id)
+        if outer is not None and outer["name"] == node["name"] and outer["id"] in outer_call:
+            outer_call[outer["id"]].append(node)
+            outer_call[node["id"]] = outer_call[outer["id"]]
+            continue
+        calls.append([node])
+        outer_call[node["id"]] = calls[-1]
+    if len(calls) != len(group_log):
+        raise TracefleetError(f"{where}: the trace holds {len(calls)} c10d collectives with a "
                               f"process group, the capture dispatched {len(group_log)}")
-    for node, (op, name) in zip(nodes, group_log):
-        if node["name"] != op:
-            raise TracefleetError(f"{where}: node {node['id']} {node['name']} was dispatched as "
-                                  f"{op}: the group log does not follow the trace")
-        i = _group_arg(_schema(node))
-        inputs = node["inputs"]
-        if inputs["types"][i] != "Object":
-            raise TracefleetError(f"{where}: node {node['id']} {node['name']}: argument {i} is "
-                                  f"a {inputs['types'][i]}, not the ProcessGroup object")
-        inputs["values"][i], inputs["types"][i] = name, "String"
-    return len(nodes)
+    for call, (op, name) in zip(calls, group_log):
+        for node in call:
+            _write_group(node, op, name, where)
+    return len(calls)
+
+
+def _enclosing_c10d(node: dict, by_id: dict) -> dict | None:
+    """The nearest c10d op enclosing ``node`` (None at the top: the trace's root node is its
+    own parent)."""
+    child, parent = node, by_id.get(node.get("ctrl_deps"))
+    for _ in range(len(by_id)):  # a bound, should a malformed trace's parents loop
+        if parent is None or parent is child:
+            return None
+        if parent["name"].startswith("c10d::"):
+            return parent
+        child, parent = parent, by_id.get(parent.get("ctrl_deps"))
+    return None
+
+
+def _write_group(node: dict, op: str, name: str, where: str) -> None:
+    if node["name"] != op:
+        raise TracefleetError(f"{where}: node {node['id']} {node['name']} was dispatched as "
+                              f"{op}: the group log does not follow the trace")
+    i = _group_arg(_schema(node))
+    inputs = node["inputs"]
+    if inputs["types"][i] != "Object":
+        raise TracefleetError(f"{where}: node {node['id']} {node['name']}: argument {i} is "
+                              f"a {inputs['types'][i]}, not the ProcessGroup object")
+    inputs["values"][i], inputs["types"][i] = name, "String"
 
 
 def group_table(nodes) -> list[dict]:
