@@ -122,7 +122,7 @@ def test_moe_without_ep_runs_on_meta(tmp_path):
     ({"moe_experts": 3}, {"ep": 2}, "not divisible by ep=2"),
     ({"moe_experts": 4}, {"ep": 4, "dp_shard": 2, "dp_replicate": 2},
      "ep=4 must divide dp_shard x cp = 2"),
-    ({"moe_experts": 4}, {"tp": 2}, "expert tensor parallel"),
+    ({"moe_experts": 4}, {"tp": 2, "ep": 2}, "experts split both ways"),
     ({"moe_experts": 4}, {"ep": 2, "pp": 2, "dp_shard": 2}, "under pipeline parallel"),
 ])
 def test_expert_parallel_that_cannot_run_is_refused(fields, parallelism, message):
@@ -135,7 +135,7 @@ def test_expert_parallel_that_cannot_run_is_refused(fields, parallelism, message
     ({"moe_experts": 4, "moe_top_k": 5}, "moe_top_k=5: must be 1 to moe_experts=4"),
     ({"moe_experts": 4, "moe_routing_skew": 1.5}, "must be 0 to moe_experts / moe_top_k - 1"),
     ({"moe_experts": 4, "model": "gpt"}, r"model=gpt has no MoE block \(the families with "
-                                         "one: llama, qwen3, deepseek_v3\)"),
+                                         "one: llama, qwen3, deepseek_v3, llama4\)"),
     ({"moe_experts": -1}, "must be >= 0"),
 ])
 def test_moe_knobs_are_checked(fields, message):

@@ -27,6 +27,7 @@ class ModelName(Choice):
     llama = "llama"  # RMSNorm, rotary embeddings, grouped-query attention, SwiGLU
     qwen3 = "qwen3"  # llama with per-head q/k RMSNorm, an explicit head_dim; dense or MoE
     deepseek_v3 = "deepseek_v3"  # multi-head latent attention, dense first blocks, then MoE
+    llama4 = "llama4"  # llama with interleaved MoE blocks, chunked attention and NoPE blocks
     # the user's own step, workload.entrypoint (actors/capture/workloads/custom.py)
     custom = "custom"
 
@@ -222,6 +223,10 @@ class WorkloadConfig:
     moe_dense_layers: int = setting(0, help=(
         "moe_experts > 0: the first this many blocks keep the dense feed-forward (ffn_dim "
         "wide); DeepSeek-V3: 3, its 16B: 1."))
+    moe_every: int = setting(1, help=(
+        "moe_experts > 0: every moe_every-th block (counting from 1) past moe_dense_layers is "
+        "MoE, the others dense (ffn_dim wide); Llama 4 Maverick: 2, Scout: 1 (torchtitan's "
+        "interleave_moe_layer_step)."))
     moe_score: MoeScore = setting(MoeScore.softmax, help=(
         "moe_experts > 0: softmax over the experts, or sigmoid per expert (DeepSeek-V3; the "
         "chosen scores renormalized)."))
@@ -231,6 +236,13 @@ class WorkloadConfig:
         "The routing assumption's loads are unchanged by it (actors/capture/workloads/moe.py)."))
     moe_limited_groups: int = setting(0, help=(
         "moe_groups > 0: the groups a token may use (DeepSeek-V3: 4)."))
+    attention_chunk: int = setting(0, help=(
+        "llama4: the blocks with rotary embeddings attend within chunks of this many tokens "
+        "(Llama 4: 8192, torchtitan's fixed_attn_block_size); 0 = the whole causal sequence."))
+    nope_every: int = setting(0, help=(
+        "llama4: every nope_every-th block (counting from 1) has no rotary embedding and "
+        "attends to the whole causal sequence (Llama 4: 4, torchtitan's every_n_layers_nope); "
+        "0 = none."))
     mla_kv_lora_rank: int = setting(0, help=(
         "deepseek_v3: the latent keys and values are made from (multi-head latent attention; "
         "DeepSeek-V3: 512). head_dim is the non-rotated part of a query/key head (128)."))
@@ -366,19 +378,24 @@ def validate(cfg: WorkloadConfig) -> None:
             raise ConfigError(f"workload.{name}={getattr(cfg, name)}: must be >= 1")
     for name in ("dp_bucket_numel", "n_kv_heads", "ffn_dim", "head_dim", "moe_dense_layers",
                  "moe_groups", "moe_limited_groups", "mla_kv_lora_rank", "mla_q_lora_rank",
-                 "mla_v_head_dim"):
+                 "mla_v_head_dim", "attention_chunk", "nope_every"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"workload.{name}={getattr(cfg, name)}: must be >= 0")
     if cfg.loss_chunks < 1:
         raise ConfigError(f"workload.loss_chunks={cfg.loss_chunks}: must be >= 1 (1 = the "
                           "whole loss at once)")
+    irope = [f"workload.{n}={getattr(cfg, n)}" for n in ("attention_chunk", "nope_every")
+             if getattr(cfg, n)]
+    if irope and cfg.model != ModelName.llama4:
+        raise ConfigError(f"{', '.join(irope)}: chunked attention and NoPE blocks are "
+                          f"workload.model=llama4's (got {cfg.model})")
     model_spec(cfg.model).validate(cfg)
     _validate_moe(cfg)
     _validate_recipe(cfg)
 
 
 def _validate_moe(cfg: WorkloadConfig) -> None:
-    """The MoE knobs (moe_*): ranges, and the llama only."""
+    """The MoE knobs (moe_*): ranges, and a family with an MoE block."""
     if cfg.moe_experts < 0 or cfg.moe_ffn_dim < 0 or cfg.moe_shared_experts < 0:
         raise ConfigError(f"workload.moe_experts={cfg.moe_experts}, moe_ffn_dim="
                           f"{cfg.moe_ffn_dim}, moe_shared_experts={cfg.moe_shared_experts}: "
@@ -392,6 +409,8 @@ def _validate_moe(cfg: WorkloadConfig) -> None:
     if not 1 <= cfg.moe_top_k <= cfg.moe_experts:
         raise ConfigError(f"workload.moe_top_k={cfg.moe_top_k}: must be 1 to moe_experts="
                           f"{cfg.moe_experts}")
+    if cfg.moe_every < 1:
+        raise ConfigError(f"workload.moe_every={cfg.moe_every}: must be >= 1 (1 = every block)")
     if not 0 <= cfg.moe_dense_layers <= cfg.n_layers:
         raise ConfigError(f"workload.moe_dense_layers={cfg.moe_dense_layers}: must be 0 to "
                           f"n_layers={cfg.n_layers}")

@@ -291,12 +291,21 @@ def _validate_unsharded(cfg, where: str) -> None:
 
 
 def _validate_experts(cfg, par: ParallelismConfig, world_size: int, where: str) -> None:
-    """The MoE block on the mesh: ep splits its experts; tp (and pp with ep) not built."""
+    """The MoE block on the mesh: ep splits its experts, tp their hidden units (expert tensor
+    parallel); tp with ep, and pp with ep, are not built."""
     degrees, experts = par.degrees(world_size), cfg.moe_experts
-    if experts and degrees["tp"] > 1:
-        raise ConfigError(f"{where}: workload.moe_experts={experts} with tp={degrees['tp']}: "
-                          "tensor parallel's plan for the MoE block (torchtitan's expert "
-                          "tensor parallel) is not built; use ep and dp_shard")
+    tp = degrees["tp"]
+    if experts and tp > 1 and par.ep > 1:
+        raise ConfigError(f"{where}: workload.moe_experts={experts} with tp={tp} and ep="
+                          f"{par.ep}: experts split both ways (torchtitan's ep x etp) are not "
+                          "built; use tp (each expert's hidden units split) or ep")
+    if experts and tp > 1:
+        hidden = (cfg.moe_ffn_dim or cfg.ffn_dim
+                  or model_spec(cfg.model).default_ffn_dim(cfg.d_model))
+        if hidden % tp:
+            raise ConfigError(f"{where}: the experts' hidden size {hidden} (workload."
+                              f"moe_ffn_dim) is not divisible by tp={tp} (each rank runs "
+                              "hidden / tp units of every expert)")
     if par.ep == 1:
         return
     if not experts:

@@ -67,6 +67,8 @@ def test_a_mesh_that_cannot_split_is_refused_before_capturing(tmp_path):
     ("qwen3_1_7b", 8, "dp_shard 8"),
     ("deepseek_v3_16b", 8, "dp_shard 8"),
     ("deepseek_v3_671b", 256, "dp_shard 256"),
+    ("llama4_scout", 64, "dp_shard 8 x tp 8"),
+    ("llama4_maverick", 256, "pp 4 x dp_shard 8 x tp 8"),
 ])
 def test_reference_run_presets_compose_and_validate(preset, world, mesh):
     cfg = predict_config(f"workload={preset}", f"world_size={world}", "target=h100_96gb")

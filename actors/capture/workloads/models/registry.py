@@ -4,11 +4,11 @@ folder beside these with a ``SPEC``, one line here and its name in ``ModelName``
 agree)."""
 from __future__ import annotations
 
-from actors.capture.workloads.models import deepseek_v3, gpt, llama, qwen3
+from actors.capture.workloads.models import deepseek_v3, gpt, llama, llama4, qwen3
 from actors.capture.workloads.models.spec import ModelSpec
 
 MODEL_SPECS: dict[str, ModelSpec] = {spec.name: spec for spec in (
-    gpt.SPEC, llama.SPEC, qwen3.SPEC, deepseek_v3.SPEC)}
+    gpt.SPEC, llama.SPEC, qwen3.SPEC, deepseek_v3.SPEC, llama4.SPEC)}
 
 
 def model_spec(name: str) -> ModelSpec:

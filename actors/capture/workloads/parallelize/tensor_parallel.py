@@ -10,6 +10,11 @@
   input features (``RowwiseParallel``), their partial sums reduce-scattered to ``Shard(1)``.
 * Qwen3's per-head q/k norms run on the rank's heads (``SequenceParallel`` over the heads
   dimension, torchtitan's qwen3 plan): their weights replicated.
+* A Mixture of Experts block (actors/capture/workloads/moe.py) takes the whole sequence as
+  plain tensors, routes every token on every rank and runs its share of each expert's hidden
+  units (expert tensor parallel: ``apply_expert_tensor_parallel``); its
+  output, a partial sum (``Partial``), is reduce-scattered to ``Shard(1)``
+  (``PrepareModuleInputOutput``, torchtitan's MoE plan at ``ep = 1``).
 * The output projection is split by vocabulary columns and its logits stay sharded
   (``Shard(-1)``): the cross-entropy runs under ``loss_parallel`` (no rank holds the whole
   vocabulary's logits).
@@ -19,6 +24,8 @@ from __future__ import annotations
 import contextlib
 
 import torch.nn as nn
+
+from actors.capture.workloads.moe import MoE
 
 
 def blocks(model: nn.Module) -> list[nn.Module]:
@@ -30,10 +37,10 @@ def blocks(model: nn.Module) -> list[nn.Module]:
 def apply_tensor_parallel(model: nn.Module, tp_mesh, loss_parallel: bool = True) -> None:
     """Split ``model`` (actors/capture/workloads/models/llama/model.py's Llama, or a pipeline stage
     of it) over the 1-D ``tp_mesh`` in place."""
-    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor import Partial, Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
-                                                   RowwiseParallel, SequenceParallel,
-                                                   parallelize_module)
+                                                   PrepareModuleInputOutput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
 
     plan = {
         "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
@@ -60,12 +67,42 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, loss_parallel: bool = True)
             "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
             "ffn_norm": SequenceParallel(),
+        })
+        if isinstance(block.feed_forward, MoE):
+            apply_expert_tensor_parallel(block.feed_forward, tp_mesh)
+            parallelize_module(block, tp_mesh, {"feed_forward": PrepareModuleInputOutput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                use_local_input=True, output_layouts=(Partial(),),
+                desired_output_layouts=(Shard(1),))})
+            continue
+        parallelize_module(block, tp_mesh, {
             "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),),
                                                desired_input_layouts=(Replicate(),)),
             "feed_forward.w1": ColwiseParallel(),
             "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
             "feed_forward.w3": ColwiseParallel(),
         })
+
+
+def apply_expert_tensor_parallel(moe: MoE, tp_mesh) -> None:
+    """Keep this rank's ``1 / tp`` of the hidden units of every expert of ``moe`` (the stacked
+    ``w1``, ``w3`` rows and ``w2`` columns) and of its shared experts, as plain parameters (in
+    place): torchtitan's expert tensor parallel at ``ep = 1``, whose experts' weights are
+    ``Shard`` over ``tp`` on that dimension (the same bytes). The router runs whole on every
+    rank; the block's output is then each rank's partial sum, which the tensor parallel plan
+    reduce-scatters along the sequence."""
+    tp, rank = tp_mesh.size(), tp_mesh.get_local_rank()
+
+    def keep(module: nn.Module, name: str, dim: int) -> None:
+        whole = getattr(module, name).detach()
+        size = whole.shape[dim] // tp
+        setattr(module, name, nn.Parameter(whole.narrow(dim, rank * size, size).clone()))
+
+    for name, dim in (("w1", 1), ("w3", 1), ("w2", 2)):
+        keep(moe.experts, name, dim)
+    if moe.shared is not None:  # a SwiGLU: w1, w3 by output rows, w2 by input columns
+        for name, dim in (("w1", 0), ("w3", 0), ("w2", 1)):
+            keep(getattr(moe.shared, name), "weight", dim)
 
 
 def loss_parallel_context(enabled: bool):

@@ -21,7 +21,8 @@ def build_llama(cfg, ffn_dim: int, moe, attention_class: type = GQAttention,
                  ffn_dim, cfg.seq_len, cfg.rope_theta, cfg.norm_eps, cfg.attention, moe,
                  head_dim=cfg.head_dim, tie_embeddings=cfg.tie_embeddings,
                  loss_chunks=cfg.loss_chunks, attention_class=attention_class,
-                 dense_layers=cfg.moe_dense_layers, rope_dim=rope_dim)
+                 dense_layers=cfg.moe_dense_layers, rope_dim=rope_dim,
+                 moe_every=cfg.moe_every)
 
 
 def validate_llama(cfg) -> None:

@@ -53,7 +53,7 @@ def apply_rotary(x, cos, sin):
     return (x * cos + rotated * sin).type_as(x)
 
 
-def _repeat_kv(x, n_rep: int):
+def repeat_kv(x, n_rep: int):
     """(b, kv_heads, t, d) -> (b, kv_heads * n_rep, t, d): each KV head serves n_rep heads."""
     if n_rep == 1:
         return x
@@ -89,9 +89,9 @@ class GQAttention(nn.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         n_rep = self.n_heads // self.n_kv_heads
         if self.context_parallel is None:
-            y = causal_attention(q, _repeat_kv(k, n_rep), _repeat_kv(v, n_rep), self.attention)
+            y = causal_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), self.attention)
         else:
-            y = self.context_parallel(q, _repeat_kv(k, n_rep), _repeat_kv(v, n_rep))
+            y = self.context_parallel(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep))
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -120,7 +120,8 @@ class Llama(nn.Module):
     The rotary tables are non-persistent buffers made on the model's device. ``head_dim`` 0:
     ``dim / n_heads``. ``tie_embeddings``: the output projection is the token embedding's
     weight (one parameter). ``loss_chunks`` > 1: :func:`chunked_cross_entropy`. With ``moe``,
-    the first ``dense_layers`` blocks keep the dense feed-forward (DeepSeek's). ``rope_dim``:
+    the first ``dense_layers`` blocks keep the dense feed-forward (DeepSeek's), and of the
+    others every ``moe_every``-th (counting from 1) is MoE (Llama 4's interleave). ``rope_dim``:
     the rotary tables' width when only part of a head is rotated (DeepSeek's MLA); 0 =
     ``head_dim``.
     """
@@ -130,14 +131,15 @@ class Llama(nn.Module):
                  attention: Attention, moe: MoeSpec | None = None, head_dim: int = 0,
                  tie_embeddings: bool = False, loss_chunks: int = 1,
                  attention_class: type[GQAttention] = GQAttention, dense_layers: int = 0,
-                 rope_dim: int = 0):
+                 rope_dim: int = 0, moe_every: int = 1):
         super().__init__()
         head_dim = head_dim or dim // n_heads
         self.loss_chunks = loss_chunks
         self.tok_embeddings = nn.Embedding(vocab, dim)
         self.layers = nn.ModuleList(
             TransformerBlock(dim, n_heads, n_kv_heads, head_dim, ffn_dim, norm_eps, attention,
-                             None if i < dense_layers else moe, attention_class)
+                             moe if i >= dense_layers and (i + 1) % moe_every == 0 else None,
+                             attention_class)
             for i in range(n_layers))
         self.norm = RMSNorm(dim, norm_eps)
         self.output = nn.Linear(dim, vocab, bias=False)
