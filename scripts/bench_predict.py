@@ -164,6 +164,14 @@ CONFIGS = {
         "parallelism.ep": 2, "moe_experts": 4, "moe_top_k": 2, "moe_ffn_dim": 256,
         "moe_shared_experts": 1, "moe_dense_layers": 1, "moe_score": "sigmoid",
         "moe_router": "fixed"},
+    # DeepSeek-V3's shape under tp 2: MLA's latent projections whole on each rank, its heads
+    # split; the MoE blocks' experts split by hidden unit (expert tensor parallel)
+    "deepseek_v3_mla_tp_etp_bf16_mixed": {
+        **_recipe("fsdp2", "bf16_mixed", "full"), "model": "deepseek_v3", "head_dim": 64,
+        "mla_kv_lora_rank": 128, "mla_q_lora_rank": 96, "mla_rope_head_dim": 32,
+        "mla_v_head_dim": 64, "parallelism.tp": 2, "moe_experts": 4, "moe_top_k": 2,
+        "moe_ffn_dim": 256, "moe_shared_experts": 1, "moe_dense_layers": 1,
+        "moe_score": "sigmoid", "moe_router": "fixed"},
     # Llama 4's shape: MoE every 2nd block (top-1 sigmoid, a shared expert), chunked attention
     # in the rotary blocks, NoPE every 2nd; tp 2 with the experts' hidden units split (expert
     # tensor parallel) over dp_shard 2
@@ -191,7 +199,8 @@ WORLDS = {"fsdp2_tp_sp_bf16_mixed": 4, "hsdp_bf16_mixed": 4, "fsdp2_cp_bf16_mixe
           "pp_tp_loss_parallel_fp32": 4, "fsdp2_bf16_mixed_world4": 4,
           "fsdp2_bf16_mixed_world8": 8,
           "qwen3_tp_sp_bf16_mixed": 4, "qwen3_moe_ep_bf16_mixed": 4,
-          "deepseek_v3_mla_moe_ep_bf16_mixed": 4, "llama4_moe_tp_etp_bf16_mixed": 4}
+          "deepseek_v3_mla_moe_ep_bf16_mixed": 4, "llama4_moe_tp_etp_bf16_mixed": 4,
+          "deepseek_v3_mla_tp_etp_bf16_mixed": 4}
 # DeepSpeed's rows: the plain capture the emulation partitions (DeepSpeed's bf16 mode runs the
 # model in bf16: a pure-bf16 plain trace; its fp32 masters and moments are the layout's).
 _PLAIN = {"deepspeed_zero3_fp32": _recipe("local", "fp32"),

@@ -218,3 +218,21 @@ def test_deepseek_v3_captures_on_fake_with_expert_parallel(tmp_path, ac):
     assert "aten::_efficient_attention_forward" in names \
         or "aten::_scaled_dot_product_efficient_attention" in names
     assert "aten::_scaled_dot_product_flash_attention" not in names
+
+
+def test_deepseek_v3_under_tensor_parallel_splits_heads_not_latents(tmp_path):
+    """tp 2 over 4 ranks: each rank attends with half the heads (2 of 4, 48 = 32 + 16 wide),
+    the latent projections whole on every rank; cp is still refused for MLA."""
+    cfg = CaptureConfig(workload=WorkloadConfig(**SMALL_DEEPSEEK, parallel="fsdp2",
+                                                precision="bf16_mixed", device="fake",
+                                                parallelism=ParallelismConfig(tp=2)),
+                        world_size=4, out_dir=str(tmp_path))
+    assert run_capture_job(cfg, rank0_only=True).meta["mesh"]["description"] == \
+        "dp_shard 2 x tp 2"
+    trace = load_trace(tmp_path / trace_file_name(0))
+    attention = [op.inputs[0].shape for op in trace.ops
+                 if op.name == "aten::_scaled_dot_product_efficient_attention"]
+    assert attention == [(2, 2, 16, 48)] * 3
+    with pytest.raises(ConfigError, match="cp=2 is not built for workload.model=deepseek_v3"):
+        validate_parallelism(dataclasses.replace(cfg.workload,
+                                                 parallelism=ParallelismConfig(cp=2)), 4)

@@ -10,6 +10,12 @@
   input features (``RowwiseParallel``), their partial sums reduce-scattered to ``Shard(1)``.
 * Qwen3's per-head q/k norms run on the rank's heads (``SequenceParallel`` over the heads
   dimension, torchtitan's qwen3 plan): their weights replicated.
+* DeepSeek-V3's latent attention (models/deepseek_v3/model.py) takes the whole sequence as
+  plain tensors: the low-rank projections into the query and key/value latents (``wq_a``,
+  ``wkv_a``) and their norms run whole on every rank (torchtitan's ``NoParallel``), the
+  projections out of the latents (``wq`` or ``wq_b``, ``wkv_b``) are split by head
+  (``ColwiseParallel``: the latents' gradients all-reduced in backward) and ``wo`` by input
+  features, reduce-scattered to ``Shard(1)``.
 * A Mixture of Experts block (actors/capture/workloads/moe.py) takes the whole sequence as
   plain tensors, routes every token on every rank and runs its share of each expert's hidden
   units (expert tensor parallel: ``apply_expert_tensor_parallel``); its
@@ -53,18 +59,22 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh, loss_parallel: bool = True)
     parallelize_module(model, tp_mesh, {k: v for k, v in plan.items()
                                         if getattr(model, k, None) is not None})
     for block in blocks(model):
-        if hasattr(block.attention, "q_norm"):  # Qwen3: each rank norms its own heads
+        latent = hasattr(block.attention, "wkv_b")  # DeepSeek-V3's MLA: its q_norm is a latent's
+        if hasattr(block.attention, "q_norm") and not latent:  # Qwen3: each rank's own heads
             parallelize_module(block, tp_mesh, {
                 "attention.q_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
                 "attention.k_norm": SequenceParallel(sequence_dim=2, use_local_output=True)})
+        heads = ({name: ColwiseParallel() for name in ("wq", "wq_b", "wkv_b")
+                  if hasattr(block.attention, name)} if latent else
+                 {"wq": ColwiseParallel(), "wk": ColwiseParallel(), "wv": ColwiseParallel()})
         parallelize_module(block, tp_mesh, {
             "attention_norm": SequenceParallel(),
-            # (x, cos, sin): the rotary tables stay plain, whole-sequence tensors
+            # (x, cos, sin): the rotary tables stay plain, whole-sequence tensors; MLA's
+            # latent projections and norms take x as a plain tensor
             "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
-                                            desired_input_layouts=(Replicate(), None, None)),
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
+                                            desired_input_layouts=(Replicate(), None, None),
+                                            use_local_output=latent),
+            **{f"attention.{name}": style for name, style in heads.items()},
             "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
             "ffn_norm": SequenceParallel(),
         })
