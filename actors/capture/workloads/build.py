@@ -18,12 +18,12 @@ from actors.capture.workloads.context import CaptureContext, Workload
 from actors.capture.workloads.custom import build_custom
 from actors.capture.workloads.data_parallel import data_parallel_step
 from actors.capture.workloads.fsdp2 import fsdp2_step
-from actors.capture.workloads.models.registry import model_spec
+from actors.capture.workloads.models.registry import ffn_dim_of, model_spec
 from actors.capture.workloads.mesh import batch_rows, dp_index, validate_parallelism
 from actors.capture.workloads.parallelize.float8 import apply_float8
 from actors.capture.workloads.parallelize.recipe import mesh_step
 from actors.capture.workloads.config import (PARAM_DTYPES, ModelName, Parallel, WorkloadConfig,
-                                             WorkloadDevice, ffn_dim_of, moe_spec, validate)
+                                             WorkloadDevice, moe_spec, validate)
 from actors.capture.workloads.zero3 import zero3_step
 
 

@@ -11,7 +11,7 @@ import torch
 from actors.capture.workloads.attention import Attention
 from actors.capture.workloads.checkpointing import ActivationCheckpointing
 from actors.capture.workloads.mesh import ParallelismConfig
-from actors.capture.workloads.models.registry import MODEL_SPECS, model_spec
+from actors.capture.workloads.models.registry import MODEL_SPECS, expert_ffn_dim, model_spec
 from actors.capture.workloads.moe import MoeRouter, MoeScore, MoeSpec, max_skew
 from actors.choices import Choice
 from actors.config_fields import setting
@@ -435,7 +435,7 @@ def moe_spec(cfg: WorkloadConfig) -> MoeSpec | None:
     """The MoE block ``cfg`` asks for (None: the dense feed-forward)."""
     if not cfg.moe_experts:
         return None
-    return MoeSpec(cfg.moe_experts, cfg.moe_top_k, cfg.moe_ffn_dim or ffn_dim_of(cfg),
+    return MoeSpec(cfg.moe_experts, cfg.moe_top_k, expert_ffn_dim(cfg),
                    cfg.moe_shared_experts, cfg.moe_router, float(cfg.moe_routing_skew),
                    model_spec(cfg.model).moe_normalize_top_k, cfg.moe_score, cfg.moe_groups,
                    cfg.moe_limited_groups)
@@ -501,8 +501,3 @@ def _validate_recipe(cfg: WorkloadConfig) -> None:
         raise ConfigError(f"{where} with workload.precision={cfg.precision}: DeepSpeed keeps "
                           "fp32 master weights in its optimizer; use precision=bf16_mixed "
                           "(DeepSpeed's bf16 mode) or fp32")
-
-
-def ffn_dim_of(cfg: WorkloadConfig) -> int:
-    """The feed-forward hidden size ``cfg`` asks for (see WorkloadConfig.ffn_dim)."""
-    return cfg.ffn_dim or model_spec(cfg.model).default_ffn_dim(cfg.d_model)

@@ -29,7 +29,7 @@ from actors.choices import Choice
 from actors.config_fields import setting
 from actors.errors import ConfigError
 from actors.capture.workloads.context import world_mesh
-from actors.capture.workloads.models.registry import model_spec
+from actors.capture.workloads.models.registry import expert_ffn_dim, model_spec
 
 # torchtitan's order of the mesh dimensions, outermost first.
 DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
@@ -300,8 +300,7 @@ def _validate_experts(cfg, par: ParallelismConfig, world_size: int, where: str) 
                           f"{par.ep}: experts split both ways (torchtitan's ep x etp) are not "
                           "built; use tp (each expert's hidden units split) or ep")
     if experts and tp > 1:
-        hidden = (cfg.moe_ffn_dim or cfg.ffn_dim
-                  or model_spec(cfg.model).default_ffn_dim(cfg.d_model))
+        hidden = expert_ffn_dim(cfg)
         if hidden % tp:
             raise ConfigError(f"{where}: the experts' hidden size {hidden} (workload."
                               f"moe_ffn_dim) is not divisible by tp={tp} (each rank runs "

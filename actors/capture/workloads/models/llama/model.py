@@ -85,14 +85,19 @@ class GQAttention(nn.Module):
 
     def forward(self, x, cos, sin):
         b, t, _ = x.shape
-        q, k, v = (z.transpose(1, 2) for z in self.project(x))
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        y = self.attend(*self.project(x), cos, sin)
+        return self.wo(y.transpose(1, 2).reshape(b, t, -1))
+
+    def attend(self, q, k, v, cos, sin):
+        """Causal attention of (samples, t, heads, head_dim) q, k, v, rotated by the ``cos``
+        and ``sin`` tables (None: not rotated): (samples, heads, t, head_dim)."""
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))
+        if cos is not None:
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         n_rep = self.n_heads // self.n_kv_heads
         if self.context_parallel is None:
-            y = causal_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), self.attention)
-        else:
-            y = self.context_parallel(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep))
-        return self.wo(y.transpose(1, 2).reshape(b, t, -1))
+            return causal_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), self.attention)
+        return self.context_parallel(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep))
 
 
 class TransformerBlock(nn.Module):

@@ -11,8 +11,7 @@ decoder is Llama's (actors/capture/workloads/models/llama/model.py) with MoE blo
 interleaved (``moe_every``)."""
 from __future__ import annotations
 
-from actors.capture.workloads.attention import causal_attention
-from actors.capture.workloads.models.llama.model import GQAttention, repeat_kv, apply_rotary
+from actors.capture.workloads.models.llama.model import GQAttention
 
 
 class ChunkedAttention(GQAttention):
@@ -22,16 +21,12 @@ class ChunkedAttention(GQAttention):
     use_rope = True
     chunk = 0  # tokens per attention chunk; 0 = the whole sequence
 
-    def forward(self, x, cos, sin):
-        b, t, _ = x.shape
-        q, k, v = self.project(x)  # (b, t, heads, head_dim)
-        n_rep = self.n_heads // self.n_kv_heads
-        chunk = self.chunk if self.use_rope and self.chunk and t > self.chunk else t
-        if chunk < t:  # (b * chunks, chunk, heads, head_dim): views, the chunks as samples
-            q, k, v = (z.reshape(b * t // chunk, chunk, *z.shape[2:]) for z in (q, k, v))
-            cos, sin = cos[:chunk], sin[:chunk]  # positions count from each chunk's start
-        q, k, v = (z.transpose(1, 2) for z in (q, k, v))
-        if self.use_rope:
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        y = causal_attention(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), self.attention)
-        return self.wo(y.transpose(1, 2).reshape(b, t, -1))
+    def attend(self, q, k, v, cos, sin):
+        if not self.use_rope:
+            return super().attend(q, k, v, None, None)
+        b, t = q.shape[:2]
+        if self.chunk and t > self.chunk:  # (b * chunks, chunk, heads, head_dim): views
+            q, k, v = (z.reshape(b * t // self.chunk, self.chunk, *z.shape[2:])
+                       for z in (q, k, v))
+            cos, sin = cos[:self.chunk], sin[:self.chunk]  # positions from each chunk's start
+        return super().attend(q, k, v, cos, sin)
