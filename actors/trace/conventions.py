@@ -23,6 +23,12 @@ actors/zero3 and the driver read them). No torch import, so trace readers parse 
   last use die there, not at their last use (actors/capture/fake/free_markers.py,
   actors/trace/recorded_frees.py).
 
+* a fake capture names the storage id of tensor-subclass wrappers: a ``tracefleet::wrapper_storage``
+  op (:data:`WRAPPER_STORAGE_OP`) whose one input is a zero-size tensor on the null data
+  pointer, the id the observer gives every wrapper (a DTensor); an op on it that reached no
+  subclass frame (torchao's ``p.detach()`` of a DTensor parameter) did no work
+  (actors/trace/subclass_wrappers.py).
+
 A parameter ``blocks.0.attn.qkv.weight`` belongs to the innermost module whose qualified
 name is a prefix of it.
 """
@@ -35,6 +41,7 @@ MODULE_BWD_END_PREFIX = "## module_bwd_end:"
 MODULE_SUFFIX = " ##"
 ROOT_MODULE_NAME = "<root>"
 FREED_OP = "tracefleet::freed"
+WRAPPER_STORAGE_OP = "tracefleet::wrapper_storage"
 
 FORWARD, BWD_BEGIN, BWD_END = "forward", "bwd_begin", "bwd_end"
 _PREFIXES = ((MODULE_PREFIX, FORWARD), (MODULE_BWD_BEGIN_PREFIX, BWD_BEGIN),

@@ -38,11 +38,11 @@ from actors.trace import collectives as coll
 from actors.trace import integrity, parent_links
 from actors.trace.archive import rank_from_name
 from actors.trace.host_scalars import mark_host_scalars
-from actors.trace.made_inside import NestedAllocations, storages_made_inside
+from actors.trace.made_inside import NestedAllocations, storages_made_inside, tensor_storage_ids
 from actors.trace.nested_lifetimes import nested_lifetimes
 from actors.trace.node_stream import TraceNodes, over_nodes
 from actors.trace.conventions import FREED_OP, MODULE_BWD_BEGIN_PREFIX, MODULE_BWD_END_PREFIX, \
-    parse_module_range
+    WRAPPER_STORAGE_OP, parse_module_range
 from actors.trace.recorded_frees import free_positions, freed_storages, made_in_step
 from actors.trace.args import ArgParser, preview
 from actors.trace.model import MAX_WORLD_SIZE, Op, ProcessGroupInfo, Step, Trace
@@ -254,6 +254,9 @@ def _select(path, nodes: list, full, flat: bool) -> _Selection:
             step_spans[step][1] = nid
         if name == FREED_OP:
             sel.freed_marks.append(_freed_mark(raw, flat, nid, parent, before))
+            continue
+        if name == WRAPPER_STORAGE_OP:  # the wrappers' id, named by a zero-size tensor
+            tensor_storage_ids(_side_values(raw, flat)[0], sel.frame_inputs)
             continue
         if is_op:
             collective = name == "record_param_comms" or name in coll.C10D_KINDS

@@ -13,7 +13,7 @@ import orjson
 import pytest
 import torch
 
-from actors.trace.conventions import FREED_OP, trace_file_name
+from actors.trace.conventions import FREED_OP, WRAPPER_STORAGE_OP, trace_file_name
 from actors.capture.workloads.custom import load_build
 from actors.capture.fake.fake_mode import (DISPATCH_MODE_NODE, SUBCLASS_NODE, CaptureFakeMode,
                                            _devices)
@@ -168,10 +168,13 @@ def test_fake_trace_keeps_subclass_work_and_drops_the_modes(fsdp2_fake_4):
         nodes = orjson.loads(f.read())["nodes"]
     by_id = {n["id"]: n for n in nodes}
     assert not [n for n in nodes if n["name"] == DISPATCH_MODE_NODE]
-    # the run's recorded frees name storages by zero-size meta views (free_markers.py)
+    # the run's recorded frees, and the wrappers' id once, name storages by zero-size meta
+    # views (free_markers.py, wrapper_marker.py)
+    markers = (FREED_OP, WRAPPER_STORAGE_OP)
     freed = [n for n in nodes if n["name"] == FREED_OP]
     assert freed and {d for n in freed for d in _devices(n)} == {"meta"}
-    devices = {d for n in nodes if n["name"] != FREED_OP for d in _devices(n)}
+    assert [_devices(n) for n in nodes if n["name"] == WRAPPER_STORAGE_OP] == [["meta"]]
+    devices = {d for n in nodes if n["name"] not in markers for d in _devices(n)}
     assert devices == {"cpu", ""}  # "": an optional tensor argument left out (None)
     frames = [n for n in nodes if n["name"] == SUBCLASS_NODE]
     assert frames and all(by_id[f["ctrl_deps"]]["name"].startswith("aten::") for f in frames)

@@ -97,6 +97,33 @@ def test_inductors_plan_holds_less_than_the_eager_step(tmp_path):
     assert eager_peak - compiled_peak >= (NUM_SIN - 1) * activation, (eager_peak, compiled_peak)
 
 
+def _table_step(num_table: int):
+    """A compiled step whose one input only a generated kernel reads: a buffer of
+    ``num_table`` floats, made before the iteration and summed into the loss."""
+    def build(ctx):
+        torch.manual_seed(0)
+        net = nn.Linear(WIDTH, WIDTH).to(ctx.device)
+        net.register_buffer("table", torch.ones(num_table, device=ctx.device))
+        run = torch.compile(lambda x: (net(x) * 2).sum() + net.table.sum())
+        opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+
+        def step(batch):
+            run(batch[0]).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        return net, lambda: (torch.randn(BATCH, WIDTH, device=ctx.device),), step
+    return build
+
+
+def test_a_tensor_only_a_generated_kernel_reads_is_in_the_trace(tmp_path):
+    """The state of torchao's compiled low-bit optimizer step is such a tensor: without a read
+    recorded as the graph is called, its bytes were missing from the prediction."""
+    small = _accounted_peak(_capture(tmp_path, "table_small", _table_step(1024)))
+    large = _accounted_peak(_capture(tmp_path, "table_large", _table_step(1024 * 1024)))
+    assert large - small >= (1024 * 1024 - 1024) * 4, (small, large)
+
+
 def test_a_step_that_compiles_every_iteration_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"torch.compile compiled again in the recorded "
                                           r"iteration.*mark it dynamic"):

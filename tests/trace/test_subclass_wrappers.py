@@ -97,3 +97,26 @@ def test_tensor_storages_read_tensors_and_tensor_lists_with_elements():
     add_tensor_storages([[1, 7, 0, 8, 4, "cpu"], [[2, 8, 0, 4, 4, "cuda:0"]], 3, "x",
                          [1, 2, 3, 4, 5, 6], [3, 9, 0, 0, 4, "cpu"]], out)
     assert out == {7, 8}
+
+
+def test_a_fake_captures_marker_names_the_wrappers_id_where_no_frame_does(tmp_path):
+    """On fake, a DTensor op on its fast path leaves no frame (torchao's low-bit AdamW
+    ``detach``es each DTensor parameter): the capture's WRAPPER_STORAGE_OP names the id, by a
+    zero-size tensor, and the ops on it are dropped; without the marker they stay, the id read
+    as a tensor of the largest wrapper's size."""
+    from actors.trace.conventions import WRAPPER_STORAGE_OP
+
+    detach = "aten::detach(Tensor(a) self) -> Tensor(a)"
+    ops = [node(7, "aten::relu", parent=3, schema=RELU, inputs=[tensor(20, 21, 256)],
+                outputs=[tensor(21, 22, 256)]),
+           node(8, "aten::detach", parent=3, schema=detach, inputs=[_wrapped(30, LOGITS)],
+                outputs=[_wrapped(31, LOGITS)])]
+    marker = node(6, WRAPPER_STORAGE_OP, parent=3,
+                  schema=f"{WRAPPER_STORAGE_OP}(Tensor null) -> ()", inputs=[_wrapped(29, 0)])
+    (tmp_path / "marked").mkdir()
+    (tmp_path / "plain").mkdir()
+    marked = load_trace(write_trace(tmp_path / "marked", [step_node(3, 1), marker, *ops]))
+    plain = load_trace(write_trace(tmp_path / "plain", [step_node(3, 1), *ops]))
+    assert [op.name for op in marked.ops] == ["aten::relu"]
+    assert marked.meta["num_wrapper_ops"] == 1
+    assert [op.name for op in plain.ops] == ["aten::relu", "aten::detach"]

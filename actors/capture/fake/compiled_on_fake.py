@@ -19,6 +19,10 @@ is swapped while :func:`inductor_on_fake` is on:
   records it; its ``del`` is recorded by the run's own frees (actors/capture/fake/free_markers.py);
 * generated kernels (C++, Triton, Halide) are not compiled: each is a no-op, as a fake
   tensor holds no values to compute;
+* a compiled graph's tensor inputs are each read by one ``aten::detach`` as the graph is
+  called: its generated kernels leave no op in the trace, so a tensor only they read (the
+  state of torchao's compiled low-bit optimizer step, a norm's weight) would be unknown to the
+  trace, its bytes missing from the prediction;
 * inductor's and AOTAutograd's on-disk caches are off (a cached graph may carry kernels
   compiled for real tensors) and Dynamo's cache is reset on entry and exit, so compiled code
   of a real run and of a capture never meet.
@@ -36,6 +40,7 @@ from contextlib import ExitStack, contextmanager
 from unittest import mock
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 _GUARDS = torch._C._dynamo.guards
 # the wrapper's allocators, by the device each one makes memory on
@@ -67,12 +72,24 @@ def _reinterpret_tensor(base, size, stride, offset_increment=0):
     return torch.as_strided(base, size, stride, base.storage_offset() + offset_increment)
 
 
+def _reading_inputs(call):
+    def call_reading_inputs(self, inputs):
+        for value in inputs:
+            # (a real tensor among them, the RNG state full AC's recompute restores, is none
+            # of the run's device memory)
+            if isinstance(value, FakeTensor):
+                value.detach()  # recorded: the trace learns the input's storage
+        return call(self, inputs)
+    return call_reading_inputs
+
+
 @contextmanager
 def inductor_on_fake():
     """Within the block, torch.compile's default backend runs on fake tensors (module doc)."""
     from torch._functorch import config as functorch_config
     from torch._inductor import config as inductor_config
     from torch._inductor.async_compile import AsyncCompile
+    from torch._inductor.output_code import CompiledFxGraph
 
     with ExitStack() as stack:
         for name, device in _ALLOCATORS.items():
@@ -80,6 +97,8 @@ def inductor_on_fake():
                 stack.enter_context(mock.patch.object(_GUARDS, name, _allocator(device)))
         stack.enter_context(mock.patch.object(_GUARDS, "_reinterpret_tensor",
                                               _reinterpret_tensor))
+        stack.enter_context(mock.patch.object(CompiledFxGraph, "__call__",
+                                              _reading_inputs(CompiledFxGraph.__call__)))
         for name in _KERNEL_COMPILERS:
             if hasattr(AsyncCompile, name):
                 stack.enter_context(mock.patch.object(AsyncCompile, name, _no_compile))

@@ -55,7 +55,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConverter, FakeT
 from actors.capture.fake import free_markers
 from actors.capture.fake.known_reads import known_answer
 from actors.capture.fake.fake_values import UNANSWERED, KnownValues
-from actors.trace.conventions import FREED_OP
+from actors.trace.conventions import FREED_OP, WRAPPER_STORAGE_OP
 from actors.trace.tensor_ids import UNIQUE_STORAGES_KEY
 
 _WAIT_TENSOR = torch.ops._c10d_functional.wait_tensor.default
@@ -243,9 +243,10 @@ def strip_dispatch_mode_nodes(doc: dict) -> int:
                        if "meta" not in devs and any(devs)
                        and name.get(parent.get(parent[nid])) == name[nid]}
     wrapper = set()
-    freed = [n for n in nodes if n["name"] == FREED_OP]
+    markers = (FREED_OP, WRAPPER_STORAGE_OP)  # on meta views, yet the run's own
+    freed = [n for n in nodes if n["name"] in markers]
     for n in nodes:
-        if n["name"] == FREED_OP:
+        if n["name"] in markers:
             continue
         if "meta" in devices[n["id"]]:
             wrapper.add(n["id"])

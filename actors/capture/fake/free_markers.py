@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 import torch
 
-from actors.capture.fake import meta_storage
+from actors.capture.fake import meta_storage, wrapper_marker
 from actors.trace.conventions import FREED_OP
 
 _NAMESPACE, _NAME = FREED_OP.split("::")
@@ -77,6 +77,7 @@ def recording(mode):
     with meta_storage.record_frees():
         mode.emit_frees = True
         try:
+            wrapper_marker.mark()
             yield
             emit()
         finally:
