@@ -191,6 +191,15 @@ CONFIGS = {
                                                "seq_len": 32},
     "fsdp2_short_batch_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "batch_size": 1,
                                      "seq_len": 32},
+    # torchao's low-bit AdamW: its quantized state, held all step (its compiled update's
+    # buffers are inductor's, planned on fake as on the cpu)
+    "fsdp2_adamw_8bit_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "optimizer": "adamw_8bit"},
+    "fsdp2_adamw_4bit_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "optimizer": "adamw_4bit"},
+    # activations offloaded to the host (save_on_cpu's hooks): on the cpu host and device are
+    # one memory, so the row checks the trace's copies and their lifetimes against the
+    # measured total; tracefleet-predict splits the host's off by category
+    "fsdp2_activation_offload_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"),
+                                            "activation_offload": True},
     **ECOSYSTEM,
 }
 # rows run at another world size than WORLD

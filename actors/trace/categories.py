@@ -66,6 +66,10 @@ def storage_categories(trace: Trace, liveness: Liveness) -> list[int]:
     params = set(param_like_storages(trace, liveness.storage_external))
     made_inside = trace.made_inside
     first, last, external = liveness.storage_first, liveness.storage_last, liveness.storage_external
+    # a storage a composite op made inside itself began there, not at its first top-level use:
+    # saved for backward from a forward op (autocast's bf16 weight copy, an offloaded
+    # activation's host copy), it is an activation
+    made_at = {suid: start for suid, start, _, _ in trace.nested_lifetimes if suid >= 0}
     out = [TEMPORARIES] * n
     for s in range(n):
         if first[s] < 0:
@@ -79,7 +83,7 @@ def storage_categories(trace: Trace, liveness: Liveness) -> list[int]:
             out[s] = OPTIMIZER_STATE if used[s] == 4 else BUFFERS
         elif comm[s]:
             out[s] = COMMUNICATION
-        elif phase[first[s]] == FWD and phase[last[s]] != FWD:
+        elif phase[made_at.get(s, first[s])] == FWD and phase[last[s]] != FWD:
             out[s] = ACTIVATIONS
         elif s in made_inside:
             out[s] = MADE_INSIDE

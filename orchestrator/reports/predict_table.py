@@ -17,8 +17,11 @@ def _job_line(p: dict) -> str:
         # eager one's (the README's 8B: 76.9 against 82.0 GiB reserved)
         knobs = [name for key, name in (("compile", "compiled per block"), ("float8", "float8"),
                                         ("cpu_offload", "CPU offload"),
+                                        ("activation_offload", "activations offloaded"),
                                         ("optimizer_in_backward", "optimizer in backward"),
                                         ("tie_embeddings", "tied embeddings")) if wl.get(key)]
+        if wl.get("optimizer", "adamw") != "adamw":
+            knobs.append(f"optimizer {wl['optimizer']}")
         if wl.get("loss_chunks", 1) > 1:
             knobs.append(f"loss in {wl['loss_chunks']} chunks")
         if wl.get("reshard_after_forward", "default") != "default":

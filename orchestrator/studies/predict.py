@@ -321,6 +321,8 @@ def _sources(cfg: PredictConfig, name: str) -> tuple:
         return "trace", sources, world, zero3, None, None
     if cfg.workload.cpu_offload:  # the offloaded states: host memory
         cfg.target.host_categories = list(OFFLOADED)
+    if cfg.workload.activation_offload:  # the saved tensors' host copies
+        cfg.target.host_categories = [*cfg.target.host_categories, "activations"]
     captured, capture = _capture(cfg, name)
     zero3 = None
     if cfg.workload.zero3_emulation.enabled:

@@ -68,7 +68,8 @@ _LATER_FIELDS = {"gpu_kernels": None, "compile": False, "head_dim": 0, "tie_embe
                  "mla_kv_lora_rank": 0, "mla_q_lora_rank": 0, "mla_rope_head_dim": 64,
                  "mla_v_head_dim": 0, "optimizer_in_backward": False,
                  "float8_recipe": "tensorwise", "float8_all_gather": None, "moe_every": 1,
-                 "attention_chunk": 0, "nope_every": 0}
+                 "attention_chunk": 0, "nope_every": 0, "optimizer": "adamw",
+                 "activation_offload": False}
 
 
 def capture_key(workload, world_size: int, rank0_only: bool = False) -> str:

@@ -13,6 +13,7 @@ from actors.capture.workloads.checkpointing import ActivationCheckpointing
 from actors.capture.workloads.mesh import ParallelismConfig
 from actors.capture.workloads.models.registry import MODEL_SPECS, expert_ffn_dim, model_spec
 from actors.capture.workloads.moe import MoeRouter, MoeScore, MoeSpec, max_skew
+from actors.capture.workloads.optimizers import OptimizerName
 from actors.choices import Choice
 from actors.config_fields import setting
 from actors.errors import ConfigError
@@ -144,6 +145,17 @@ class WorkloadConfig:
         "fsdp2: FSDP2's CPUOffloadPolicy (torchtitan's training.enable_cpu_offload): parameter "
         "shards, their gradients and the optimizer state (and its step) in host memory. "
         "tracefleet-predict counts those storages as host bytes, not the GPU's."))
+    optimizer: OptimizerName = setting(OptimizerName.adamw, help=(
+        "The built-in recipes' optimizer: adamw (torch's), adamw_8bit or adamw_4bit (torchao's "
+        "low-bit AdamW: block-wise quantized moments; its compiled step runs on fake as "
+        "workload.compile's does). Not on meta, nor zero3 (DeepSpeed's own optimizer) or a "
+        "custom step (its own)."))
+    activation_offload: bool = setting(False, help=(
+        "Every tensor saved for backward copied to host memory in forward and back to the "
+        "device when backward needs it (torch.autograd.graph.save_on_cpu's way; "
+        "actors/capture/workloads/activation_offload.py). tracefleet-predict counts the host "
+        "copies as host bytes, not the GPU's. ddp, fsdp2 or local, no activation "
+        "checkpointing, no pp."))
     optimizer_in_backward: bool = setting(False, help=(
         "fsdp2: each parameter's AdamW step runs in backward as soon as its gradient shard is "
         "reduced, and the gradient is freed right after (torchtitan's "
@@ -318,6 +330,7 @@ class WorkloadConfig:
         self.reshard_after_forward = ReshardPolicy.coerce(self.reshard_after_forward,
                                                           "workload.reshard_after_forward")
         self.float8_recipe = Float8Recipe.coerce(self.float8_recipe, "workload.float8_recipe")
+        self.optimizer = OptimizerName.coerce(self.optimizer, "workload.optimizer")
         for name in ("zero3_offload_optimizer", "zero3_offload_param"):
             setattr(self, name, OffloadDevice.coerce(getattr(self, name), f"workload.{name}"))
         # The deprecated aliases, resolved here and only here. An alias replaces fields left at
@@ -360,6 +373,18 @@ def validate(cfg: WorkloadConfig) -> None:
         raise ConfigError(f"workload.gpu_kernels={cfg.gpu_kernels} dispatches shapes-only "
                           f"tensors as a GPU would; workload.device={cfg.device} runs its own "
                           "kernels (use device=fake, or leave gpu_kernels null)")
+    if cfg.optimizer != OptimizerName.adamw and (
+            cfg.device == WorkloadDevice.meta or cfg.parallel == Parallel.zero3
+            or cfg.model == ModelName.custom):
+        raise ConfigError(f"workload.optimizer={cfg.optimizer} with workload.parallel="
+                          f"{cfg.parallel}, model={cfg.model}, device={cfg.device}: torchao's "
+                          "low-bit AdamW steps a compiled function, which needs fake, cpu or "
+                          "cuda tensors (not meta); zero3 steps DeepSpeed's optimizer and a "
+                          "custom step its own")
+    if cfg.activation_offload and cfg.model == ModelName.custom:
+        raise ConfigError("workload.activation_offload=true with workload.model=custom: the "
+                          "offload hooks wrap the built-in steps' forward; a custom step "
+                          "offloads in its own code (torch.autograd.graph.save_on_cpu)")
     if cfg.model == ModelName.custom:
         if not cfg.entrypoint:
             raise ConfigError("workload.model=custom needs workload.entrypoint=PATH.py:FUNCTION "
@@ -487,6 +512,15 @@ def _validate_recipe(cfg: WorkloadConfig) -> None:
                           "backward is FSDP2's (its reduce-scatter runs the parameter's hook), "
                           "once per step: use parallel=fsdp2, grad_accum_steps=1 and no pp "
                           "(torchtitan refuses the same)")
+    if cfg.activation_offload and (cfg.parallel == Parallel.zero3 or cfg.parallelism.pp > 1
+                                   or cfg.activation_checkpointing != ActivationCheckpointing.none
+                                   or cfg.device == WorkloadDevice.meta):
+        raise ConfigError(f"workload.activation_offload=true with {where}, pp="
+                          f"{cfg.parallelism.pp}, activation_checkpointing="
+                          f"{cfg.activation_checkpointing}, device={cfg.device}: the offload "
+                          "hooks wrap the built-in ddp, fsdp2 or local step's forward, without "
+                          "checkpointing (whose own hooks decide what is saved) or a pipeline "
+                          "schedule, on fake, cpu or cuda")
     if cfg.cpu_offload and cfg.parallel != Parallel.fsdp2:
         raise ConfigError(f"workload.cpu_offload=true is FSDP2's CPUOffloadPolicy; {where} "
                           "(DeepSpeed's: workload.zero3_offload_optimizer / zero3_offload_param "

@@ -15,6 +15,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from actors.capture.workloads.activation_offload import offloading
+from actors.capture.workloads.optimizers import make_optimizer
+
 
 def compute_context(cfg, device: torch.device):
     """A context for the forward: autocast to bf16 for bf16_mixed, nothing otherwise."""
@@ -33,13 +36,13 @@ def data_parallel_step(model: nn.Module, cfg, device: torch.device, world_size: 
     """``step(batch)``: every micro-batch's forward and backward, the gradient all-reduce over
     ``world_size`` ranks (0: none), AdamW."""
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr)
+    opt = make_optimizer(cfg, params)
     buckets = _buckets(params[::-1], cfg.dp_bucket_numel) if world_size else []
 
     def step(batch):
         opt.zero_grad(set_to_none=True)
         for micro_batch in batch:
-            with compute_context(cfg, device):
+            with compute_context(cfg, device), offloading(cfg):
                 loss = micro_batch_loss(model, micro_batch, len(batch))
             loss.backward()
         for bucket in buckets:  # DDP fills buckets in backward order

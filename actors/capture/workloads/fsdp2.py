@@ -13,12 +13,16 @@ several micro-batches the gradient reduction runs after the last one only
 """
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 import torch.nn as nn
 
+from actors.capture.workloads.activation_offload import offloading
 from actors.capture.workloads.data_parallel import micro_batch_loss
 from actors.capture.workloads.moe import MoE
 from actors.capture.workloads.optimizer_in_backward import OptimizersInBackward
+from actors.capture.workloads.optimizers import make_optimizer
 
 
 def reshards_after_forward(cfg, index: int, num_blocks: int, pipelined: bool = False) -> bool:
@@ -62,16 +66,18 @@ def fsdp2_step(model: nn.Module, cfg, blocks: nn.ModuleList, device: torch.devic
         fully_shard(block, reshard_after_forward=reshard, **kwargs)
     fully_shard(model, **kwargs)
     if getattr(cfg, "optimizer_in_backward", False):
-        opt = OptimizersInBackward(model.parameters(), lambda ps: torch.optim.AdamW(ps, lr=cfg.lr))
+        opt = OptimizersInBackward(model.parameters(), partial(make_optimizer, cfg))
     else:
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+        opt = make_optimizer(cfg, model.parameters())
 
     def step(batch):
         opt.zero_grad(set_to_none=True)
         for i, micro_batch in enumerate(batch):
             if len(batch) > 1:
                 model.set_requires_gradient_sync(i == len(batch) - 1)
-            micro_batch_loss(model, micro_batch, len(batch)).backward()
+            with offloading(cfg):
+                loss = micro_batch_loss(model, micro_batch, len(batch))
+            loss.backward()
         opt.step()
 
     step.optimizer = opt  # for PyTorch's FSDPMemTracker (scripts/bench_predict.py)

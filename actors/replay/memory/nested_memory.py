@@ -22,6 +22,7 @@ class NestedMemory(ReplayExtension):
     def __init__(self, lifetimes: tuple):
         self.lifetimes = lifetimes
         self.held: dict[int, torch.Tensor] = {}  # lifetime index -> its bytes
+        self.categories: dict[int, int] = {}  # lifetime index -> the category it is charged as
         self.memory = None
         self.device = None
         self.peak_held_bytes = 0
@@ -36,15 +37,19 @@ class NestedMemory(ReplayExtension):
         made-inside storage), or free after the last op a nested op read it in."""
         before, after = {}, {}
         for k, (suid, start, end, nbytes) in enumerate(self.lifetimes):
-            after.setdefault(start, []).append(lambda k=k, n=nbytes: self._charge(k, n))
+            after.setdefault(start, []).append(lambda k=k, n=nbytes, s=suid: self._charge(k, n, s))
             release = (lambda k=k: self._release(k))
             (before if suid >= 0 else after).setdefault(end, []).append(release)
         return before, after
 
-    def _charge(self, k: int, nbytes: int) -> None:
+    def _charge(self, k: int, nbytes: int, suid: int) -> None:
         if k in self.held:
             return
-        self.memory.charge(nbytes, MADE_INSIDE)
+        # a made-inside storage is charged as what it holds (an activation saved for
+        # backward from a forward op is one, and host memory where activations are offloaded)
+        category = self.memory.categories[suid] if suid >= 0 else MADE_INSIDE
+        self.memory.charge(nbytes, category)
+        self.categories[k] = category
         self.held[k] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         held = sum(x.numel() for x in self.held.values())
         self.peak_held_bytes = max(self.peak_held_bytes, held)
@@ -52,7 +57,7 @@ class NestedMemory(ReplayExtension):
     def _release(self, k: int) -> None:
         x = self.held.pop(k, None)
         if x is not None:
-            self.memory.discharge(x.numel(), MADE_INSIDE)
+            self.memory.discharge(x.numel(), self.categories.pop(k))
 
     def on_iteration_end(self, measured: bool) -> None:
         for k in list(self.held):

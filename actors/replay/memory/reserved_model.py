@@ -104,14 +104,14 @@ class ReservedMemoryModel(ReplayExtension):
             self.model.free(block)
 
     def charged(self, nbytes: int, category: int = TEMPORARIES, host: bool = False) -> None:
-        if host:  # an extension's host memory (DeepSpeed's offload)
+        if host or category in self._host:  # an extension's host memory (DeepSpeed's offload)
             self.host_bytes += nbytes
             self.host_peak_bytes = max(self.host_peak_bytes, self.host_bytes)
         elif nbytes > 0:
             self._charges.setdefault(nbytes, []).append(self.model.malloc(nbytes))
 
     def discharged(self, nbytes: int, category: int = TEMPORARIES, host: bool = False) -> None:
-        if host:
+        if host or category in self._host:
             self.host_bytes -= nbytes
             return
         blocks = self._charges.get(nbytes)

@@ -70,3 +70,28 @@ def test_deepspeeds_offload_knobs_are_its_own():
         validate(WorkloadConfig(model="llama", parallel="fsdp2", zero3_offload_optimizer="cpu"))
     cfg = WorkloadConfig(model="llama", parallel="zero3", zero3_offload_param="cpu")
     assert _offload_sections(cfg) == {"offload_param": {"device": "cpu"}}
+
+
+def test_offloaded_activations_leave_the_device_figures(tmp_path):
+    """workload.activation_offload: every tensor saved for backward is a host copy from forward
+    on (actors/capture/workloads/activation_offload.py); backward copies each back to the
+    device while its node runs. The host copies are host bytes; the device keeps the rest."""
+    on_gpu = _predict(tmp_path, "workload.seq_len=256", "workload.batch_size=4")
+    offloaded = _predict(tmp_path, "workload.seq_len=256", "workload.batch_size=4",
+                         "workload.activation_offload=true")
+    assert on_gpu.host_peak_bytes == 0
+    # what was saved for backward (and more: save_on_cpu copies the saved weights too)
+    assert offloaded.host_peak_bytes >= on_gpu.breakdown["activations"] > 0
+    saved = on_gpu.breakdown["activations"]
+    assert offloaded.predicted_allocated_peak_bytes <= \
+        on_gpu.predicted_allocated_peak_bytes - saved // 2
+    assert "activations offloaded" in prediction_table(offloaded.to_dict()).splitlines()[0]
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(parallel="zero3", precision="bf16_mixed"), "parallel=zero3"),
+    (dict(activation_checkpointing="full"), "activation_checkpointing=full"),
+    (dict(model="custom", entrypoint="examples/ddp_step.py:build"), "model=custom")])
+def test_activation_offload_is_refused_where_the_hooks_do_not_wrap_the_step(overrides, message):
+    with pytest.raises(ConfigError, match=rf"workload.activation_offload=true with .*{message}"):
+        validate(WorkloadConfig(**{"model": "llama", "activation_offload": True, **overrides}))

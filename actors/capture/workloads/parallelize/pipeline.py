@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from actors.capture.workloads.mesh import PipelineSchedule
 from actors.capture.workloads.fsdp2 import offload_kwargs, reshards_after_forward
+from actors.capture.workloads.optimizers import make_optimizer
 
 
 class LlamaStage(nn.Module):
@@ -161,7 +162,7 @@ def pipeline_step(stages: list[LlamaStage], cfg, device: torch.device, pp_mesh, 
     if fake:
         schedule._warmup_p2p = _static_warmup
     params = [p for stage in stages for p in stage.parameters()]
-    opt = torch.optim.AdamW(params, lr=cfg.lr)
+    opt = make_optimizer(cfg, params)
     first, last = stage_ids(pp_rank, pp, par.pp_stages_per_rank)[0] == 0, \
         num_stages - 1 in stage_ids(pp_rank, pp, par.pp_stages_per_rank)
 
