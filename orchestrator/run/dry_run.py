@@ -1,4 +1,5 @@
-"""``tracefleet-predict``'s dry run: one in-process replay per distinct rank trace, no Ray.
+"""``tracefleet-predict``'s dry run: one replay per distinct rank trace, no Ray: in this process,
+or several at once in local worker processes.
 
 Ranks whose trace files are byte-identical replay once (pre-flight's grouping,
 orchestrator/preflight/trace_identity.py, which streams the files): on meta and fake every
@@ -8,11 +9,14 @@ prediction's config and verdict are orchestrator/studies/predict.py's.
 """
 from __future__ import annotations
 
+import os
+
 from actors.errors import TracefleetError
 from actors.gc_pause import gc_paused
 from actors.replay.config import ReplayConfig
 from actors.replay.memory.target import TargetConfig
 from actors.zero3.config import Zero3Config
+from orchestrator.cluster.worker_pool import WorkerDied, in_fresh_processes
 from orchestrator.preflight.trace_identity import identical_groups
 from orchestrator.status import ANSWERED
 from actors.replay.session import replay_rank
@@ -20,10 +24,25 @@ from actors.zero3.extension import zero3_extensions
 
 
 def dry_run(sources: dict, replay: ReplayConfig, target: TargetConfig,
-            zero3: Zero3Config | None) -> tuple[dict[int, list[int]], dict[int, dict]]:
+            zero3: Zero3Config | None, num_workers: int = 1
+            ) -> tuple[dict[int, list[int]], dict[int, dict]]:
     """``(groups, reports)``: the ranks of ``sources`` (rank -> TraceSource) grouped by
-    identical trace (``{representative: [ranks]}``) and each representative's report."""
+    identical trace (``{representative: [ranks]}``) and each representative's report.
+    ``num_workers`` > 1: that many distinct traces dry-run at once, each in a spawned process
+    of its own (a pipeline's stages: minutes each at 405B); 0: as many as this machine's
+    CPUs; 1: one after another here."""
     groups = identical_groups(sources)
+    reps = list(groups)
+    workers = min(len(reps), num_workers or os.cpu_count() or 1)
+    if workers > 1:
+        results = in_fresh_processes(dry_run_rank, [(sources[rep], rep, replay, target, zero3)
+                                                    for rep in reps], workers)
+        try:
+            return groups, {rep: next(results) for rep in reps}
+        except WorkerDied as exc:
+            raise TracefleetError(f"the process dry-running {sources[reps[exc.index]]} ended "
+                                  f"without a result (exit code {exc.exitcode}: killed by the "
+                                  "kernel, out of memory?); dry-run fewer at once") from None
     _import_dynamo()
     reports = {rep: dry_run_rank(sources[rep], rep, replay, target, zero3) for rep in groups}
     return groups, reports

@@ -17,7 +17,9 @@ class RolesConfig:
         "Roles recorded at once (pipeline stages, context-parallel chunks: one recorded rank "
         "each). 1: one after another in this process. N > 1: N at a time, each in a process "
         "of its own. 0: as many as this machine holds: the first role is recorded alone and "
-        "its measured peak resident memory sizes the rest (CPUs, available memory)."))
+        "its measured peak resident memory sizes the rest (CPUs, available memory). With the "
+        "local executor, tracefleet-predict then dry-runs the roles' traces N (0: as many as "
+        "CPUs) at once too."))
     executor: Executor = setting(Executor.local, help=(
         "local: worker processes on this machine. ray: Ray tasks on the cluster at "
         "ray_address, spread over its nodes (one CPU each, and memory_limit_gib of memory "

@@ -44,6 +44,7 @@ from orchestrator.sinks import Sink, close_all, write_all
 from orchestrator.studies.prediction import BREAKDOWN_OF, Prediction, Verdict
 from orchestrator.studies.prediction_sinks import PredictionResult, prediction_sinks
 from orchestrator.run.capture import CaptureResult, check_world_size
+from orchestrator.config import Executor
 from orchestrator.run.roles_config import RolesConfig
 
 log = logging.getLogger("tracefleet")
@@ -257,7 +258,9 @@ def predict(cfg: PredictConfig, out_dir: Path | None = None, name: str | None = 
     name, sources, world, zero3, captured, capture = _sources(
         cfg, name or f"{cfg.workload.model}_{cfg.workload.parallel}")
     t1 = time.perf_counter()
-    groups, reports = dry_run(sources, cfg.replay, cfg.target, zero3)
+    roles = cfg.predict.roles  # the recorded roles' traces dry-run as many at once, locally
+    groups, reports = dry_run(sources, cfg.replay, cfg.target, zero3,
+                              roles.num_workers if roles.executor == Executor.local else 1)
     replay_s = time.perf_counter() - t1
     snapshots = {rank: pop_snapshot(report) for rank, report in reports.items()}
     prediction = _prediction(cfg, name, reports, groups, sorted(sources), world, zero3,

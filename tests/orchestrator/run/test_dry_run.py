@@ -52,3 +52,26 @@ def test_each_replays_trace_is_freed_with_the_gc_off():
     assert out["groups"] == 2 and out["alive"] == [False, False]
     # each demo trace has ~600 ops: a cycle may hold the op a tracker last saw, not the trace's
     assert out["ops_held_by_cycles"] <= 10
+
+
+def test_distinct_traces_dry_run_at_once_in_workers_as_here():
+    """num_workers=2 (predict.roles.num_workers on a mesh job): each distinct trace in a spawned
+    process of its own, the same reports as one after another in this process."""
+    from actors.replay.config import AllocationMode, dry_run_config
+    from actors.replay.memory.target import TargetConfig
+    from actors.trace.source import as_source
+    from orchestrator.config import DEMO_TRACES
+    from orchestrator.run.dry_run import dry_run
+
+    sources = {r: as_source(str(DEMO_TRACES / "gpt_zero3_2" / f"rank-{r}.et.json.gz"))
+               for r in (0, 1)}
+    args = (sources, dry_run_config(AllocationMode.faithful), TargetConfig(name="h100_96gb"),
+            None)
+    here, in_workers = dry_run(*args), dry_run(*args, num_workers=2)
+    assert here[0] == in_workers[0] and len(here[0]) == 2  # two distinct traces
+
+    def figures(reports):
+        return {rank: (r["status"], r["accounted_peak_bytes"], r["peak_breakdown"],
+                       r["cuda_allocator"]["predicted_reserved_peak_bytes"])
+                for rank, r in reports.items()}
+    assert figures(here[1]) == figures(in_workers[1])
