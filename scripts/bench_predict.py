@@ -146,6 +146,11 @@ CONFIGS = {
     "moe_ep_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.ep": 2,
                           "moe_experts": 4, "moe_top_k": 2, "moe_ffn_dim": 512,
                           "moe_router": "fixed"},
+    # experts split both ways (torchtitan's ep x etp): expert parallel 2 over dp_shard 2, each
+    # expert's hidden units over tp 2; tokens exchanged within one tp index's ranks
+    "moe_ep_etp_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.ep": 2,
+                              "parallelism.tp": 2, "moe_experts": 4, "moe_top_k": 2,
+                              "moe_ffn_dim": 512, "moe_router": "fixed"},
     # the families and knobs of 2025-26 (issue 30): Qwen3's q/k norms and a head size that is
     # not d_model / n_heads (4 x 96 = 384 wide on 256), tied embeddings; a chunked loss; FSDP2
     # keeping every block gathered; Qwen3's MoE (renormalized top-k) under expert parallel
@@ -205,6 +210,7 @@ CONFIGS = {
 # rows run at another world size than WORLD
 WORLDS = {"fsdp2_tp_sp_bf16_mixed": 4, "hsdp_bf16_mixed": 4, "fsdp2_cp_bf16_mixed": 4,
           "pp_1f1b_fsdp2_bf16_mixed": 4, "pp_gpipe_fsdp2_bf16_mixed": 4, "moe_ep_bf16_mixed": 4,
+          "moe_ep_etp_bf16_mixed": 4,
           "pp_tp_loss_parallel_fp32": 4, "fsdp2_bf16_mixed_world4": 4,
           "fsdp2_bf16_mixed_world8": 8,
           "qwen3_tp_sp_bf16_mixed": 4, "qwen3_moe_ep_bf16_mixed": 4,

@@ -96,6 +96,26 @@ def test_ep_dispatches_tokens_by_the_assumed_splits(ep_job):
     assert _dry_run(out / trace_file_name(0))["status"] == "ok"
 
 
+def test_ep_with_tp_splits_the_experts_both_ways(tmp_path):
+    """torchtitan's ep x etp: dp_shard 2 lent to ep 2, tp 2; each rank holds half the experts,
+    each with half its hidden units, and exchanges the whole sequence's tokens (tp all-gathers
+    them for the MoE block) with the ep peer of its own tp index."""
+    meta = _capture(tmp_path, {"ep": 2, "tp": 2})
+    assert meta["mesh"]["roles"] == {"every rank": [0, 1, 2, 3]}
+    trace = load_trace(tmp_path / trace_file_name(0))
+    routed_per_peer = TOKENS * 2 // 2  # the dp rank's whole sequence (not its tp slice), top-2
+    counts, dispatch, _ = _token_exchanges(trace)[:3]
+    assert counts == ((2, 2), (2, 2))
+    assert dispatch == ((routed_per_peer, routed_per_peer), (routed_per_peer, routed_per_peer))
+    experts = [op for op in trace.ops if op.name == "aten::_grouped_mm"][0]
+    w1 = tuple(experts.input_tensors()[1].shape)
+    assert w1[0] == MOE["moe_experts"] // 2 and MOE["moe_ffn_dim"] // 2 in w1[1:]
+    groups = {g.desc: g for g in trace.process_groups}
+    assert {"mesh_ep", "mesh_efsdp", "mesh_tp"} <= set(groups)
+    assert tuple(groups["mesh_ep"].ranks) == (0, 2)  # the ep peer of the same tp index
+    assert _dry_run(tmp_path / trace_file_name(0))["status"] == "ok"
+
+
 def test_a_skewed_routing_makes_the_ep_ranks_roles(tmp_path):
     meta = _capture(tmp_path, {"ep": 2}, moe_routing_skew=1.0)
     assert meta["mesh"]["roles"] == {"ep rank 0": [0, 2], "ep rank 1": [1, 3]}
@@ -122,7 +142,7 @@ def test_moe_without_ep_runs_on_meta(tmp_path):
     ({"moe_experts": 3}, {"ep": 2}, "not divisible by ep=2"),
     ({"moe_experts": 4}, {"ep": 4, "dp_shard": 2, "dp_replicate": 2},
      "ep=4 must divide dp_shard x cp = 2"),
-    ({"moe_experts": 4}, {"tp": 2, "ep": 2}, "experts split both ways"),
+    ({"moe_experts": 4, "moe_ffn_dim": 63}, {"tp": 2, "ep": 2}, "not divisible by tp=2"),
     ({"moe_experts": 4}, {"ep": 2, "pp": 2, "dp_shard": 2}, "under pipeline parallel"),
 ])
 def test_expert_parallel_that_cannot_run_is_refused(fields, parallelism, message):

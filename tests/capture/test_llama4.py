@@ -127,7 +127,7 @@ def test_what_llama4_cannot_be_is_refused(fields, message):
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"parallelism": {"tp": 2, "ep": 2}}, "experts split both ways"),
+    ({"parallelism": {"tp": 2, "ep": 2, "pp": 2}}, "under pipeline parallel"),
     ({"parallelism": {"tp": 2}, "moe_ffn_dim": 63}, r"hidden size 63 \(workload.moe_ffn_dim\) "
                                                     "is not divisible by tp=2"),
 ])

@@ -13,7 +13,8 @@ them: ``tp`` neighbours are adjacent ranks), and flattened dimensions built from
 A flattened name exists when it joins two or more present dimensions. Expert parallelism
 (``ep``) borrows ``dp_shard x cp`` ranks, as torchtitan's does: with ``ep > 1`` the mesh also
 carries ``mesh.expert_mesh``, ``(pp, dp_replicate, efsdp, ep)`` over the same ranks (``efsdp =
-dp_shard x cp / ep``; ``ep`` neighbours are the innermost ranks of ``dp_shard x cp``), where
+dp_shard x cp / ep``; ``ep`` neighbours are the innermost ranks of ``dp_shard x cp``; under tp
+``etp = tp`` innermost, so an ep group is one tp index's ranks), where
 the MoE blocks' experts are split and sharded
 (actors/capture/workloads/parallelize/expert_parallel.py).
 
@@ -176,14 +177,18 @@ def build_mesh(device_type: str, par: ParallelismConfig, world_size: int):
 
 def expert_mesh_dims(par: ParallelismConfig, world_size: int) -> list[tuple[str, int]]:
     """The expert mesh's dimensions (see the module docstring): pp and dp_replicate where
-    present, then efsdp and ep (efsdp kept at degree 1: the experts' FSDP unit)."""
+    present, then efsdp and ep (efsdp kept at degree 1: the experts' FSDP unit), then etp under
+    tp."""
     degrees = par.degrees(world_size)
     region = degrees["dp_shard"] * degrees["cp"]
     if region % par.ep:
         raise ConfigError(f"workload.parallelism.ep={par.ep} must divide dp_shard x cp = "
                           f"{region} (expert parallel borrows those ranks)")
     outer = [(n, degrees[n]) for n in ("pp", "dp_replicate") if degrees[n] > 1]
-    return outer + [("efsdp", region // par.ep), ("ep", par.ep)]
+    # under tp each expert's hidden units are split too (torchtitan's ep x etp, etp = tp):
+    # an ep group is the ranks of one tp index
+    inner = [("etp", degrees["tp"])] if degrees["tp"] > 1 else []
+    return outer + [("efsdp", region // par.ep), ("ep", par.ep)] + inner
 
 
 def ep_index(par: ParallelismConfig, world_size: int, rank: int) -> int:
@@ -292,13 +297,9 @@ def _validate_unsharded(cfg, where: str) -> None:
 
 def _validate_experts(cfg, par: ParallelismConfig, world_size: int, where: str) -> None:
     """The MoE block on the mesh: ep splits its experts, tp their hidden units (expert tensor
-    parallel); tp with ep, and pp with ep, are not built."""
+    parallel), both together as torchtitan's ep x etp; pp with ep is not built."""
     degrees, experts = par.degrees(world_size), cfg.moe_experts
     tp = degrees["tp"]
-    if experts and tp > 1 and par.ep > 1:
-        raise ConfigError(f"{where}: workload.moe_experts={experts} with tp={tp} and ep="
-                          f"{par.ep}: experts split both ways (torchtitan's ep x etp) are not "
-                          "built; use tp (each expert's hidden units split) or ep")
     if experts and tp > 1:
         hidden = expert_ffn_dim(cfg)
         if hidden % tp:
