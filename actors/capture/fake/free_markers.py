@@ -19,29 +19,16 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-import torch
-
 from actors.capture.fake import meta_storage, wrapper_marker
+from actors.capture.fake.marker_ops import marker_op, storage_views, write
 from actors.trace.conventions import FREED_OP
 
-_NAMESPACE, _NAME = FREED_OP.split("::")
-_PYTHON_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Python) | torch._C.DispatchKeySet(
-    torch._C.DispatchKey.PythonTLSSnapshot)
-_META = torch.device("meta")
-_library = None
+_step_start = [0]  # the first address of the recorded step (see recording)
 
 
 def _freed_op():
-    """``tracefleet::freed(Tensor[] storages) -> ()``: a no-op the observer records."""
-    global _library
-    if _library is None:
-        _library = torch.library.Library(_NAMESPACE, "DEF")
-        _library.define(f"{_NAME}(Tensor[] storages, int[] made_in_step) -> ()")
-        _library.impl(_NAME, lambda storages, made_in_step: None, "CompositeExplicitAutograd")
-    return getattr(getattr(torch.ops, _NAMESPACE), _NAME).default
-
-
-_step_start = [0]  # the first address of the recorded step (see recording)
+    """``tracefleet::freed(Tensor[] storages, int[] made_in_step) -> ()``."""
+    return marker_op(FREED_OP, "Tensor[] storages, int[] made_in_step")
 
 
 def emit() -> None:
@@ -52,27 +39,14 @@ def emit() -> None:
     made = [int(a >= _step_start[0]) for a in addresses]
     # the views' own (empty) storages die right here: not frees of the run
     with meta_storage.frees_paused():
-        views = []
-        # Unrecorded: two ops per freed storage were a third of a fake trace's nodes (a
-        # 405B pipeline stage wrote 490k of them), all dropped again by the rewrite.
-        torch._C._autograd._enable_record_function(False)  # this thread only
-        try:
-            for address in addresses:
-                storage = torch._C._construct_storage_from_data_pointer(address, _META, 0)
-                views.append(torch.empty(0, dtype=torch.uint8, device=_META)
-                             .set_(storage, 0, (0,), (1,)))
-        finally:  # a capture records with RecordFunction on: there is no getter to restore
-            torch._C._autograd._enable_record_function(True)
-        with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEYS):
-            _freed_op()(views, made)
-        del views
+        write(_freed_op(), storage_views(addresses), made)
 
 
 @contextmanager
 def recording(mode):
     """Within the block, ``mode`` (a CaptureFakeMode) writes the run's frees before each op;
     those pending when the block ends are written at its end (inside the step's range)."""
-    _freed_op()
+    _freed_op()  # defined before the observer starts
     _step_start[0] = meta_storage.next_address()
     with meta_storage.record_frees():
         mode.emit_frees = True

@@ -12,32 +12,12 @@ the ops left on it (actors/trace/subclass_wrappers.py).
 """
 from __future__ import annotations
 
-import torch
-
+from actors.capture.fake.marker_ops import marker_op, storage_views, write
 from actors.capture.fake.meta_storage import frees_paused
 from actors.trace.conventions import WRAPPER_STORAGE_OP
-
-_NAMESPACE, _NAME = WRAPPER_STORAGE_OP.split("::")
-_PYTHON_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Python) | torch._C.DispatchKeySet(
-    torch._C.DispatchKey.PythonTLSSnapshot)
-_library = None
-
-
-def _marker_op():
-    """``tracefleet::wrapper_storage(Tensor null) -> ()``: a no-op the observer records."""
-    global _library
-    if _library is None:
-        _library = torch.library.Library(_NAMESPACE, "FRAGMENT")  # free_markers DEFs it
-        _library.define(f"{_NAME}(Tensor null) -> ()")
-        _library.impl(_NAME, lambda null: None, "CompositeExplicitAutograd")
-    return getattr(getattr(torch.ops, _NAMESPACE), _NAME).default
 
 
 def mark() -> None:
     """Write the null pointer's storage id as one WRAPPER_STORAGE_OP (call while recording)."""
-    op = _marker_op()
     with frees_paused():  # the view's own storage is nothing the run freed
-        storage = torch._C._construct_storage_from_data_pointer(0, torch.device("meta"), 0)
-        null = torch.empty(0, dtype=torch.uint8, device="meta").set_(storage, 0, (0,), (1,))
-        with torch._C._ExcludeDispatchKeyGuard(_PYTHON_KEYS):
-            op(null)
+        write(marker_op(WRAPPER_STORAGE_OP, "Tensor null"), *storage_views([0]))

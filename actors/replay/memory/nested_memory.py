@@ -22,7 +22,6 @@ class NestedMemory(ReplayExtension):
     def __init__(self, lifetimes: tuple):
         self.lifetimes = lifetimes
         self.held: dict[int, torch.Tensor] = {}  # lifetime index -> its bytes
-        self.categories: dict[int, int] = {}  # lifetime index -> the category it is charged as
         self.memory = None
         self.device = None
         self.peak_held_bytes = 0
@@ -37,19 +36,22 @@ class NestedMemory(ReplayExtension):
         made-inside storage), or free after the last op a nested op read it in."""
         before, after = {}, {}
         for k, (suid, start, end, nbytes) in enumerate(self.lifetimes):
-            after.setdefault(start, []).append(lambda k=k, n=nbytes, s=suid: self._charge(k, n, s))
+            after.setdefault(start, []).append(lambda k=k, n=nbytes: self._charge(k, n))
             release = (lambda k=k: self._release(k))
             (before if suid >= 0 else after).setdefault(end, []).append(release)
         return before, after
 
-    def _charge(self, k: int, nbytes: int, suid: int) -> None:
+    def _category(self, k: int) -> int:
+        """What lifetime ``k`` is charged as: a made-inside storage as what it holds (an
+        activation saved for backward from a forward op is one, host memory where activations
+        are offloaded), a storage no top-level op uses as made inside."""
+        suid = self.lifetimes[k][0]
+        return self.memory.categories[suid] if suid >= 0 else MADE_INSIDE
+
+    def _charge(self, k: int, nbytes: int) -> None:
         if k in self.held:
             return
-        # a made-inside storage is charged as what it holds (an activation saved for
-        # backward from a forward op is one, and host memory where activations are offloaded)
-        category = self.memory.categories[suid] if suid >= 0 else MADE_INSIDE
-        self.memory.charge(nbytes, category)
-        self.categories[k] = category
+        self.memory.charge(nbytes, self._category(k))
         self.held[k] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         held = sum(x.numel() for x in self.held.values())
         self.peak_held_bytes = max(self.peak_held_bytes, held)
@@ -57,7 +59,7 @@ class NestedMemory(ReplayExtension):
     def _release(self, k: int) -> None:
         x = self.held.pop(k, None)
         if x is not None:
-            self.memory.discharge(x.numel(), self.categories.pop(k))
+            self.memory.discharge(x.numel(), self._category(k))
 
     def on_iteration_end(self, measured: bool) -> None:
         for k in list(self.held):
