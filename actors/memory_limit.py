@@ -24,7 +24,7 @@ from contextlib import contextmanager
 import psutil
 
 from actors.errors import TracefleetError
-from actors.time_limit import stopped_at
+from actors.time_limit import stop_behind, stopped_at
 
 TICK_S = 0.05  # CPU seconds between two readings of the resident set
 GIB = 2**30
@@ -59,11 +59,14 @@ def memory_limit(limit_bytes: int, key: str, what: str):
     signal.setitimer(signal.ITIMER_PROF, TICK_S, TICK_S)
     try:
         yield
-    except _OverMemory as exc:
+    except BaseException as exc:
+        over = stop_behind(exc, _OverMemory)
+        if over is None:
+            raise
         raise MemoryLimitError(
-            f"{key}={limit_bytes / GIB:g} GiB: {what} held {exc.args[0] / GIB:.2f} GiB "
-            f"resident (stopped at {stopped_at(exc, __file__)}); raise {key}, record fewer roles at once, "
-            "or give the job a machine with more memory") from None
+            f"{key}={limit_bytes / GIB:g} GiB: {what} held {over.args[0] / GIB:.2f} GiB "
+            f"resident (stopped at {stopped_at(over, __file__)}); raise {key}, record fewer roles "
+            "at once, or give the job a machine with more memory") from None
     finally:
         running[0] = False
         signal.setitimer(signal.ITIMER_PROF, 0)

@@ -68,6 +68,21 @@ def stopped_at(exc: BaseException, handler_file: str = __file__) -> str:
     return f"{frame.filename}:{frame.lineno} in {frame.name}"
 
 
+def stop_behind(exc: BaseException, kind: type) -> BaseException | None:
+    """``exc``, or an exception it was raised while handling (``__context__``, followed), that
+    is a ``kind`` (a bound's own stop); None if none is. A stop raised in arbitrary code can
+    land inside a library's cleanup and make it fail on the way out (torch's mode stack half
+    popped: "trying to set the current FakeTensorMode, but one already exists"): the block
+    then sees that failure, whose cause is the stop."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kind):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__context__
+    return None
+
+
 def _place(frame) -> tuple:
     """Where the code is: every frame's code and line, innermost first."""
     place = []
@@ -127,15 +142,18 @@ def time_limit(seconds: float, key: str, what: str = "the capture", stall_s: flo
     try:
         yield
         running[0] = False
-    except _Stalled as exc:
-        raise TimeLimitError(f"{stall_key}={stall_s:g}: {what} made no progress for "
-                             f"{stall_s:g} s: it stayed at {exc.args[0]} (a wait or a loop that "
-                             f"never ends?); raise {stall_key} if it may stay there longer, "
-                             "or 0 to wait for the whole bound") from None
-    except _Expired as exc:
-        raise TimeLimitError(f"{key}={seconds:g}: {what} did not finish within {seconds:g} s "
-                             f"(stopped at {stopped_at(exc)}); raise {key} if it needs "
-                             "longer, or fix the step that does not return") from None
+    except BaseException as exc:
+        stalled, expired = stop_behind(exc, _Stalled), stop_behind(exc, _Expired)
+        if stalled is not None:
+            raise TimeLimitError(f"{stall_key}={stall_s:g}: {what} made no progress for "
+                                 f"{stall_s:g} s: it stayed at {stalled.args[0]} (a wait or a "
+                                 f"loop that never ends?); raise {stall_key} if it may stay "
+                                 "there longer, or 0 to wait for the whole bound") from None
+        if expired is not None:
+            raise TimeLimitError(f"{key}={seconds:g}: {what} did not finish within {seconds:g} "
+                                 f"s (stopped at {stopped_at(expired)}); raise {key} if it "
+                                 "needs longer, or fix the step that does not return") from None
+        raise
     finally:
         running[0] = False
         signal.setitimer(signal.ITIMER_REAL, 0)

@@ -29,6 +29,18 @@ def test_a_block_that_never_returns_is_stopped_at_its_bound():
     assert time.monotonic() - start < 0.5 + LOAD_MARGIN_S
 
 
+def test_a_stop_that_makes_a_cleanup_fail_is_still_the_bounds_error():
+    """A cleanup the stop made fail (see test_memory_limit.py's twin) does not hide the bound."""
+    with pytest.raises(TimeLimitError, match=r"capture_timeout_s=0.2: the capture did not finish "
+                                             r"within 0.2 s \(stopped at .*test_time_limit.py"):
+        with time_limit(0.2, "capture_timeout_s"):
+            try:
+                _spin()
+            finally:
+                raise RuntimeError("trying to set the current FakeTensorMode, but one already "
+                                   "exists")
+
+
 def test_a_block_that_ends_in_time_is_left_alone_and_the_timer_is_disarmed():
     with time_limit(5, "capture_timeout_s"):
         value = sum(range(1000))
