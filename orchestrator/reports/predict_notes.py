@@ -10,7 +10,10 @@ _KERNEL_NAMES = {"flash": "CUDA's flash attention", "efficient": "CUDA's memory-
                  "attention", "math": "the math path (no fused CUDA kernel takes it)",
                  "cpu_flash": "the CPU's flash kernel", "cpu_math": "the CPU's math path",
                  "native_dropout": "CUDA's fused dropout",
-                 "mul by noise": "the CPU's dropout (a multiply by a noise tensor)"}
+                 "mul by noise": "the CPU's dropout (a multiply by a noise tensor)",
+                 "foreach": "torch.optim's multi-tensor (foreach) kernels",
+                 "fused": "torch.optim's fused kernel",
+                 "for-loop": "torch.optim's single-tensor for-loop"}
 # what each op's kernel keeps, and what the CPU's path makes in its place
 _KEPT = {"aten::scaled_dot_product_attention": ("logsumexp and RNG state",
                                                 "float32 L x S score matrices (one per call; "

@@ -3,7 +3,8 @@ fake into a cache folder, reused while the workload stays the same; and the mode
 trace folder's ``meta.json`` (for estimates that need the ``nn.Module``).
 
 A cached folder is named ``<label>-<hash>``, the hash of the workload's fields (its
-``zero3_emulation`` aside: a replay setting), the world size, the torch version, whether
+``zero3_emulation`` aside: a replay setting; on a GPU target, the revision of what runs as the
+GPU's kernels), the world size, the torch version, whether
 every rank's file was written, and a custom entrypoint's file content. It is written under a
 temporary name and renamed when the capture finished, so a killed capture never leaves a
 folder that a later run would take for complete.
@@ -70,6 +71,10 @@ _LATER_FIELDS = {"gpu_kernels": None, "compile": False, "head_dim": 0, "tie_embe
                  "float8_recipe": "tensorwise", "float8_all_gather": None, "moe_every": 1,
                  "attention_chunk": 0, "nope_every": 0, "optimizer": "adamw",
                  "activation_offload": False}
+# What a GPU target's capture runs as the GPU's kernels (actors/capture/fake/cuda_dispatch.py)
+# grows; each growth bumps this so its cached captures are taken again, not reused stale. 2:
+# torch.optim's default and the built-in recipes' AdamW as on the GPU (foreach, fused).
+GPU_DISPATCH_REVISION = 2
 
 
 def capture_key(workload, world_size: int, rank0_only: bool = False) -> str:
@@ -83,6 +88,8 @@ def capture_key(workload, world_size: int, rank0_only: bool = False) -> str:
     for name, default in _LATER_FIELDS.items():  # so do keys of jobs that leave them unset
         if fields.get(name) == default:
             fields.pop(name, None)
+    if workload.gpu_kernels:  # keys of CPU targets stay what they were
+        fields["gpu_dispatch_revision"] = GPU_DISPATCH_REVISION
     entry = _entrypoint_file(workload.entrypoint) if workload.entrypoint else None
     text = json.dumps({"workload": fields, "world_size": world_size,
                        "torch": torch.__version__, "rank0_only": rank0_only,

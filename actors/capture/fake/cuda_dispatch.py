@@ -3,7 +3,7 @@
 Fake tensors report ``cpu``, so without this an op whose CPU and CUDA paths differ dispatches
 as on a CPU. Within :func:`cuda_kernels`, two functions of ``torch.nn.functional`` (which
 ``nn.Dropout``, ``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer``, transformers and
-torchtitan call) run as on the target:
+torchtitan call) run as on the target, and torch.optim picks its kernels as there:
 
 * ``scaled_dot_product_attention`` picks its kernel by torch's CUDA rules for the target's
   architecture (actors/capture/fake/sdpa_choice.py) and runs it on fake
@@ -13,11 +13,15 @@ torchtitan call) run as on the target:
 * ``dropout`` in training runs CUDA's fused ``native_dropout`` (``at::dropout`` takes it for
   CUDA tensors): it keeps a one-byte mask per element for backward, where the CPU's path
   multiplies by a noise tensor of the input's dtype and keeps that.
+* torch.optim's optimizers left to their default (neither ``foreach`` nor ``fused`` given)
+  pick their implementation as for CUDA tensors: the multi-tensor foreach kernels, whose lists
+  of temporaries the CPU's for-loop never holds at once
+  (actors/capture/fake/optimizer_default.py).
 
 Every call is logged: the kernel, what the CPU would have run, the bytes each keeps; the
 prediction shows them (docs/capture.md, "CPU and CUDA paths"). A module that bound either
 function under another name at import (``from torch.nn.functional import dropout``) is not
-reached. Inside a torch.compile region both run as torch's own: inductor lowers them for the
+reached. Inside a torch.compile region SDPA and dropout run as torch's own: inductor lowers them for the
 device the fake tensors report (actors/capture/fake/compiled_on_fake.py), and they are not logged.
 """
 from __future__ import annotations
@@ -30,11 +34,13 @@ import torch
 import torch.nn.functional as F
 
 from actors.capture.fake.cuda_attention import sdpa_as_cuda
+from actors.capture.fake.optimizer_default import optimizers_as_on_cuda
 from actors.capture.fake.sdpa_choice import CPU_MATH, MATH, SdpaCall, cpu_backend
 from actors.gpu_arch import GpuArch
 from actors.trace.dtypes import dtype_name
 
 SDPA, DROPOUT = "aten::scaled_dot_product_attention", "aten::dropout"
+OPTIMIZER = "torch.optim step"
 
 
 def _sdpa_kept_bytes(call: SdpaCall, backend: str) -> int:
@@ -120,10 +126,17 @@ def _dropout(log: DispatchLog, cpu_dropout):
     return dropout
 
 
+def _optimizer_choice(log: DispatchLog):
+    def on_choice(implementation: str, num_params: int) -> None:
+        if implementation != "for-loop":  # the CPU's own choice: nothing to say
+            log.add(OPTIMIZER, implementation, "for-loop", f"{num_params} tensors", 0, 0)
+    return on_choice
+
+
 @contextmanager
 def cuda_kernels(arch: GpuArch | None):
-    """Within the block, SDPA and dropout run as on ``arch`` (None: unchanged, yields None);
-    yields the :class:`DispatchLog`."""
+    """Within the block, SDPA and dropout run as on ``arch`` and torch.optim picks its
+    kernels as there (None: unchanged, yields None); yields the :class:`DispatchLog`."""
     if arch is None:
         yield None
         return
@@ -132,6 +145,7 @@ def cuda_kernels(arch: GpuArch | None):
     F.scaled_dot_product_attention = _sdpa(log, cpu_sdpa)
     F.dropout = _dropout(log, cpu_dropout)
     try:
-        yield log
+        with optimizers_as_on_cuda(_optimizer_choice(log)):
+            yield log
     finally:
         F.scaled_dot_product_attention, F.dropout = cpu_sdpa, cpu_dropout

@@ -1,7 +1,8 @@
-"""The built-in recipes' optimizer (``workload.optimizer``): torch's AdamW, or torchao's low-bit
-AdamW (torchao.optim ``AdamW8bit`` / ``AdamW4bit``, torchtitan's users' way to fit a model's
-optimizer state: the two moments quantized block-wise, 1 or 1/2 byte per element plus one
-float32 scale per block, instead of 4 + 4 bytes).
+"""The built-in recipes' optimizer (``workload.optimizer``): torch's AdamW (fused on a GPU
+target, as torchtitan steps it), or torchao's low-bit AdamW (torchao.optim ``AdamW8bit`` /
+``AdamW4bit``, torchtitan's users' way to fit a model's optimizer state: the two moments
+quantized block-wise, 1 or 1/2 byte per element plus one float32 scale per block, instead of
+4 + 4 bytes).
 
 torchao steps each parameter with a ``torch.compile``-d function; on the fake device that
 compiles as any compiled step does (actors/capture/fake/compiled_on_fake.py), so its buffers are
@@ -30,7 +31,10 @@ def make_optimizer(cfg, params: Iterable[torch.nn.Parameter]) -> torch.optim.Opt
     """``cfg.optimizer`` (a WorkloadConfig's) over ``params``, at ``cfg.lr``."""
     params = list(params)
     if cfg.optimizer == OptimizerName.adamw:
-        return torch.optim.AdamW(params, lr=cfg.lr)
+        # a GPU target's step runs torchtitan's default, the fused kernel (its
+        # optimizer.implementation); elsewhere torch's default, the CPU's for-loop
+        fused = True if cfg.gpu_kernels and cfg.device == "fake" else None
+        return torch.optim.AdamW(params, lr=cfg.lr, fused=fused)
     from torch._functorch import config as functorch_config
     from torchao.optim import AdamW4bit, AdamW8bit
 

@@ -259,6 +259,20 @@ def test_capture_key_follows_what_changes_the_trace(tmp_path):
     assert capture_key(custom, 2) != before
 
 
+def test_a_gpu_targets_captures_are_keyed_by_what_runs_as_the_gpus_kernels(monkeypatch):
+    """When more runs as the GPU's kernels (a revision), a GPU target's cached captures are
+    taken again; a CPU target's keys do not move."""
+    from orchestrator.studies import study_traces
+
+    cpu = capture_workload(_compose("workload=llama3_8b", "world_size=8").workload)
+    gpu = capture_workload(_compose("workload=llama3_8b", "world_size=8").workload, "sm90")
+    keys = (study_traces.capture_key(cpu, 8), study_traces.capture_key(gpu, 8))
+    monkeypatch.setattr(study_traces, "GPU_DISPATCH_REVISION",
+                        study_traces.GPU_DISPATCH_REVISION + 1)
+    assert study_traces.capture_key(cpu, 8) == keys[0]
+    assert study_traces.capture_key(gpu, 8) not in keys
+
+
 def test_user_errors_are_config_errors():
     with pytest.raises(ConfigError, match="world_size=N is required"):
         _compose("workload=llama3_8b").validate()
@@ -348,9 +362,10 @@ def test_a_custom_step_that_hangs_or_raises_leaves_no_temp_capture(tmp_path, bad
 
 
 def test_a_gpu_target_captures_with_the_gpus_kernels_and_says_so(tmp_path):
-    """nn.TransformerEncoder with torch's default dropout: the prediction for an H100 ran
-    flash attention and CUDA's fused dropout on fake, and names both with their bytes; the
-    breakdown's categories are explained on the console and the page."""
+    """nn.TransformerEncoder with torch's default dropout and AdamW: the prediction for an
+    H100 ran flash attention, CUDA's fused dropout and AdamW's foreach kernels on fake, and
+    names them with their bytes; the breakdown's categories are explained on the console and
+    the page."""
     step = str(REPO / "examples" / "fsdp2_transformer_encoder_step.py") + ":build"
     cfg = _compose("workload=custom", f"workload.entrypoint={step}", "world_size=2",
                    "target=h100_80gb", f"predict.cache_dir={tmp_path / 'cache'}")
@@ -358,13 +373,16 @@ def test_a_gpu_target_captures_with_the_gpus_kernels_and_says_so(tmp_path):
     assert p.capture["gpu_kernels"] == "sm90"
     kernels = {(r["op"], r["kernel"], r["cpu_kernel"]) for r in p.kernel_dispatch}
     assert kernels == {("aten::scaled_dot_product_attention", "flash", "cpu_math"),
-                       ("aten::dropout", "native_dropout", "mul by noise")}
+                       ("aten::dropout", "native_dropout", "mul by noise"),
+                       ("torch.optim step", "foreach", "for-loop")}
     assert p.coverage == 1.0  # the fused kernels' ops dry-run on meta
     from orchestrator.studies.study_traces import capture_key
 
     table = prediction_table(p.to_dict())
     assert "ran as CUDA's flash attention on sm90" in table
     assert "the CPU's math path would have made" in table
+    assert "ran as torch.optim's multi-tensor (foreach) kernels on sm90; the CPU would have " \
+        "run torch.optim's single-tensor for-loop" in table
     assert set(p.breakdown_help) == {k for k, b in p.breakdown.items() if b}
     for name, text in p.breakdown_help.items():
         assert f"  {name}: {text}" in table
