@@ -119,4 +119,5 @@ def test_the_encoder_case_is_predicted_with_the_gpus_kernels(tmp_path, monkeypat
     p = gv.predict_case(gv.encoder_overrides(target), tmp_path / "enc", tmp_path / "cache")
     assert p["capture"]["gpu_kernels"] == "sm86"
     assert {(r["op"], r["kernel"]) for r in p["kernel_dispatch"]} == {
-        ("aten::scaled_dot_product_attention", "flash"), ("aten::dropout", "native_dropout")}
+        ("aten::scaled_dot_product_attention", "flash"), ("aten::dropout", "native_dropout"),
+        ("torch.optim step", "foreach")}

@@ -13,7 +13,9 @@ _KERNEL_NAMES = {"flash": "CUDA's flash attention", "efficient": "CUDA's memory-
                  "mul by noise": "the CPU's dropout (a multiply by a noise tensor)",
                  "foreach": "torch.optim's multi-tensor (foreach) kernels",
                  "fused": "torch.optim's fused kernel",
-                 "for-loop": "torch.optim's single-tensor for-loop"}
+                 "for-loop": "torch.optim's single-tensor for-loop",
+                 "disabled (no CUDA)": "no autocast at all (torch disables a cuda region "
+                                       "where CUDA is absent)"}
 # what each op's kernel keeps, and what the CPU's path makes in its place
 _KEPT = {"aten::scaled_dot_product_attention": ("logsumexp and RNG state",
                                                 "float32 L x S score matrices (one per call; "

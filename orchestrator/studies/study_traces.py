@@ -73,7 +73,8 @@ _LATER_FIELDS = {"gpu_kernels": None, "compile": False, "head_dim": 0, "tie_embe
                  "activation_offload": False}
 # What a GPU target's capture runs as the GPU's kernels (actors/capture/fake/cuda_dispatch.py)
 # grows; each growth bumps this so its cached captures are taken again, not reused stale. 2:
-# torch.optim's default and the built-in recipes' AdamW as on the GPU (foreach, fused).
+# torch.optim's default and the built-in recipes' AdamW as on the GPU (foreach, fused), and
+# autocast as CUDA's (a region for cuda entered, CUDA's cast policy).
 GPU_DISPATCH_REVISION = 2
 
 

@@ -12,15 +12,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from actors.capture.fake.cuda_dispatch import OPTIMIZER, cuda_kernels
-from actors.capture.memory import MemoryMeter
 from actors.capture.workloads.build import WorkloadConfig
 from actors.gpu_arch import GpuArch
-from actors.replay.config import AllocationConfig, ReplayConfig
-from actors.replay.engine import ReplayEngine
-from actors.trace import load_trace
-from actors.trace.conventions import trace_file_name
-from orchestrator.run.capture import CaptureConfig, run_capture_job
 from tests.support.fake_vs_real import as_entrypoint
+from tests.support.step_peaks import measured_peak, predicted_peak
 
 WIDTH, NUM_LAYERS = 512, 4
 
@@ -86,42 +81,19 @@ def build_default_adamw(ctx):
     return model, lambda: torch.randn(8, WIDTH), lambda batch: _step(model, optimizer, batch)
 
 
-def _measured_foreach_peak() -> int:
-    """The CPU allocator's peak over a real step of AdamW(foreach=True), as a GPU runs it."""
-    meter = MemoryMeter(torch.device("cpu"))
-    meter.start()
-    try:
-        model, optimizer = _model_and_optimizer(foreach=True)
-        _step(model, optimizer, torch.randn(8, WIDTH))
-        batch = torch.randn(8, WIDTH)
-        with meter.iteration():
-            _step(model, optimizer, batch)
-    finally:
-        meter.stop()
-    return meter.result()["peak_memory_bytes"]
-
-
-def _predicted_peak(out_dir, gpu_kernels) -> int:
-    spec = as_entrypoint(build_default_adamw, "default_adamw")
-    run_capture_job(CaptureConfig(
-        workload=WorkloadConfig(model="custom", entrypoint=spec, device="fake",
-                                gpu_kernels=gpu_kernels),
-        world_size=1, out_dir=str(out_dir)))
-    report = ReplayEngine(load_trace(out_dir / trace_file_name(0)), ReplayConfig(
-        mode="compute", device="meta", iters=1, warmup_iters=1, measure_memory=False,
-        allocation=AllocationConfig(mode="faithful"))).run().to_dict()
-    assert report["status"] == "ok"
-    return report["accounted_peak_bytes"]
-
-
 def test_the_foreach_step_is_predicted_as_a_real_one_measures(tmp_path):
     """The step is the peak here (4 x 1 MiB of weights, a batch of 8): the sm90 trace's
     faithful dry run against a real foreach step. The CPU target's trace holds less: foreach's
     list of square roots (a copy of every parameter, alive for the whole update) where the
     for-loop holds one parameter's two temporaries (its root, then the root's quotient)."""
-    measured = _measured_foreach_peak()
-    gpu = _predicted_peak(tmp_path / "sm90", "sm90")
-    cpu = _predicted_peak(tmp_path / "cpu", None)
+    def real_foreach_step():
+        model, optimizer = _model_and_optimizer(foreach=True)
+        return lambda: _step(model, optimizer, torch.randn(8, WIDTH))
+
+    measured = measured_peak(real_foreach_step)
+    spec = as_entrypoint(build_default_adamw, "default_adamw")
+    gpu = predicted_peak(spec, tmp_path / "sm90", "sm90")
+    cpu = predicted_peak(spec, tmp_path / "cpu")
     print({"predicted": gpu, "measured": measured, "ratio": round(gpu / measured, 4)})
     assert 0.99 <= gpu / measured <= 1.01, (gpu, measured)
     weights = NUM_LAYERS * (WIDTH * WIDTH + WIDTH) * 4

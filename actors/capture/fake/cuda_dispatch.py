@@ -13,6 +13,8 @@ torchtitan call) run as on the target, and torch.optim picks its kernels as ther
 * ``dropout`` in training runs CUDA's fused ``native_dropout`` (``at::dropout`` takes it for
   CUDA tensors): it keeps a one-byte mask per element for backward, where the CPU's path
   multiplies by a noise tensor of the input's dtype and keeps that.
+* ``torch.autocast`` regions cast as CUDA's autocast does, a region for ``cuda`` included
+  (torch disables it where CUDA is absent): actors/capture/fake/cuda_autocast.py.
 * torch.optim's optimizers left to their default (neither ``foreach`` nor ``fused`` given)
   pick their implementation as for CUDA tensors: the multi-tensor foreach kernels, whose lists
   of temporaries the CPU's for-loop never holds at once
@@ -34,13 +36,14 @@ import torch
 import torch.nn.functional as F
 
 from actors.capture.fake.cuda_attention import sdpa_as_cuda
+from actors.capture.fake.cuda_autocast import autocast_as_on_cuda
 from actors.capture.fake.optimizer_default import optimizers_as_on_cuda
 from actors.capture.fake.sdpa_choice import CPU_MATH, MATH, SdpaCall, cpu_backend
 from actors.gpu_arch import GpuArch
 from actors.trace.dtypes import dtype_name
 
 SDPA, DROPOUT = "aten::scaled_dot_product_attention", "aten::dropout"
-OPTIMIZER = "torch.optim step"
+OPTIMIZER, AUTOCAST = "torch.optim step", "torch.autocast region"
 
 
 def _sdpa_kept_bytes(call: SdpaCall, backend: str) -> int:
@@ -133,10 +136,19 @@ def _optimizer_choice(log: DispatchLog):
     return on_choice
 
 
+def _autocast_region(log: DispatchLog):
+    def on_region(device_type: str, dtype: torch.dtype) -> None:
+        cpu = "disabled (no CUDA)" if device_type == "cuda" else "the cpu's autocast policy"
+        log.add(AUTOCAST, "CUDA's autocast policy", cpu,
+                f"device_type {device_type}, {dtype_name(str(dtype))}", 0, 0)
+    return on_region
+
+
 @contextmanager
 def cuda_kernels(arch: GpuArch | None):
-    """Within the block, SDPA and dropout run as on ``arch`` and torch.optim picks its
-    kernels as there (None: unchanged, yields None); yields the :class:`DispatchLog`."""
+    """Within the block, SDPA and dropout run as on ``arch``, autocast casts and torch.optim
+    picks its kernels as there (None: unchanged, yields None); yields the
+    :class:`DispatchLog`."""
     if arch is None:
         yield None
         return
@@ -145,7 +157,8 @@ def cuda_kernels(arch: GpuArch | None):
     F.scaled_dot_product_attention = _sdpa(log, cpu_sdpa)
     F.dropout = _dropout(log, cpu_dropout)
     try:
-        with optimizers_as_on_cuda(_optimizer_choice(log)):
+        with optimizers_as_on_cuda(_optimizer_choice(log)), \
+                autocast_as_on_cuda(_autocast_region(log)):
             yield log
     finally:
         F.scaled_dot_product_attention, F.dropout = cpu_sdpa, cpu_dropout
