@@ -58,6 +58,7 @@ def _main_thread_ops(trace) -> list:
     return [op for op in trace.ops if op.tid == tid]
 
 
+@pytest.mark.long
 def test_fsdp2_step_on_cpu_and_on_fake_record_the_same_ops(real_captures, tmp_path):
     """Same op histogram over the top-level ops (collectives included), same collectives in
     order, same module ranges. The exceptions, each counted:
@@ -93,6 +94,7 @@ def test_fsdp2_step_on_cpu_and_on_fake_record_the_same_ops(real_captures, tmp_pa
     assert [s.name for s in fake.steps] == ["ProfilerStep#1"]
 
 
+@pytest.mark.long
 def test_ddp_step_captured_for_real(real_captures):
     out = real_captures["ddp"]
     traces = [load_trace(out / trace_file_name(r)) for r in range(2)]
@@ -178,6 +180,7 @@ def test_config_errors_before_any_work(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.long
 def test_fake_trace_replays_like_the_real_one(real_captures, tmp_path):
     """Replayed on cpu (compute), the fake FSDP2 trace runs every op the real one runs but
     gloo's own, and skips the same ones for the same reasons."""

@@ -73,6 +73,7 @@ def _buckets(numels: list[int], cap_bytes: int, first_cap_bytes: int) -> list[in
     return sizes + ([size] if size else [])
 
 
+@pytest.mark.long
 def test_all_reduces_match_the_real_capture(variants):
     """Same collectives in the same order, sizes and dtypes; the bucket sizes are DDP's rule:
     gradients in the order they became ready (the reverse of registration here), a 1 MiB first
@@ -133,6 +134,7 @@ def _misparented(real: Path, fake: Path, tid: int) -> Counter:
                    and thread(n) == tid and misplaced(n))
 
 
+@pytest.mark.long
 def test_ops_match_the_real_capture(variants):
     """The same top-level ops but for two kinds, each counted: the real reducer reads its used
     map with ``.item()`` (one per parameter of the find_unused and static models), which fake
@@ -153,6 +155,7 @@ def test_ops_match_the_real_capture(variants):
                                                 misparented)
 
 
+@pytest.mark.long
 def test_gradients_are_bucket_views_only_with_gradient_as_bucket_view(variants):
     """With ``gradient_as_bucket_view`` the optimizer reads the gradients in the buckets (no
     storage of their own); without it, gradients are storages of their own."""
@@ -164,6 +167,7 @@ def test_gradients_are_bucket_views_only_with_gradient_as_bucket_view(variants):
     assert set(buckets) & read_by_step == set(buckets[2:4])  # the views model's two buckets
 
 
+@pytest.mark.long
 def test_predicted_peak_matches_the_measured_one(variants):
     """The fake trace's faithful dry run against the real run's CPU allocator counter."""
     real, fake = variants
@@ -176,6 +180,7 @@ def test_predicted_peak_matches_the_measured_one(variants):
     assert 0.97 <= report["accounted_peak_bytes"] / measured <= 1.03
 
 
+@pytest.mark.long
 def test_fake_ddp_at_a_world_no_machine_here_runs(tmp_path, variants):
     """64 ranks in one process: the buckets and their all-reduces do not depend on the world
     size; the group is 64 wide."""

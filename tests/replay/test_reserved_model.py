@@ -197,6 +197,7 @@ def test_rank_actor_models_zero3_charges_too(monkeypatch):
             str(DEMO / "rank-0.et.json.gz"), None, cfg, []))  # no target: no model
 
 
+@pytest.mark.long
 def test_tracefleet_dry_run_with_a_target_reports_reserved(tmp_path):
     """End to end: `tracefleet replay=dry_run target=a100_40gb` on one rank of the demo."""
     import json
