@@ -169,6 +169,15 @@ CONFIGS = {
         "parallelism.ep": 2, "moe_experts": 4, "moe_top_k": 2, "moe_ffn_dim": 256,
         "moe_shared_experts": 1, "moe_dense_layers": 1, "moe_score": "sigmoid",
         "moe_router": "fixed"},
+    # ...under context parallel 2: ring attention on MLA's queries, keys and values. Values as
+    # wide as q and k (64 + 32): narrower ones take CUDA's memory-efficient kernel on fake, but
+    # the cpu's flash kernel needs them zero-padded, which the measured run then holds (0.92)
+    "deepseek_v3_mla_cp_ep_bf16_mixed": {
+        **_recipe("fsdp2", "bf16_mixed", "full"), "model": "deepseek_v3", "head_dim": 64,
+        "mla_kv_lora_rank": 128, "mla_rope_head_dim": 32, "mla_v_head_dim": 96,
+        "parallelism.cp": 2, "parallelism.ep": 2, "moe_experts": 4, "moe_top_k": 2,
+        "moe_ffn_dim": 256, "moe_shared_experts": 1, "moe_dense_layers": 1,
+        "moe_score": "sigmoid", "moe_router": "fixed"},
     # DeepSeek-V3's shape under tp 2: MLA's latent projections whole on each rank, its heads
     # split; the MoE blocks' experts split by hidden unit (expert tensor parallel)
     "deepseek_v3_mla_tp_etp_bf16_mixed": {
@@ -215,7 +224,7 @@ WORLDS = {"fsdp2_tp_sp_bf16_mixed": 4, "hsdp_bf16_mixed": 4, "fsdp2_cp_bf16_mixe
           "fsdp2_bf16_mixed_world8": 8,
           "qwen3_tp_sp_bf16_mixed": 4, "qwen3_moe_ep_bf16_mixed": 4,
           "deepseek_v3_mla_moe_ep_bf16_mixed": 4, "llama4_moe_tp_etp_bf16_mixed": 4,
-          "deepseek_v3_mla_tp_etp_bf16_mixed": 4}
+          "deepseek_v3_mla_tp_etp_bf16_mixed": 4, "deepseek_v3_mla_cp_ep_bf16_mixed": 4}
 # DeepSpeed's rows: the plain capture the emulation partitions (DeepSpeed's bf16 mode runs the
 # model in bf16: a pure-bf16 plain trace; its fp32 masters and moments are the layout's).
 _PLAIN = {"deepspeed_zero3_fp32": _recipe("local", "fp32"),

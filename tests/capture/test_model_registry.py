@@ -8,6 +8,8 @@ from enum import Enum
 
 import pytest
 import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from actors.capture.workloads.mesh import ParallelismConfig, validate_parallelism
 from actors.capture.workloads.models.registry import MODEL_SPECS, model_spec
@@ -222,7 +224,7 @@ def test_deepseek_v3_captures_on_fake_with_expert_parallel(tmp_path, ac):
 
 def test_deepseek_v3_under_tensor_parallel_splits_heads_not_latents(tmp_path):
     """tp 2 over 4 ranks: each rank attends with half the heads (2 of 4, 48 = 32 + 16 wide),
-    the latent projections whole on every rank; cp is still refused for MLA."""
+    the latent projections whole on every rank."""
     cfg = CaptureConfig(workload=WorkloadConfig(**SMALL_DEEPSEEK, parallel="fsdp2",
                                                 precision="bf16_mixed", device="fake",
                                                 parallelism=ParallelismConfig(tp=2)),
@@ -233,6 +235,58 @@ def test_deepseek_v3_under_tensor_parallel_splits_heads_not_latents(tmp_path):
     attention = [op.inputs[0].shape for op in trace.ops
                  if op.name == "aten::_scaled_dot_product_efficient_attention"]
     assert attention == [(2, 2, 16, 48)] * 3
-    with pytest.raises(ConfigError, match="cp=2 is not built for workload.model=deepseek_v3"):
-        validate_parallelism(dataclasses.replace(cfg.workload,
-                                                 parallelism=ParallelismConfig(cp=2)), 4)
+
+
+def test_deepseek_v3_under_context_parallel_rings_the_latent_attention(tmp_path):
+    """cp 2 with ep 2 over 4 ranks: each rank attends its half of the sequence (64 of 128
+    positions) to the whole ring's keys and values (all-gathered per block in forward and in
+    backward) with the memory-efficient kernel (values narrower than q and k), heads whole."""
+    cfg = CaptureConfig(workload=WorkloadConfig(**{**SMALL_DEEPSEEK, "seq_len": 128},
+                                                parallel="fsdp2", precision="bf16_mixed",
+                                                device="fake",
+                                                parallelism=ParallelismConfig(cp=2, ep=2)),
+                        world_size=4, out_dir=str(tmp_path))
+    meta = run_capture_job(cfg, rank0_only=True).meta
+    assert meta["mesh"]["description"] == "dp_shard 2 x cp 2 x ep 2"
+    trace = load_trace(tmp_path / trace_file_name(0))
+    groups = {g.desc: g.name for g in trace.process_groups}
+    attention = [(op.inputs[0].shape, op.inputs[2].shape) for op in trace.ops
+                 if op.name == "aten::_scaled_dot_product_efficient_attention"]
+    # per block: the local chunks, then (cp rank 0, the load balancer's causal halves) the
+    # second half of its queries against the peer's keys and values
+    assert attention == [((2, 4, 64, 48), (2, 4, 64, 24)), ((2, 4, 32, 48), (2, 4, 64, 24))] * 3
+    ring = [op.inputs[0].shape for op in trace.ops if op.collective is not None
+            and op.collective.pg_name == groups["mesh_cp"]
+            and op.name == "_c10d_functional::all_gather_into_tensor"]
+    assert ring == [(2 * 4 * 64 * (48 + 24),)] * 6  # keys and values, per block and pass
+    # torch's ring merges the kernel's 32-row logsumexp blocks: a shorter chunk is refused
+    short = dataclasses.replace(cfg.workload, seq_len=16)
+    with pytest.raises(ConfigError, match=r"seq_len / 2 cp = 4 rows.*MLA's narrower values"):
+        validate_parallelism(short, 4)
+
+
+def test_the_ring_attends_narrower_values_as_the_whole_sequence_does():
+    """On a real cpu the ring runs CPU's flash kernel on zero-padded values: a one-rank ring's
+    output and gradients are plain causal attention's."""
+    from actors.capture.workloads.attention import causal_attention
+    from actors.capture.workloads.parallelize.context_parallel import RingAttention
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("cp",))
+        q, k = (torch.randn(2, 3, 16, 12, requires_grad=True) for _ in range(2))
+        v = torch.randn(2, 3, 16, 8, requires_grad=True)
+        ring = RingAttention(mesh)(q, k, v)
+        ring.square().sum().backward()
+        ring_grads = [t.grad.clone() for t in (q, k, v)]
+        for t in (q, k, v):
+            t.grad = None
+        plain = causal_attention(q, k, v, "fused")
+        plain.square().sum().backward()
+    finally:
+        dist.destroy_process_group()
+    assert ring.shape == (2, 3, 16, 8)
+    torch.testing.assert_close(ring, plain)
+    for got, want in zip(ring_grads, (q.grad, k.grad, v.grad)):
+        torch.testing.assert_close(got, want)

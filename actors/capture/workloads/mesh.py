@@ -272,12 +272,32 @@ def validate_parallelism(cfg, world_size: int) -> None:
         raise ConfigError(f"{where}: workload.seq_len={cfg.seq_len} must be divisible by "
                           f"tp x 2 cp = {divisor} (sequence parallel, then ring attention's "
                           "two chunks per context-parallel rank)")
+    if cp > 1:
+        _validate_ring_chunks(cfg, cp, where)
     _validate_experts(cfg, par, world_size, where)
     if cfg.float8 and tp > 1:
         raise ConfigError(f"{where}: workload.float8 with tp={tp} needs torchao's float8 "
                           "parallel styles (Float8ColwiseParallel, ...): not built; float8 "
                           "runs with FSDP2, HSDP, cp and pp")
     _validate_pipeline(cfg, par, pp, where)
+
+
+def _validate_ring_chunks(cfg, cp: int, where: str) -> None:
+    """On meta and fake (a GPU's kernels), ring attention with CUDA's memory-efficient kernel
+    (float32, or MLA's narrower values) needs chunks of whole 32-row blocks: the kernel pads
+    its logsumexp to a multiple of 32 rows and torch's ring merges it with the unpadded output
+    (a broadcast error deep in torch otherwise, on a GPU too)."""
+    narrower = cfg.model == "deepseek_v3" and \
+        (cfg.mla_v_head_dim or cfg.head_dim) != cfg.head_dim + cfg.mla_rope_head_dim
+    efficient = cfg.precision == "fp32" or narrower
+    half_chunk = cfg.seq_len // (2 * cp)
+    if str(cfg.device) in ("meta", "fake") and efficient and half_chunk % 32:
+        kernel = "MLA's narrower values" if narrower else "float32"
+        raise ConfigError(f"{where}: workload.seq_len={cfg.seq_len} gives ring attention "
+                          f"chunks of seq_len / 2 cp = {half_chunk} rows; with {kernel} it "
+                          "runs CUDA's memory-efficient kernel, whose logsumexp torch's ring "
+                          "merges in blocks of 32 rows: use a seq_len divisible by "
+                          f"{2 * cp * 32}")
 
 
 def _validate_unsharded(cfg, where: str) -> None:

@@ -13,11 +13,16 @@ torch's dispatcher does this for ``F.scaled_dot_product_attention`` on DTensors;
 here calls the fused kernels directly (actors/capture/workloads/attention.py), so
 :class:`RingAttention` calls torch's ring functions itself with the kernel of the device: the GPU
 flash (bf16) or memory-efficient (fp32) kernel on meta and fake, CPU's flash kernel on a real cpu.
+Values narrower than queries and keys (DeepSeek's MLA) take the memory-efficient kernel on meta
+and fake, as CUDA's SDPA does, and zero-padded values on a real cpu, as outside the ring
+(actors/capture/workloads/attention.py).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
+from torch._subclasses.fake_tensor import is_fake
+
 from actors.capture.workloads.parallelize.tensor_parallel import blocks
 
 aten = torch.ops.aten
@@ -44,12 +49,12 @@ class _Ring(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, mesh):
-        from torch._subclasses.fake_tensor import is_fake
         from torch.distributed.tensor.experimental._context_parallel import _attention as cp
 
         ctx.mesh = mesh
+        flash = q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] == v.shape[-1]
         ctx.kind = ("cpu" if q.device.type == "cpu" and not is_fake(q)
-                    else "flash" if q.dtype in (torch.bfloat16, torch.float16) else "efficient")
+                    else "flash" if flash else "efficient")
         if ctx.kind == "cpu":
             out, lse = cp._templated_ring_attention(mesh.get_group(), 2, _cpu_forward, q, k, v,
                                                     is_causal=True)
@@ -100,12 +105,17 @@ class RingAttention:
         self.mesh = cp_mesh
 
     def __call__(self, q, k, v):
-        return _Ring.apply(q, k, v, self.mesh)
+        width = v.shape[-1]
+        if width == q.shape[-1] or q.device.type != "cpu" or is_fake(q):
+            return _Ring.apply(q, k, v, self.mesh)
+        # CPU's flash kernel takes one head size: the padding's output is zero, sliced off
+        padded = nn.functional.pad(v, (0, q.shape[-1] - width))
+        return _Ring.apply(q, k, padded, self.mesh)[..., :width]
 
 
 def apply_context_parallel(model: nn.Module, cp_mesh) -> None:
     """Ring attention in every block of ``model`` (actors/capture/workloads/models/llama/model.py's
-    Llama), and its rotary tables cut to this rank's positions, as context_parallel cuts the rope
+    Llama, DeepSeek-V3's latent attention), and its rotary tables cut to this rank's positions, as context_parallel cuts the rope
     buffer."""
     cp, rank = cp_mesh.size(), cp_mesh.get_local_rank()
     ring = RingAttention(cp_mesh)

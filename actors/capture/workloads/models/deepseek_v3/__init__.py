@@ -5,7 +5,7 @@ others MoE with routed and shared experts, sigmoid scores and node-limited routi
 routing assumption). Presets: conf/workload/deepseek_v3_*.yaml, from the model cards and
 torchtitan's deepseek_v3 training configs. Mesh: FSDP2 / HSDP, tp (MLA's plan in
 actors/capture/workloads/parallelize/tensor_parallel.py; the MoE blocks' experts split by hidden
-unit), pp and ep; cp is not built for MLA."""
+unit), pp, ep and cp (ring attention on MLA's queries, keys and narrower values)."""
 from __future__ import annotations
 
 from functools import partial
@@ -44,4 +44,4 @@ def _validate(cfg) -> None:
 
 SPEC = ModelSpec(name="deepseek_v3", build=_build, block_class=TransformerBlock,
                  blocks=lambda m: m.layers, default_ffn_dim=llama_ffn_dim, validate=_validate,
-                 mesh_dims=frozenset(("dp_replicate", "dp_shard", "tp", "pp", "ep")), moe=True)
+                 mesh_dims=frozenset(("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")), moe=True)

@@ -29,6 +29,9 @@ class LatentAttention(nn.Module):
         self.nope_dim, self.rope_dim, self.v_head_dim = head_dim, rope_dim, v_head_dim
         self.kv_lora_rank = kv_lora_rank
         self.attention = attention
+        # context parallel's ring attention
+        # (actors/capture/workloads/parallelize/context_parallel.py)
+        self.context_parallel = None
         qk_dim = head_dim + rope_dim
         if q_lora_rank:
             self.wq_a = nn.Linear(dim, q_lora_rank, bias=False)
@@ -52,5 +55,6 @@ class LatentAttention(nn.Module):
         kv = self.wkv_b(self.kv_norm(latent)).view(b, t, -1, self.nope_dim + self.v_head_dim)
         k_nope, v = kv.transpose(1, 2).split([self.nope_dim, self.v_head_dim], dim=-1)
         k = torch.cat([k_nope, k_rope.expand(-1, k_nope.shape[1], -1, -1)], dim=-1)
-        y = causal_attention(q, k, v, self.attention)
+        y = (causal_attention(q, k, v, self.attention) if self.context_parallel is None
+             else self.context_parallel(q, k, v))
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
