@@ -209,6 +209,9 @@ CONFIGS = {
     # buffers are inductor's, planned on fake as on the cpu)
     "fsdp2_adamw_8bit_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "optimizer": "adamw_8bit"},
     "fsdp2_adamw_4bit_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "optimizer": "adamw_4bit"},
+    # ...each pipeline stage's parameters stepped by it (pp 2 x FSDP2 2)
+    "pp_1f1b_fsdp2_adamw_8bit_bf16_mixed": {**_recipe("fsdp2", "bf16_mixed"), "parallelism.pp": 2,
+                                            "optimizer": "adamw_8bit"},
     # activations offloaded to the host (save_on_cpu's hooks): on the cpu host and device are
     # one memory, so the row checks the trace's copies and their lifetimes against the
     # measured total; tracefleet-predict splits the host's off by category
@@ -219,7 +222,7 @@ CONFIGS = {
 # rows run at another world size than WORLD
 WORLDS = {"fsdp2_tp_sp_bf16_mixed": 4, "hsdp_bf16_mixed": 4, "fsdp2_cp_bf16_mixed": 4,
           "pp_1f1b_fsdp2_bf16_mixed": 4, "pp_gpipe_fsdp2_bf16_mixed": 4, "moe_ep_bf16_mixed": 4,
-          "moe_ep_etp_bf16_mixed": 4,
+          "moe_ep_etp_bf16_mixed": 4, "pp_1f1b_fsdp2_adamw_8bit_bf16_mixed": 4,
           "pp_tp_loss_parallel_fp32": 4, "fsdp2_bf16_mixed_world4": 4,
           "fsdp2_bf16_mixed_world8": 8,
           "qwen3_tp_sp_bf16_mixed": 4, "qwen3_moe_ep_bf16_mixed": 4,
