@@ -188,10 +188,11 @@ class WorkloadConfig:
         "cpu, cuda (one GPU per rank), meta (shapes only; 70B-class models in seconds) or fake "
         "(shapes only on fake cpu tensors, any world size; see actors/capture/fake/fake_mode.py)."))
     gpu_kernels: Optional[GpuArch] = setting(None, help=(
-        "meta/fake: dispatch ops whose CPU and CUDA kernels allocate differently (scaled dot "
-        "product attention) as CUDA does on this architecture (sm80, sm86, sm89, sm90, sm100, "
-        "sm120; actors/capture/fake/cuda_dispatch.py); null: the CPU's kernels. tracefleet-predict "
-        "sets it from target.arch."))
+        "meta/fake: run what a GPU runs otherwise than a CPU as CUDA does on this architecture "
+        "(sm80, sm86, sm89, sm90, sm100, sm120; actors/capture/fake/cuda_dispatch.py): scaled "
+        "dot product attention, dropout, autocast regions (cuda's entered, CUDA's cast policy), "
+        "torch.optim's default implementation (foreach; the built-in recipes' AdamW fused); "
+        "null: the CPU's. tracefleet-predict sets it from target.arch."))
     check_fake: bool = setting(False, help=(
         "device=fake, tracefleet-capture: also run the same workload for real on cpu at world 2 "
         "and compare its op sequence and output sizes with a fake capture at world 2, naming "
