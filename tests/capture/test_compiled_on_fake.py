@@ -188,3 +188,36 @@ def test_workload_compile_is_refused_where_it_is_not_built():
     with pytest.raises(ConfigError, match=r"workload.compile=true with workload.parallel=zero3.*"
                                           r"a custom step compiles itself"):
         validate(WorkloadConfig(model="llama", parallel="zero3", compile=True))
+
+
+def _compiled_update_step(ctx):
+    """SGD with momentum whose update is one compiled function: the weights and the momentum
+    buffers are written only by its generated kernels."""
+    torch.manual_seed(0)
+    net = nn.Linear(WIDTH, WIDTH).to(ctx.device)
+    momentum = [torch.zeros_like(p) for p in net.parameters()]
+
+    @torch.compile
+    def update(params, grads, bufs):
+        for p, g, b in zip(params, grads, bufs):
+            b.mul_(0.9).add_(g)
+            p.add_(b, alpha=-1e-3)
+
+    def step(batch):
+        net(batch[0]).square().mean().backward()
+        with torch.no_grad():
+            update(list(net.parameters()), [p.grad for p in net.parameters()], momentum)
+        net.zero_grad(set_to_none=True)
+
+    return net, lambda: (torch.randn(BATCH, WIDTH, device=ctx.device),), step
+
+
+def test_the_weights_a_compiled_update_writes_are_the_traces_parameters(tmp_path):
+    """The trace tells parameters by their update in place after a read in forward; a compiled
+    update leaves no op, so each input the graph writes is written by a recorded ``mul_``: the
+    weight and bias count as parameters, the momentum buffers (first used by the write) not."""
+    from actors.trace.stats import trace_stats
+
+    path = _capture(tmp_path, "compiled_update", _compiled_update_step)
+    params = trace_stats(load_trace(path))["params"]
+    assert params == {"num_storages": 2, "bytes": (WIDTH * WIDTH + WIDTH) * 4}

@@ -22,7 +22,10 @@ is swapped while :func:`inductor_on_fake` is on:
 * a compiled graph's tensor inputs are each read by one ``aten::detach`` as the graph is
   called: its generated kernels leave no op in the trace, so a tensor only they read (the
   state of torchao's compiled low-bit optimizer step, a norm's weight) would be unknown to the
-  trace, its bytes missing from the prediction;
+  trace, its bytes missing from the prediction; a floating input the graph writes in place
+  (inductor's ``mutated_input_idxs``: the weights a compiled optimizer step updates) is
+  written by one ``aten::mul_(1)`` instead, so the trace sees the update that tells its
+  parameters from what they are not (actors/trace/stats.py);
 * inductor's and AOTAutograd's on-disk caches are off (a cached graph may carry kernels
   compiled for real tensors) and Dynamo's cache is reset on entry and exit, so compiled code
   of a real run and of a capture never meet.
@@ -74,11 +77,17 @@ def _reinterpret_tensor(base, size, stride, offset_increment=0):
 
 def _reading_inputs(call):
     def call_reading_inputs(self, inputs):
-        for value in inputs:
-            # (a real tensor among them, the RNG state full AC's recompute restores, is none
-            # of the run's device memory)
-            if isinstance(value, FakeTensor):
-                value.detach()  # recorded: the trace learns the input's storage
+        written = getattr(self, "mutated_input_idxs", ())
+        with torch.no_grad():
+            for at, value in enumerate(inputs):
+                # (a real tensor among them, the RNG state full AC's recompute restores, is
+                # none of the run's device memory)
+                if not isinstance(value, FakeTensor):
+                    continue
+                if at in written and value.is_floating_point():
+                    value.mul_(1)  # recorded: the graph updates it in place
+                else:
+                    value.detach()  # recorded: the trace learns the input's storage
         return call(self, inputs)
     return call_reading_inputs
 
