@@ -181,3 +181,31 @@ def test_the_cuda_policy_step_is_predicted_as_it_runs(tmp_path):
            "cpu_target_fp32": fp32})
     assert 0.98 <= gpu / measured <= 1.02, (gpu, measured)
     assert fp32 > 1.1 * gpu
+
+
+def test_a_library_asking_about_cudas_region_hears_about_it():
+    """torch.amp.custom_fwd(device_type="cuda") (bitsandbytes', flash-attn's wrappers) reads
+    cuda's region: inside one it casts to the region's dtype and runs without autocast, as on
+    a GPU; a cuda region left without a dtype is float16, CUDA's default."""
+    class Scaled(torch.autograd.Function):
+        @staticmethod
+        @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float16)
+        def forward(ctx, x):
+            ctx.enabled = torch.is_autocast_enabled("cuda")
+            return x * 2
+
+        @staticmethod
+        @torch.amp.custom_bwd(device_type="cuda")
+        def backward(ctx, grad):
+            return grad * 2
+
+    with FakeTensorMode():
+        x = torch.randn(4, 8, requires_grad=True)
+        with autocast_as_on_cuda():
+            with torch.autocast("cuda"):
+                assert torch.is_autocast_enabled() and torch.get_autocast_dtype("cuda") == \
+                    torch.float16
+                assert torch.mm(x, x.t()).dtype == torch.float16
+                assert Scaled.apply(x).dtype == torch.float16
+            assert not torch.is_autocast_enabled("cuda")
+    assert torch.is_autocast_enabled is torch._C.is_autocast_enabled

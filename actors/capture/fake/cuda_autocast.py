@@ -188,23 +188,47 @@ def _cuda_policy_on_cpu_key():
 @contextmanager
 def autocast_as_on_cuda(on_region: Callable[[str, torch.dtype], None] | None = None):
     """Within the block, autocast regions for ``cuda`` act on the fake tensors and cast as
-    CUDA's autocast does (see the module docstring); ``on_region(device_type, dtype)`` is
-    called as each enabled region for ``cuda`` or ``cpu`` is made."""
-    autocast = torch.amp.autocast_mode.autocast
-    cpu_init, cpu_clear = autocast.__init__, torch.clear_autocast_cache
+    CUDA's autocast does (see the module docstring), and asking whether cuda's region is on
+    (and its dtype) answers for it; ``on_region(device_type, dtype)`` is called as each enabled
+    region for ``cuda`` or ``cpu`` is made."""
+    mode = torch.amp.autocast_mode
+    autocast = mode.autocast
+    cpu_init, cpu_clear, cpu_cast = autocast.__init__, torch.clear_autocast_cache, mode._cast
+    asked = (torch.is_autocast_enabled, torch.get_autocast_dtype, torch.get_autocast_gpu_dtype)
+    is_enabled, get_dtype, _ = asked
 
-    def init(self, device_type, *args, **kwargs):
-        cpu_init(self, "cpu" if device_type == "cuda" else device_type, *args, **kwargs)
+    def init(self, device_type, dtype=None, enabled=True, cache_enabled=None):
+        if device_type == "cuda" and dtype is None:
+            dtype = get_dtype("cuda")  # CUDA's default (float16), not the cpu's (bfloat16)
+        cpu_init(self, "cpu" if device_type == "cuda" else device_type, dtype, enabled,
+                 cache_enabled)
         if on_region is not None and device_type in ("cuda", "cpu") and self._enabled:
             on_region(device_type, self.fast_dtype)
+
+    # a library asking about cuda's region (torch.amp.custom_fwd(device_type="cuda"), the
+    # no-argument form) hears about the region the fake tensors are in
+    def is_autocast_enabled(device_type="cuda"):
+        return is_enabled("cpu" if device_type == "cuda" else device_type)
+
+    def get_autocast_dtype(device_type):
+        return get_dtype("cpu" if device_type == "cuda" else device_type)
+
+    def cast(value, device_type, dtype):  # custom_fwd's cast_inputs: the fake tensors' device
+        return cpu_cast(value, "cpu" if device_type == "cuda" else device_type, dtype)
 
     with _cuda_policy_on_cpu_key() as casts:
         def clear():  # the region's end: its cached weight copies go with torch's own
             casts.cache = WeakIdKeyDictionary()
             cpu_clear()
 
-        autocast.__init__, torch.clear_autocast_cache = init, clear
+        autocast.__init__, torch.clear_autocast_cache, mode._cast = init, clear, cast
+        torch.is_autocast_enabled, torch.get_autocast_dtype = is_autocast_enabled, \
+            get_autocast_dtype
+        torch.get_autocast_gpu_dtype = lambda: get_dtype("cpu")
         try:
             yield
         finally:
-            autocast.__init__, torch.clear_autocast_cache = cpu_init, cpu_clear
+            autocast.__init__, torch.clear_autocast_cache, mode._cast = \
+                cpu_init, cpu_clear, cpu_cast
+            torch.is_autocast_enabled, torch.get_autocast_dtype, \
+                torch.get_autocast_gpu_dtype = asked

@@ -23,8 +23,9 @@ torchtitan call) run as on the target, and torch.optim picks its kernels as ther
 Every call is logged: the kernel, what the CPU would have run, the bytes each keeps; the
 prediction shows them (docs/capture.md, "CPU and CUDA paths"). A module that bound either
 function under another name at import (``from torch.nn.functional import dropout``) is not
-reached. Inside a torch.compile region SDPA and dropout run as torch's own: inductor lowers them for the
-device the fake tensors report (actors/capture/fake/compiled_on_fake.py), and they are not logged.
+reached. Inside a torch.compile region SDPA and dropout run as torch's own: inductor lowers
+them for the device the fake tensors report (actors/capture/fake/compiled_on_fake.py), and they
+are not logged.
 """
 from __future__ import annotations
 

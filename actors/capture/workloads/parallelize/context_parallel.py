@@ -114,9 +114,9 @@ class RingAttention:
 
 
 def apply_context_parallel(model: nn.Module, cp_mesh) -> None:
-    """Ring attention in every block of ``model`` (actors/capture/workloads/models/llama/model.py's
-    Llama, DeepSeek-V3's latent attention), and its rotary tables cut to this rank's positions, as context_parallel cuts the rope
-    buffer."""
+    """Ring attention in every block of ``model`` (Llama's, actors/capture/workloads/models/
+    llama/model.py, or DeepSeek-V3's latent attention), and its rotary tables cut to this rank's
+    positions, as context_parallel cuts the rope buffer."""
     cp, rank = cp_mesh.size(), cp_mesh.get_local_rank()
     ring = RingAttention(cp_mesh)
 
