@@ -209,3 +209,13 @@ def test_a_library_asking_about_cudas_region_hears_about_it():
                 assert Scaled.apply(x).dtype == torch.float16
             assert not torch.is_autocast_enabled("cuda")
     assert torch.is_autocast_enabled is torch._C.is_autocast_enabled
+
+
+def test_norm_without_a_dtype_gets_float32_as_on_cuda():
+    """fp32_append_dtype: the norm overloads without a dtype run as the ones with, float32 (the
+    arguments the caller left out at their defaults)."""
+    x = torch.randn(4, 4, dtype=BF16)
+    with autocast_as_on_cuda(), torch.autocast("cuda", dtype=BF16):
+        whole, rows = torch.ops.aten.norm.Scalar(x), torch.ops.aten.norm.ScalarOpt_dim(x, 2, [1])
+    assert (whole.dtype, rows.dtype, rows.shape) == (FP32, FP32, (4,))
+    torch.testing.assert_close(whole, x.float().norm(), rtol=1e-2, atol=1e-2)

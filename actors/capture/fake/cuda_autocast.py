@@ -136,8 +136,8 @@ def _kernel(policy: str, name: str, casts: _Casts) -> Callable:
                 to = _widest((*args, *kwargs.values()), lower)
                 return op(*casts.cast(args, to), **casts.cast(kwargs, to))
             first = _eligible(args[0])
-            if policy == FP32_APPEND_DTYPE:
-                return _op(with_dtype)(*args, **kwargs,
+            if policy == FP32_APPEND_DTYPE:  # the overload with a dtype takes every argument
+                return _op(with_dtype)(*_positional(op, args, kwargs),
                                        dtype=torch.float32 if first else args[0].dtype)
             # FP32_SET_OPT_DTYPE: a float32 output unless the caller chose a dtype
             if first and dtype_at is not None and len(args) > dtype_at:
@@ -147,6 +147,15 @@ def _kernel(policy: str, name: str, casts: _Casts) -> Callable:
                 kwargs = {**kwargs, "dtype": torch.float32}
             return op(*args, **kwargs)
     return kernel
+
+
+def _positional(op, args: tuple, kwargs: dict) -> list:
+    """``op``'s arguments as a positional list, its defaults filled in."""
+    values = list(args)
+    for argument in op._schema.arguments[len(args):]:
+        values.append(kwargs[argument.name] if argument.name in kwargs
+                      else argument.default_value)
+    return values
 
 
 def _banned(*args, **kwargs):
