@@ -219,3 +219,20 @@ def test_norm_without_a_dtype_gets_float32_as_on_cuda():
         whole, rows = torch.ops.aten.norm.Scalar(x), torch.ops.aten.norm.ScalarOpt_dim(x, 2, [1])
     assert (whole.dtype, rows.dtype, rows.shape) == (FP32, FP32, (4,))
     torch.testing.assert_close(whole, x.float().norm(), rtol=1e-2, atol=1e-2)
+
+
+def test_attention_in_a_region_runs_on_the_regions_dtype():
+    """SDPA is on autocast's lower-precision list: q, k, v of float32 (a bf16 projection
+    rotated by float32 tables, as transformers' Llama does) are cast to bf16 and CUDA's flash
+    kernel runs, not the memory-efficient one float32 would pick."""
+    from actors.capture.fake.cuda_dispatch import SDPA, cuda_kernels
+    from actors.gpu_arch import GpuArch
+
+    with FakeTensorMode():
+        q, k, v = (torch.randn(2, 4, 128, 64, requires_grad=True) for _ in range(3))
+        with cuda_kernels(GpuArch.sm90) as log, torch.autocast("cuda", dtype=BF16):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out.float().sum().backward()
+    assert out.dtype == BF16 and q.grad.dtype == FP32
+    (record,) = [r for r in log.summary() if r["op"] == SDPA]
+    assert (record["kernel"], record["detail"]) == ("flash", "bfloat16, dropout 0")
