@@ -34,6 +34,7 @@ def _optimizer_state(path) -> int:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.long
 def test_the_engine_partitions_what_its_stage_says(tmp_path, monkeypatch):
     """Stage 0 keeps AdamW's fp32 masters and moments whole on every rank; stage 1 and 2
     partition them over the world; stage 2 reduce-scatters the gradients where stage 1

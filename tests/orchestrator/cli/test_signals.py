@@ -54,6 +54,7 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
 @pytest.mark.slow
 @pytest.mark.parametrize("signum, to_group, code", [(signal.SIGINT, True, 130),
                                                      (signal.SIGTERM, False, 143)])
+@pytest.mark.long
 def test_signal_mid_replay_stops_everything(tmp_path, signum, to_group, code):
     run_dir, log_path = tmp_path / "run", tmp_path / "out.log"
     ray_dir = tempfile.mkdtemp(prefix="tf-sig-", dir="/tmp")  # Ray's socket paths are short

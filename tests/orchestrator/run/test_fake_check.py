@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from orchestrator.config import REPO_ROOT
 from orchestrator.outputs import CHECK_FAKE_JSON
 
@@ -36,6 +38,7 @@ def build(ctx):
 '''
 
 
+@pytest.mark.long
 def test_check_fake_names_where_a_fakeness_branch_parts_the_runs(tmp_path):
     (tmp_path / "step.py").write_text(STEP)
     out = tmp_path / "out"

@@ -71,6 +71,7 @@ def test_files_only_sinks_and_a_custom_one(ray_session, tmp_path, capsys):
     assert capsys.readouterr().out == ""
 
 
+@pytest.mark.long
 def test_default_sinks_print_the_table_then_write_the_page_then_list_the_outputs(
         ray_session, tmp_path):
     text = io.StringIO()
