@@ -19,6 +19,7 @@ from actors.launcher_env import launcher_environment
 from actors.trace.conventions import trace_file_name
 from actors.capture.fake import free_markers
 from actors.capture.fake.cuda_dispatch import cuda_kernels
+from actors.capture.fake.deepspeed_ops import no_shm_comm_build
 from actors.capture.fake.fake_ddp import ddp_on_fake
 from actors.capture.fake.compiled_on_fake import inductor_on_fake, num_compiled_graphs
 from actors.capture.fake.fake_idioms import fake_step_error, torch_idioms_on_fake
@@ -59,9 +60,10 @@ def _shapes_only(device: str, world_size: int):
 @contextmanager
 def fake_tensors(mode: CaptureFakeMode):
     """Within the block, ``mode`` is entered with what the fake device needs around it:
-    ranges below its dispatch, DDP's stand-in reducer, torch's idioms on fake tensors."""
+    ranges below its dispatch, DDP's stand-in reducer, torch's idioms on fake tensors, no
+    DeepSpeed comm op built."""
     with inductor_on_fake(), ranges_outside_fake_mode(), ddp_on_fake(), torch_idioms_on_fake(), \
-            mode:
+            no_shm_comm_build(), mode:
         yield mode
 
 
