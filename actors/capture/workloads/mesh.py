@@ -284,11 +284,11 @@ def validate_parallelism(cfg, world_size: int) -> None:
 
 def _validate_ring_chunks(cfg, cp: int, where: str) -> None:
     """On meta and fake (a GPU's kernels), ring attention with CUDA's memory-efficient kernel
-    (float32, or MLA's narrower values) needs chunks of whole 32-row blocks: the kernel pads
-    its logsumexp to a multiple of 32 rows and torch's ring merges it with the unpadded output
-    (a broadcast error deep in torch otherwise, on a GPU too)."""
-    narrower = cfg.model == "deepseek_v3" and \
-        (cfg.mla_v_head_dim or cfg.head_dim) != cfg.head_dim + cfg.mla_rope_head_dim
+    (float32, or a family's narrower values: ModelSpec.narrower_values) needs chunks of whole
+    32-row blocks: the kernel pads its logsumexp to a multiple of 32 rows and torch's ring
+    merges it with the unpadded output (a broadcast error deep in torch otherwise, on a GPU
+    too)."""
+    narrower = model_spec(cfg.model).narrower_values(cfg)
     efficient = cfg.precision == "fp32" or narrower
     half_chunk = cfg.seq_len // (2 * cp)
     if str(cfg.device) in ("meta", "fake") and efficient and half_chunk % 32:

@@ -28,3 +28,6 @@ class ModelSpec:
     moe: bool  # its feed-forward may be a Mixture of Experts (workload.moe_experts)
     # MoE: the chosen experts' scores renormalized per token (Qwen3-MoE's norm_topk_prob)
     moe_normalize_top_k: bool = False
+    # (workload config) -> its attention's values are narrower than its queries and keys
+    # (DeepSeek's MLA), so a GPU's SDPA runs the memory-efficient kernel whatever the dtype
+    narrower_values: Callable[[object], bool] = lambda cfg: False

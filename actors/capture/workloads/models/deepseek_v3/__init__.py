@@ -17,10 +17,19 @@ from actors.capture.workloads.models.spec import ModelSpec
 from actors.errors import ConfigError
 
 
+def _value_width(cfg) -> int:
+    """Each head's value size: ``mla_v_head_dim``, or ``head_dim`` when 0."""
+    return cfg.mla_v_head_dim or cfg.head_dim
+
+
+def _narrower_values(cfg) -> bool:
+    return _value_width(cfg) < cfg.head_dim + cfg.mla_rope_head_dim
+
+
 def _build(cfg, ffn_dim: int, moe):
     attention = partial(LatentAttention, q_lora_rank=cfg.mla_q_lora_rank,
                         kv_lora_rank=cfg.mla_kv_lora_rank, rope_dim=cfg.mla_rope_head_dim,
-                        v_head_dim=cfg.mla_v_head_dim or cfg.head_dim)
+                        v_head_dim=_value_width(cfg))
     return build_llama(cfg, ffn_dim, moe, attention_class=attention,
                        rope_dim=cfg.mla_rope_head_dim)
 
@@ -35,7 +44,7 @@ def _validate(cfg) -> None:
     if cfg.mla_rope_head_dim < 2 or cfg.mla_rope_head_dim % 2:
         raise ConfigError(f"workload.mla_rope_head_dim={cfg.mla_rope_head_dim}: rotary "
                           "embeddings need an even size >= 2 (DeepSeek-V3: 64)")
-    v = cfg.mla_v_head_dim or cfg.head_dim
+    v = _value_width(cfg)
     if v > cfg.head_dim + cfg.mla_rope_head_dim:
         raise ConfigError(f"workload.mla_v_head_dim={v} is wider than the query and key heads "
                           f"(head_dim + mla_rope_head_dim = "
@@ -44,4 +53,5 @@ def _validate(cfg) -> None:
 
 SPEC = ModelSpec(name="deepseek_v3", build=_build, block_class=TransformerBlock,
                  blocks=lambda m: m.layers, default_ffn_dim=llama_ffn_dim, validate=_validate,
-                 mesh_dims=frozenset(("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")), moe=True)
+                 mesh_dims=frozenset(("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")),
+                 moe=True, narrower_values=_narrower_values)
