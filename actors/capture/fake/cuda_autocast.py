@@ -117,6 +117,25 @@ def _widest(values, lower: torch.dtype) -> torch.dtype:
     return lower
 
 
+def _outside_region():
+    """The autocast kernel's own guard: the op it redispatches to is not cast again."""
+    return torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(
+        torch._C.DispatchKey.AutocastCPU))
+
+
+@contextmanager
+def lower_precision_inputs(*tensors):
+    """For a caller below the dispatcher's autocast kernel of a lower-precision op (the
+    capture's SDPA runs CUDA's kernels directly): within a region, ``tensors`` cast to its
+    dtype, the block run outside it, as that kernel does; outside one, as they are."""
+    if not torch.is_autocast_enabled("cpu"):  # the fake tensors' regions are the cpu's
+        yield tensors
+        return
+    dtype = torch.get_autocast_dtype("cpu")
+    with _outside_region():
+        yield tuple(t.to(dtype) if _eligible(t) and t.dtype != dtype else t for t in tensors)
+
+
 def _kernel(policy: str, name: str, casts: _Casts) -> Callable:
     op = _op(name)
     dtype_at = next((i for i, a in enumerate(op._schema.arguments)
@@ -126,8 +145,7 @@ def _kernel(policy: str, name: str, casts: _Casts) -> Callable:
 
     def kernel(*args, **kwargs):
         lower = torch.get_autocast_dtype("cpu")
-        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(
-                torch._C.DispatchKey.AutocastCPU)):
+        with _outside_region():
             if policy == LOWER:
                 return op(*casts.cast(args, lower), **casts.cast(kwargs, lower))
             if policy == FP32:

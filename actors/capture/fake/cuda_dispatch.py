@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from actors.capture.fake.cuda_attention import sdpa_as_cuda
-from actors.capture.fake.cuda_autocast import autocast_as_on_cuda
+from actors.capture.fake.cuda_autocast import autocast_as_on_cuda, lower_precision_inputs
 from actors.capture.fake.optimizer_default import optimizers_as_on_cuda
 from actors.capture.fake.sdpa_choice import CPU_MATH, MATH, SdpaCall, cpu_backend
 from actors.gpu_arch import GpuArch
@@ -96,21 +96,6 @@ class DispatchLog:
                  "cpu_bytes": self.cpu_kept[key]} for key in sorted(self.calls)]
 
 
-@contextmanager
-def _autocast_cast(*tensors):
-    """Within an autocast region, SDPA's floating inputs cast to the region's dtype and the
-    kernel run outside it, as the dispatcher's autocast kernel for SDPA does (it is on the
-    lower-precision list of both the cpu and CUDA): the kernels run below come after it."""
-    if not torch.is_autocast_enabled("cpu"):  # fake tensors' regions are the cpu's
-        yield tensors
-        return
-    dtype = torch.get_autocast_dtype("cpu")
-    cast = tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point()
-                 and t.dtype not in (dtype, torch.float64) else t for t in tensors)
-    with torch.autocast("cpu", enabled=False):
-        yield cast
-
-
 def _sdpa(log: DispatchLog, cpu_sdpa):
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
              enable_gqa=False):
@@ -119,7 +104,10 @@ def _sdpa(log: DispatchLog, cpu_sdpa):
         if is_causal and attn_mask is not None or torch.compiler.is_compiling():
             return cpu_sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
                             enable_gqa=enable_gqa)
-        with _autocast_cast(query, key, value, attn_mask) as (query, key, value, attn_mask):
+        # SDPA is on autocast's lower-precision list (the cpu's and CUDA's): the kernels
+        # run here come after the dispatcher's autocast kernel
+        with lower_precision_inputs(query, key, value, attn_mask) as \
+                (query, key, value, attn_mask):
             out, call, backend = sdpa_as_cuda(log.arch, query, key, value, attn_mask, dropout_p,
                                               is_causal, scale, enable_gqa)
         cpu = cpu_backend(call)
