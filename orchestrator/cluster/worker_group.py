@@ -21,6 +21,8 @@ from orchestrator.errors import ClusterError
 from orchestrator.cluster.placement import reserve_bundles
 from orchestrator.cluster.rank_result import Outcome, Result, failure_text, outcome
 
+KILL_WAIT_S = 10.0  # how long shutdown waits for its killed actors to be gone
+
 log = logging.getLogger(__name__)
 
 
@@ -223,6 +225,7 @@ class WorkerGroup:
             ray.wait(refs, num_returns=len(refs), timeout=graceful_timeout_s)
         for actor in self._actors:
             ray.kill(actor, no_restart=True)
+        _await_gone(self._actors, KILL_WAIT_S)
         if self._pg is not None:
             remove_placement_group(self._pg)
         self._actors, self.workers, self._dead, self._pg = [], [], [], None
@@ -243,6 +246,20 @@ class WorkerGroup:
             return ray.get(refs)
         except RayError as exc:
             raise ClusterError(f"rank actors failed to {what}: {failure_text(exc)}") from exc
+
+
+def _await_gone(actors: list, timeout_s: float) -> None:
+    """Return once every killed actor refuses a call, or after ``timeout_s``: ``ray.kill`` is
+    sent asynchronously, and a call made at once could still reach the actor (seen on a loaded
+    machine: a shut-down group's actor answered a ping)."""
+    deadline = time.monotonic() + timeout_s
+    for actor in actors:
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                ray.get(actor.__ray_ready__.remote(), timeout=left)
+            except RayError:  # gone (or out of time: the bound ends the wait either way)
+                break
+            time.sleep(0.05)
 
 
 def rank_order(infos: list[dict], first_node_id: str | None = None) -> list[int]:
