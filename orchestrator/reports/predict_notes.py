@@ -15,12 +15,17 @@ _KERNEL_NAMES = {"flash": "CUDA's flash attention", "efficient": "CUDA's memory-
                  "fused": "torch.optim's fused kernel",
                  "for-loop": "torch.optim's single-tensor for-loop",
                  "disabled (no CUDA)": "no autocast at all (torch disables a cuda region "
-                                       "where CUDA is absent)"}
+                                       "where CUDA is absent)",
+                 "triton_flex": "inductor's Triton FlexAttention kernel",
+                 "no CPU backward": "nothing (torch has no CPU kernel for FlexAttention's "
+                                    "backward)"}
 # what each op's kernel keeps, and what the CPU's path makes in its place
 _KEPT = {"aten::scaled_dot_product_attention": ("logsumexp and RNG state",
                                                 "float32 L x S score matrices (one per call; "
                                                 "it keeps several)"),
-         "aten::dropout": ("one-byte masks", "noise tensors of the input's dtype")}
+         "aten::dropout": ("one-byte masks", "noise tensors of the input's dtype"),
+         "flex_attention (compiled)": ("float32 rows (the logsumexp; backward's delta)",
+                                       "bytes")}
 
 
 def breakdown_help(breakdown: dict) -> dict[str, str]:

@@ -19,6 +19,9 @@ torchtitan call) run as on the target, and torch.optim picks its kernels as ther
   pick their implementation as for CUDA tensors: the multi-tensor foreach kernels, whose lists
   of temporaries the CPU's for-loop never holds at once
   (actors/capture/fake/optimizer_default.py).
+* ``torch.compile(flex_attention)`` is lowered as inductor lowers it for a GPU (its backward
+  has no CPU kernel): actors/capture/fake/cuda_flex_attention.py; logged once per compiled
+  graph, as inductor lowers it.
 
 Every call is logged: the kernel, what the CPU would have run, the bytes each keeps; the
 prediction shows them (docs/capture.md, "CPU and CUDA paths"). A module that bound either
@@ -38,6 +41,9 @@ import torch.nn.functional as F
 
 from actors.capture.fake.cuda_attention import sdpa_as_cuda
 from actors.capture.fake.cuda_autocast import autocast_as_on_cuda, lower_precision_inputs
+from actors.capture.fake.cuda_flex_attention import CPU_KERNEL as FLEX_CPU_KERNEL
+from actors.capture.fake.cuda_flex_attention import KERNEL as FLEX_KERNEL
+from actors.capture.fake.cuda_flex_attention import flex_attention_as_on_cuda
 from actors.capture.fake.optimizer_default import optimizers_as_on_cuda
 from actors.capture.fake.sdpa_choice import CPU_MATH, MATH, SdpaCall, cpu_backend
 from actors.gpu_arch import GpuArch
@@ -45,6 +51,7 @@ from actors.trace.dtypes import dtype_name
 
 SDPA, DROPOUT = "aten::scaled_dot_product_attention", "aten::dropout"
 OPTIMIZER, AUTOCAST = "torch.optim step", "torch.autocast region"
+FLEX = "flex_attention (compiled)"
 
 
 def _sdpa_kept_bytes(call: SdpaCall, backend: str) -> int:
@@ -74,6 +81,8 @@ class DispatchLog:
     calls: Counter = field(default_factory=Counter)
     kept: Counter = field(default_factory=Counter)
     cpu_kept: Counter = field(default_factory=Counter)
+    lowered: Counter = field(default_factory=Counter)
+    lowered_kept: Counter = field(default_factory=Counter)
 
     def add(self, op: str, kernel: str, cpu_kernel: str, detail: str, kept_bytes: int,
             cpu_bytes: int) -> None:
@@ -84,6 +93,14 @@ class DispatchLog:
         self.kept[key] += kept_bytes
         self.cpu_kept[key] += cpu_bytes
 
+    def add_lowered(self, op: str, kernel: str, cpu_kernel: str, detail: str,
+                    kept_bytes: int) -> None:
+        """One call site inductor lowered for the target (at compile time, in warm-up): kept
+        across :meth:`clear`, counted once per compiled graph however often it runs."""
+        key = (op, kernel, cpu_kernel, f"{detail}, per compiled graph")
+        self.lowered[key] += 1
+        self.lowered_kept[key] += kept_bytes
+
     def clear(self) -> None:
         for counter in (self.calls, self.kept, self.cpu_kept):
             counter.clear()
@@ -91,9 +108,12 @@ class DispatchLog:
     def summary(self) -> list[dict]:
         """One record per (op, kernel, CPU's kernel, detail): meta.json's ``kernel_dispatch``."""
         fields = ("op", "kernel", "cpu_kernel", "detail")
-        return [{**dict(zip(fields, key)), "arch": str(self.arch),
-                 "num_calls": self.calls[key], "kept_bytes": self.kept[key],
-                 "cpu_bytes": self.cpu_kept[key]} for key in sorted(self.calls)]
+        calls = [{**dict(zip(fields, key)), "arch": str(self.arch),
+                  "num_calls": self.calls[key], "kept_bytes": self.kept[key],
+                  "cpu_bytes": self.cpu_kept[key]} for key in sorted(self.calls)]
+        return calls + [{**dict(zip(fields, key)), "arch": str(self.arch),
+                         "num_calls": self.lowered[key], "kept_bytes": self.lowered_kept[key],
+                         "cpu_bytes": 0} for key in sorted(self.lowered)]
 
 
 def _sdpa(log: DispatchLog, cpu_sdpa):
@@ -149,6 +169,12 @@ def _autocast_region(log: DispatchLog):
     return on_region
 
 
+def _flex_lowered(log: DispatchLog):
+    def on_lowered(direction: str, kept_bytes: int) -> None:
+        log.add_lowered(FLEX, FLEX_KERNEL, FLEX_CPU_KERNEL, direction, kept_bytes)
+    return on_lowered
+
+
 @contextmanager
 def cuda_kernels(arch: GpuArch | None):
     """Within the block, SDPA and dropout run as on ``arch``, autocast casts and torch.optim
@@ -163,7 +189,8 @@ def cuda_kernels(arch: GpuArch | None):
     F.dropout = _dropout(log, cpu_dropout)
     try:
         with optimizers_as_on_cuda(_optimizer_choice(log)), \
-                autocast_as_on_cuda(_autocast_region(log)):
+                autocast_as_on_cuda(_autocast_region(log)), \
+                flex_attention_as_on_cuda(_flex_lowered(log)):
             yield log
     finally:
         F.scaled_dot_product_attention, F.dropout = cpu_sdpa, cpu_dropout

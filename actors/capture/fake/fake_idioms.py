@@ -60,6 +60,7 @@ from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                            DynamicOutputShapeException, FakeTensor)
 
 from actors.capture.readable import VALUE_ATTR
+from actors.capture.fake.cuda_flex_attention import EagerFlexOnFake
 from actors.capture.fake.fake_mode import SparseOnFake, answering_next_read
 from actors.errors import ConfigError
 
@@ -291,6 +292,24 @@ def _chain(exc: BaseException | None):
         exc = exc.__cause__ or exc.__context__
 
 
+def _flex_refusal(exc: BaseException) -> ConfigError | None:
+    """FlexAttention's refusals on fake tensors: its backward on a CPU target (torch has no CPU
+    kernel for it), its eager path on a GPU target (actors/capture/fake/cuda_flex_attention.py)."""
+    for cause in _chain(exc):
+        if isinstance(cause, EagerFlexOnFake):
+            return ConfigError(f"workload.device=fake: {cause} (at {_asking_frames(cause)})")
+        if isinstance(cause, NotImplementedError) and \
+                str(cause).startswith("FlexAttention does not support backward on CPU"):
+            return ConfigError(
+                f"workload.device=fake: the step trains through FlexAttention (at "
+                f"{_asking_frames(cause)}), whose backward torch {torch.__version__} runs on "
+                "GPUs only, so a CPU cannot run this step. Predict it for a GPU: set "
+                "workload.gpu_kernels (sm80, sm90, ...; tracefleet-predict sets it from "
+                "target.arch) and the compiled FlexAttention is lowered as the GPU's Triton "
+                "kernels")
+    return None
+
+
 def _compiled(exc: BaseException) -> bool:
     """Whether the exception went through torch.compile's machinery (dynamo, inductor)."""
     dirs = tuple(os.path.join(_TORCH_DIR, d) + os.sep for d in ("_dynamo", "_inductor"))
@@ -321,6 +340,9 @@ def fake_step_error(exc: BaseException) -> ConfigError | None:
         return ConfigError(f"workload.device=fake: the step {what} at {_asking_frames(cause)}; "
                            "fake tensors have shapes, not values: capture this step on "
                            f"workload.device=cpu or cuda, or {instead}")
+    flex = _flex_refusal(exc)
+    if flex is not None:
+        return flex
     if _compiled(exc):
         root = list(_chain(exc))[-1]  # the backend's or kernel's own error
         first = next((line for line in str(root).splitlines() if line.strip()), "")[:300]

@@ -191,7 +191,8 @@ class WorkloadConfig:
         "meta/fake: run what a GPU runs otherwise than a CPU as CUDA does on this architecture "
         "(sm80, sm86, sm89, sm90, sm100, sm120; actors/capture/fake/cuda_dispatch.py): scaled "
         "dot product attention, dropout, autocast regions (cuda's entered, CUDA's cast policy), "
-        "torch.optim's default implementation (foreach; the built-in recipes' AdamW fused); "
+        "torch.optim's default implementation (foreach; the built-in recipes' AdamW fused), "
+        "compiled FlexAttention (inductor's Triton kernels' buffers); "
         "null: the CPU's. tracefleet-predict sets it from target.arch."))
     check_fake: bool = setting(False, help=(
         "device=fake, tracefleet-capture: also run the same workload for real on cpu at world 2 "

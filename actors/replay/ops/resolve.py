@@ -128,8 +128,10 @@ def _resolve_unschema(namespace: str, op: str, name: str) -> ResolvedOp | Unreso
 
 # Op namespaces torch itself defines in Python modules that a replaying process may not have
 # imported (a trace of FSDP2 records fsdp::all_gather_copy_in, fsdp::split_with_sizes_copy,
-# fsdp::chunk_cat): imported on the first miss.
-_unimported_op_libraries = {"fsdp": "torch.distributed.fsdp"}
+# fsdp::chunk_cat): imported on the first miss. tracefleet_kernel:: ops stand for a GPU's
+# generated kernel in a GPU target's capture (actors/trace/kernel_ops.py).
+_unimported_op_libraries = {"fsdp": "torch.distributed.fsdp",
+                            "tracefleet_kernel": "actors.trace.kernel_ops"}
 
 
 def _lookup(namespace: str, op: str, overload: str | None):
