@@ -236,3 +236,17 @@ def test_attention_in_a_region_runs_on_the_regions_dtype():
     assert out.dtype == BF16 and q.grad.dtype == FP32
     (record,) = [r for r in log.summary() if r["op"] == SDPA]
     assert (record["kernel"], record["detail"]) == ("flash", "bfloat16, dropout 0")
+
+
+def test_a_compiled_frame_in_a_cuda_region_leaves_cudas_own_state_as_it_was():
+    """Dynamo saves cuda's autocast state around a frame it compiles and sets it back after;
+    read through the block's answers (the cpu's region), it must be written there too, or the
+    cpu's bfloat16 and enabled flag become cuda's beyond the block."""
+    before = torch.get_autocast_dtype("cuda"), torch.is_autocast_enabled("cuda")
+    with FakeTensorMode():
+        x = torch.randn(4, 8)
+        with autocast_as_on_cuda(), torch.autocast("cuda", dtype=BF16):
+            assert torch.compile(lambda t: t @ t.t(), backend="eager")(x).dtype == BF16
+            assert torch.get_autocast_dtype("cuda") == BF16
+    assert (torch.get_autocast_dtype("cuda"), torch.is_autocast_enabled("cuda")) == before
+    assert torch.set_autocast_dtype is torch._C.set_autocast_dtype

@@ -221,8 +221,9 @@ def autocast_as_on_cuda(on_region: Callable[[str, torch.dtype], None] | None = N
     mode = torch.amp.autocast_mode
     autocast = mode.autocast
     cpu_init, cpu_clear, cpu_cast = autocast.__init__, torch.clear_autocast_cache, mode._cast
-    asked = (torch.is_autocast_enabled, torch.get_autocast_dtype, torch.get_autocast_gpu_dtype)
-    is_enabled, get_dtype, _ = asked
+    asked = (torch.is_autocast_enabled, torch.get_autocast_dtype, torch.get_autocast_gpu_dtype,
+             torch.set_autocast_enabled, torch.set_autocast_dtype)
+    is_enabled, get_dtype, _, set_enabled, set_dtype = asked
 
     def init(self, device_type, dtype=None, enabled=True, cache_enabled=None):
         if device_type == "cuda" and dtype is None:
@@ -240,6 +241,17 @@ def autocast_as_on_cuda(on_region: Callable[[str, torch.dtype], None] | None = N
     def get_autocast_dtype(device_type):
         return get_dtype("cpu" if device_type == "cuda" else device_type)
 
+    # and what sets it back sets that region: Dynamo saves cuda's state around each frame it
+    # compiles and restores it after (torch/_dynamo/output_graph.py); read from the cpu's and
+    # written to cuda's, the cpu's bfloat16 would become cuda's default beyond the block
+    def set_autocast_enabled(*args):
+        if len(args) == 2 and args[0] == "cuda":
+            args = ("cpu", args[1])
+        set_enabled(*args)
+
+    def set_autocast_dtype(device_type, dtype):
+        set_dtype("cpu" if device_type == "cuda" else device_type, dtype)
+
     def cast(value, device_type, dtype):  # custom_fwd's cast_inputs: the fake tensors' device
         return cpu_cast(value, "cpu" if device_type == "cuda" else device_type, dtype)
 
@@ -252,10 +264,13 @@ def autocast_as_on_cuda(on_region: Callable[[str, torch.dtype], None] | None = N
         torch.is_autocast_enabled, torch.get_autocast_dtype = is_autocast_enabled, \
             get_autocast_dtype
         torch.get_autocast_gpu_dtype = lambda: get_dtype("cpu")
+        torch.set_autocast_enabled, torch.set_autocast_dtype = set_autocast_enabled, \
+            set_autocast_dtype
         try:
             yield
         finally:
             autocast.__init__, torch.clear_autocast_cache, mode._cast = \
                 cpu_init, cpu_clear, cpu_cast
             torch.is_autocast_enabled, torch.get_autocast_dtype, \
-                torch.get_autocast_gpu_dtype = asked
+                torch.get_autocast_gpu_dtype, torch.set_autocast_enabled, \
+                torch.set_autocast_dtype = asked
