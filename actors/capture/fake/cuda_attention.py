@@ -4,7 +4,8 @@ The fused kernels' own aten ops (flash, memory-efficient) have meta kernels, so 
 tensors they allocate exactly what the GPU kernels allocate: the output, a float32 logsumexp
 of batch x heads x seq (the memory-efficient kernel pads its rows to a multiple of 32), the
 philox RNG state for dropout, and in backward the three gradients; nothing of size
-seq x seq. Around the kernels, what torch's composite ``scaled_dot_product_attention``
+seq x seq. For a GPU target flash's backward also holds what CUDA's kernel allocates beside
+them (actors/capture/fake/flash_backward.py). Around the kernels, what torch's composite ``scaled_dot_product_attention``
 (aten/src/ATen/native/transformers/attention.cpp) does on CUDA is done too: head dims padded
 to a multiple of 8 for flash (and the output cut back), a boolean mask turned into an additive
 one and padded for the memory-efficient kernel. The math fallback is torch's own
@@ -17,6 +18,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from actors.capture.fake import flash_backward
 from actors.capture.fake.sdpa_choice import EFFICIENT, FLASH, SdpaCall, choose_cuda_backend
 from actors.gpu_arch import GpuArch
 
@@ -44,9 +46,12 @@ class FlashAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, out, lse, rng_state, unused = ctx.saved_tensors
         max_q, max_k, dropout_p, is_causal, scale = ctx.args
+        grad_out = flash_backward.kernel_grad_out(grad_out)
+        held = flash_backward.workspace(q, k)  # for the kernel's duration
         grads = _aten._scaled_dot_product_flash_attention_backward(
-            grad_out.contiguous(), q, k, v, out, lse, None, None, max_q, max_k, dropout_p,
+            grad_out, q, k, v, out, lse, None, None, max_q, max_k, dropout_p,
             is_causal, rng_state, unused, **_scale_kw(scale))
+        del held
         return (*grads, None, None, None)
 
 
