@@ -65,14 +65,19 @@ def _flex_build(compiled: bool = True, num_kv_heads: int = HEADS, head_bias: boo
             return flex(q, k, v, score_mod=biased if head_bias else None, block_mask=mask,
                         enable_gqa=num_kv_heads != HEADS)
 
-        def step(batch):
-            (x,) = batch
-            net(x, attend).sum().backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-
-        return net, lambda: (torch.randn(BATCH, SEQ, HEADS * HEAD_DIM, device=ctx.device),), step
+        return _training(net, optimizer, attend, ctx)
     return build
+
+
+def _training(net, optimizer, attend, ctx):
+    """build()'s answer for ``net`` attending through ``attend``: one training step."""
+    def step(batch):
+        (x,) = batch
+        net(x, attend).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return net, lambda: (torch.randn(BATCH, SEQ, HEADS * HEAD_DIM, device=ctx.device),), step
 
 
 def _sdpa_build(ctx):
@@ -85,13 +90,7 @@ def _sdpa_build(ctx):
     def attend(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    def step(batch):
-        (x,) = batch
-        net(x, attend).sum().backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return net, lambda: (torch.randn(BATCH, SEQ, HEADS * HEAD_DIM, device=ctx.device),), step
+    return _training(net, optimizer, attend, ctx)
 
 
 def test_compiled_flex_attention_is_captured_as_the_gpus_kernels(tmp_path):
