@@ -10,15 +10,29 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import traceback
 from typing import Callable
 
 from actors.errors import ConfigError, TracefleetError
 
 
+# what a capture's step cannot do wherever it runs, told with what to do instead
+_HINTS = (
+    (("not linked with support for cuda", "Torch not compiled with CUDA enabled"),
+     "; a capture runs the step on the device tracefleet gives it, ctx.device (on fake, its "
+     "tensors stand for the target GPU's): put modules and tensors there, not on cuda"),
+)
+
+
+def _hint(message: str) -> str:
+    return next((hint for needles, hint in _HINTS if any(n in message for n in needles)), "")
+
+
 def failure_text(exc: BaseException, path: str | None) -> str:
     """``ValueError: boom at /x/step.py:12 in step``: the exception and the innermost frame
-    in the user's file ``path`` (else the innermost frame of all)."""
+    in the user's file ``path`` (else the innermost frame of all), with what to do instead
+    where the failure is a known one."""
     frames = traceback.extract_tb(exc.__traceback__)
     own = [f for f in frames if path and os.path.abspath(f.filename) == path]
     frame = (own or frames or [None])[-1]
@@ -26,13 +40,18 @@ def failure_text(exc: BaseException, path: str | None) -> str:
     if isinstance(exc, SystemExit):
         return f"called sys.exit({exc.code!r}){place}"
     text = str(exc).strip().splitlines()
-    return f"raised {type(exc).__name__}: {text[0] if text else '(no message)'}{place}"
+    first = text[0] if text else "(no message)"
+    return f"raised {type(exc).__name__}: {first}{place}{_hint(first)}"
 
 
 def user_file(spec: str) -> str | None:
-    """The absolute file of a ``PATH.py:FUNCTION`` entrypoint (None for a module)."""
+    """The absolute file of a ``PATH.py:FUNCTION`` entrypoint, or of an imported
+    ``MODULE:FUNCTION`` one's module (None when it has none)."""
     target = spec.rpartition(":")[0]
-    return os.path.abspath(os.path.expanduser(target)) if target.endswith(".py") else None
+    if target.endswith(".py"):
+        return os.path.abspath(os.path.expanduser(target))
+    module_file = getattr(sys.modules.get(target), "__file__", None)
+    return os.path.abspath(module_file) if module_file else None
 
 
 def guarded(fn: Callable, what: str, prefix: str, path: str | None, where: str = "") -> Callable:

@@ -157,3 +157,19 @@ def test_the_recorder_removes_its_partial_trace_when_the_step_fails(tmp_path):
         record_iteration(step, torch.randn(2, 4), model, step_index=0,
                          out_path=str(tmp_path / "rank-0.et.json.gz"), tensor_ranges=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_step_on_cuda_is_told_to_use_ctx_device_at_its_own_line(tmp_path, monkeypatch):
+    """A step written for a GPU (``.cuda()``), given as MODULE:FUNCTION: the failure names the
+    module's line, not torch's, and says to put it on ctx.device."""
+    module = tmp_path / "my_cuda_step.py"
+    module.write_text("import torch\n\n\ndef build(ctx):\n"
+                      "    model = torch.nn.Linear(8, 8).cuda()\n"
+                      "    return model, lambda: torch.randn(4, 8), lambda batch: None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match="put modules and tensors there, not on cuda") as err:
+        run_capture_job(CaptureConfig(
+            workload=WorkloadConfig(model="custom", entrypoint="my_cuda_step:build",
+                                    device="fake"),
+            world_size=1, out_dir=str(tmp_path / "out")))
+    assert f"at {module}:{_line_of(module, '.cuda()')} in build" in str(err.value)
