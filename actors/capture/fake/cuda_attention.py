@@ -4,8 +4,8 @@ The fused kernels' own aten ops (flash, memory-efficient) have meta kernels, so 
 tensors they allocate exactly what the GPU kernels allocate: the output, a float32 logsumexp
 of batch x heads x seq (the memory-efficient kernel pads its rows to a multiple of 32), the
 philox RNG state for dropout, and in backward the three gradients; nothing of size
-seq x seq. For a GPU target flash's backward also holds what CUDA's kernel allocates beside
-them (actors/capture/fake/flash_backward.py). Around the kernels, what torch's composite ``scaled_dot_product_attention``
+seq x seq. For a GPU target each backward also holds what CUDA's kernel allocates beside
+them (actors/capture/fake/attention_backward.py). Around the kernels, what torch's composite ``scaled_dot_product_attention``
 (aten/src/ATen/native/transformers/attention.cpp) does on CUDA is done too: head dims padded
 to a multiple of 8 for flash (and the output cut back), a boolean mask turned into an additive
 one and padded for the memory-efficient kernel. The math fallback is torch's own
@@ -18,7 +18,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from actors.capture.fake import flash_backward
+from actors.capture.fake import attention_backward
 from actors.capture.fake.sdpa_choice import EFFICIENT, FLASH, SdpaCall, choose_cuda_backend
 from actors.gpu_arch import GpuArch
 
@@ -46,8 +46,8 @@ class FlashAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, out, lse, rng_state, unused = ctx.saved_tensors
         max_q, max_k, dropout_p, is_causal, scale = ctx.args
-        grad_out = flash_backward.kernel_grad_out(grad_out)
-        held = flash_backward.workspace(q, k)  # for the kernel's duration
+        grad_out = attention_backward.kernel_grad_out(grad_out)
+        held = attention_backward.flash_workspace(q, k)  # for the kernel's duration
         grads = _aten._scaled_dot_product_flash_attention_backward(
             grad_out, q, k, v, out, lse, None, None, max_q, max_k, dropout_p,
             is_causal, rng_state, unused, **_scale_kw(scale))
@@ -71,9 +71,12 @@ class EfficientAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, bias, out, lse, seed, offset = ctx.saved_tensors
         dropout_p, is_causal, scale, bias_grad = ctx.args
+        grad_out = attention_backward.kernel_grad_out(grad_out)
+        held = attention_backward.efficient_delta(q, grad_out, out)  # for the kernel
         gq, gk, gv, gb = _aten._scaled_dot_product_efficient_attention_backward(
-            grad_out.contiguous(), q, k, v, bias, out, lse, seed, offset, dropout_p,
+            grad_out, q, k, v, bias, out, lse, seed, offset, dropout_p,
             [True, True, True, bias_grad], is_causal, **_scale_kw(scale))
+        del held
         return gq, gk, gv, gb if bias_grad else None, None, None, None
 
 

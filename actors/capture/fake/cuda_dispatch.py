@@ -19,8 +19,8 @@ torchtitan call) run as on the target, and torch.optim picks its kernels as ther
   pick their implementation as for CUDA tensors: the multi-tensor foreach kernels, whose lists
   of temporaries the CPU's for-loop never holds at once
   (actors/capture/fake/optimizer_default.py).
-* flash attention's backward (SDPA's, the built-in models') holds CUDA's workspace beside
-  its gradients: actors/capture/fake/flash_backward.py.
+* the fused attention kernels' backward (SDPA's, the built-in models') holds what CUDA's
+  kernel allocates beside its gradients: actors/capture/fake/attention_backward.py.
 * ``torch.compile(flex_attention)`` is lowered as inductor lowers it for a GPU (its backward
   has no CPU kernel): actors/capture/fake/cuda_flex_attention.py; logged once per compiled
   graph, as inductor lowers it.
@@ -46,7 +46,7 @@ from actors.capture.fake.cuda_autocast import autocast_as_on_cuda, lower_precisi
 from actors.capture.fake.cuda_flex_attention import CPU_KERNEL as FLEX_CPU_KERNEL
 from actors.capture.fake.cuda_flex_attention import KERNEL as FLEX_KERNEL
 from actors.capture.fake.cuda_flex_attention import flex_attention_as_on_cuda
-from actors.capture.fake.flash_backward import flash_backward_as_on_cuda
+from actors.capture.fake.attention_backward import attention_backward_as_on_cuda
 from actors.capture.fake.optimizer_default import optimizers_as_on_cuda
 from actors.capture.fake.sdpa_choice import CPU_MATH, MATH, SdpaCall, cpu_backend
 from actors.gpu_arch import GpuArch
@@ -193,7 +193,8 @@ def cuda_kernels(arch: GpuArch | None):
     try:
         with optimizers_as_on_cuda(_optimizer_choice(log)), \
                 autocast_as_on_cuda(_autocast_region(log)), \
-                flex_attention_as_on_cuda(_flex_lowered(log)), flash_backward_as_on_cuda():
+                flex_attention_as_on_cuda(_flex_lowered(log)), \
+                attention_backward_as_on_cuda():
             yield log
     finally:
         F.scaled_dot_product_attention, F.dropout = cpu_sdpa, cpu_dropout

@@ -1,7 +1,8 @@
-"""A GPU target's flash-attention backward holds what CUDA's kernel allocates beside its
-gradients (actors/capture/fake/flash_backward.py): softmax_d and the float32 dq_accum, the
-expanded key/value gradients under grouped-query attention, and a contiguous copy of the
-output's gradient only where the kernel's layout needs one."""
+"""A GPU target's fused-attention backward holds what CUDA's kernel allocates beside its
+gradients (actors/capture/fake/attention_backward.py): flash's softmax_d and float32 dq_accum,
+the expanded key/value gradients under grouped-query attention, the memory-efficient kernel's
+delta, and a contiguous copy of the output's gradient only where the kernel's layout needs
+one."""
 from __future__ import annotations
 
 import torch
@@ -31,15 +32,18 @@ class Made(TorchDispatchMode):
         return out
 
 
-def _backward_made(arch, grad_layout: str, kv_heads: int = KV_HEADS):
+def _backward_made(arch, grad_layout: str, kv_heads: int = KV_HEADS, dtype=BF16,
+                   masked: bool = False):
     """What the backward of one SDPA call makes; the output's gradient arrives in
-    ``grad_layout``: "bshe" (through a transpose back to tokens, as a block does) or "bhse"."""
+    ``grad_layout``: "bshe" (through a transpose back to tokens, as a block does) or "bhse".
+    float32, or a mask, takes the memory-efficient kernel."""
     with FakeTensorMode():
-        q = torch.randn(B, H, L, E, dtype=BF16, requires_grad=True)
-        k, v = (torch.randn(B, kv_heads, L, E, dtype=BF16, requires_grad=True)
+        q = torch.randn(B, H, L, E, dtype=dtype, requires_grad=True)
+        k, v = (torch.randn(B, kv_heads, L, E, dtype=dtype, requires_grad=True)
                 for _ in range(2))
+        mask = torch.ones(L, L, dtype=torch.bool).tril() if masked else None
         with cuda_kernels(arch):
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=not masked,
                                                  enable_gqa=kv_heads != H)
             if grad_layout == "bshe":
                 out = out.transpose(1, 2).reshape(B, L, H * E)
@@ -64,6 +68,18 @@ def test_a_gradient_in_heads_first_layout_is_copied_and_equal_heads_expand_nothi
     copies = [m for m in made if m[0] == "clone"]
     assert copies == [("clone", (B, L, H, E), BF16)]  # the kernel reads (B, L, H, E)
     assert not [m for m in made if m[0] == "new_empty"]  # no expanded gradients
+
+
+def test_the_memory_efficient_kernels_delta():
+    """float32: delta computed before the kernel from the output-sized float32 product, then
+    made (B, H, L) contiguous; bf16 with a mask: the kernel computes it into a float32 row."""
+    made = _backward_made(GpuArch.sm90, "bshe", kv_heads=H, dtype=FP32)
+    assert ("mul", (B, L, H, E), FP32) in made and ("sum", (B, L, H), FP32) in made
+    assert ("clone", (B, H, L), FP32) in made
+    assert not [m for m in made if m[0] == "clone" and len(m[1]) == 4]  # no gradient copy
+    masked = _backward_made(GpuArch.sm90, "bshe", kv_heads=H, masked=True)
+    assert ("empty", (B, H, L), FP32) in masked
+    assert not [m for m in masked if m[0] == "mul" and m[1] == (B, L, H, E)]
 
 
 def test_without_a_gpu_target_the_backward_makes_only_its_gradients():
