@@ -74,8 +74,10 @@ _LATER_FIELDS = {"gpu_kernels": None, "compile": False, "head_dim": 0, "tie_embe
 # What a GPU target's capture runs as the GPU's kernels (actors/capture/fake/cuda_dispatch.py)
 # grows; each growth bumps this so its cached captures are taken again, not reused stale. 2:
 # torch.optim's default and the built-in recipes' AdamW as on the GPU (foreach, fused), and
-# autocast as CUDA's (a region for cuda entered, CUDA's cast policy). 3: flash attention's
-# backward with CUDA's workspace, compiled FlexAttention as inductor lowers it for a GPU.
+# autocast as CUDA's (a region for cuda entered, CUDA's cast policy). 3: the fused attention
+# kernels' backward with what CUDA's kernels hold (flash's workspace, the memory-efficient
+# kernel's delta, the gradient copied only where their layout needs it), compiled
+# FlexAttention as inductor lowers it for a GPU.
 GPU_DISPATCH_REVISION = 3
 
 
