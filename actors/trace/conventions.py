@@ -29,6 +29,12 @@ actors/zero3 and the driver read them). No torch import, so trace readers parse 
   subclass frame (torchao's ``p.detach()`` of a DTensor parameter) did no work
   (actors/trace/subclass_wrappers.py).
 
+* a fake capture for a GPU target names the host copies a step's
+  ``torch.autograd.graph.save_on_cpu`` made: a ``tracefleet::host_storage`` op
+  (:data:`HOST_STORAGE_OP`) whose one input lists them; the loader collects their storage
+  generations (``Trace.host_storages``), which a prediction counts as host memory, not the
+  device's (actors/capture/fake/host_copies.py).
+
 A parameter ``blocks.0.attn.qkv.weight`` belongs to the innermost module whose qualified
 name is a prefix of it.
 """
@@ -42,6 +48,7 @@ MODULE_SUFFIX = " ##"
 ROOT_MODULE_NAME = "<root>"
 FREED_OP = "tracefleet::freed"
 WRAPPER_STORAGE_OP = "tracefleet::wrapper_storage"
+HOST_STORAGE_OP = "tracefleet::host_storage"
 
 FORWARD, BWD_BEGIN, BWD_END = "forward", "bwd_begin", "bwd_end"
 _PREFIXES = ((MODULE_PREFIX, FORWARD), (MODULE_BWD_BEGIN_PREFIX, BWD_BEGIN),

@@ -41,8 +41,8 @@ from actors.trace.host_scalars import mark_host_scalars
 from actors.trace.made_inside import NestedAllocations, storages_made_inside, tensor_storage_ids
 from actors.trace.nested_lifetimes import nested_lifetimes
 from actors.trace.node_stream import TraceNodes, over_nodes
-from actors.trace.conventions import FREED_OP, MODULE_BWD_BEGIN_PREFIX, MODULE_BWD_END_PREFIX, \
-    WRAPPER_STORAGE_OP, parse_module_range
+from actors.trace.conventions import FREED_OP, HOST_STORAGE_OP, MODULE_BWD_BEGIN_PREFIX, \
+    MODULE_BWD_END_PREFIX, WRAPPER_STORAGE_OP, parse_module_range
 from actors.trace.recorded_frees import free_positions, freed_storages, made_in_step
 from actors.trace.args import ArgParser, preview
 from actors.trace.model import MAX_WORLD_SIZE, Op, ProcessGroupInfo, Step, Trace
@@ -129,6 +129,9 @@ def _build_trace(source: TraceSource, read: TraceNodes, rank: int | None) -> Tra
             if suid is not None:
                 recorded_frees.append((suid, op.index, made))
     coll.link_waits(ops)
+    host = built.host_storage_ids
+    host_storages = frozenset(t.suid for op in ops for t in op.input_tensors()
+                              if t.storage_id in host and t.suid >= 0) if host else frozenset()
     made = storages_made_inside(ops, nested, built.step_first_ids)
     return Trace(path=str(path), schema=doc["schema"], num_nodes=num_nodes, ops=ops,
                  process_groups=built.pgs, steps=built.steps, num_tensors=assigner.num_tensors,
@@ -136,7 +139,7 @@ def _build_trace(source: TraceSource, read: TraceNodes, rank: int | None) -> Tra
                  made_inside=frozenset(made) | frozenset(assigner.refilled)
                  | made_in_step(tuple(recorded_frees)),
                  nested_lifetimes=nested_lifetimes(ops, nested, made, assigner.unique),
-                 recorded_frees=tuple(recorded_frees),
+                 recorded_frees=tuple(recorded_frees), host_storages=host_storages,
                  backward_marks=_backward_marks(built.backward_marks, ops),
                  rank=rank if rank is not None else rank_from_name(source.name),
                  meta={"pid": doc.get("pid"), "time": doc.get("time"),
@@ -165,6 +168,7 @@ class _Built:
     nested: NestedAllocations
     step_first_ids: list[int]  # first node id of each step
     freed_marks: list  # (node id, storage ids, the node it was written at) of each FREED_OP
+    host_storage_ids: set  # storage ids named by HOST_STORAGE_OP nodes
     backward_marks: list  # (node id, name) of each module backward marker, in id order
     # ops on tensor-subclass wrappers that ran no frame of the subclass: no work, no memory
     # (actors/trace/subclass_wrappers.py)
@@ -187,7 +191,7 @@ def _build_ops(path, nodes: list, full, flat: bool) -> "_Built":
     ops, steps = _make_ops(path, top_level, sel, full, flat)
     return _Built(ops, sel.pgs, steps, sum(c for c, _ in dropped.values()), dropped, num_orphans,
                   sel.nested, [span[0] for span in sel.step_spans], sel.freed_marks,
-                  sel.backward_marks, num_wrapper_ops)
+                  sel.host_storage_ids, sel.backward_marks, num_wrapper_ops)
 
 
 @dataclass
@@ -202,6 +206,7 @@ class _Selection:
     pgs: list[ProcessGroupInfo]
     nested: NestedAllocations
     freed_marks: list  # (node id, storage ids, the node it was written at) of each FREED_OP
+    host_storage_ids: set  # storage ids named by HOST_STORAGE_OP nodes
     backward_marks: list  # (node id, name) of each module backward marker
     frame_inputs: set  # storage ids of the PythonSubclass frames' tensor inputs
     under_frame: set  # ids of the nodes under a PythonSubclass frame
@@ -217,7 +222,7 @@ def _select(path, nodes: list, full, flat: bool) -> _Selection:
     window (``_assign_steps``); the rest of the window's ops are untouched. ``nodes`` and
     ``full``: as `_build_ops` takes them.
     """
-    sel = _Selection([], {}, [], [], {}, [], NestedAllocations(), [], [], set(), set())
+    sel = _Selection([], {}, [], [], {}, [], NestedAllocations(), [], set(), [], set(), set())
     top_level, rpc_child, step_spans, nested = sel.top_level, sel.rpc_child, sel.step_spans, \
         sel.nested
     # Per node id: (what encloses it, step index, module name). Parents precede children in
@@ -254,6 +259,10 @@ def _select(path, nodes: list, full, flat: bool) -> _Selection:
             step_spans[step][1] = nid
         if name == FREED_OP:
             sel.freed_marks.append(_freed_mark(raw, flat, nid, parent, before))
+            continue
+        if name == HOST_STORAGE_OP:  # host copies a GPU target's step made
+            sel.host_storage_ids.update(
+                sid for sid, _ in freed_storages(NodeView(raw, flat).side("inputs")[0]))
             continue
         if name == WRAPPER_STORAGE_OP:  # the wrappers' id, named by a zero-size tensor
             tensor_storage_ids(_side_values(raw, flat)[0], sel.frame_inputs)

@@ -217,6 +217,9 @@ class Trace:
     # (suid, op index, made in the step): the run freed the storage after that op (a fake
     # capture's recorded frees, actors/trace/recorded_frees.py); empty for traces without them
     recorded_frees: tuple = ()
+    # storage generations the step keeps in host memory (a GPU target's save_on_cpu copies:
+    # actors/trace/conventions.py, HOST_STORAGE_OP); empty for traces without them
+    host_storages: frozenset = frozenset()
     # (node id, qualname, kind) of each module backward marker inside the op span, in id order
     # (kind bwd_begin / bwd_end: actors/trace/conventions.py); ZeRO-3 places them between ops
     backward_marks: tuple = ()

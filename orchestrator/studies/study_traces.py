@@ -77,7 +77,7 @@ _LATER_FIELDS = {"gpu_kernels": None, "compile": False, "head_dim": 0, "tie_embe
 # autocast as CUDA's (a region for cuda entered, CUDA's cast policy). 3: the fused attention
 # kernels' backward with what CUDA's kernels hold (flash's workspace, the memory-efficient
 # kernel's delta, the gradient copied only where their layout needs it), compiled
-# FlexAttention as inductor lowers it for a GPU.
+# FlexAttention as inductor lowers it for a GPU, a step's save_on_cpu copies named as host.
 GPU_DISPATCH_REVISION = 3
 
 

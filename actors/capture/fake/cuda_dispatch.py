@@ -21,6 +21,8 @@ torchtitan call) run as on the target, and torch.optim picks its kernels as ther
   (actors/capture/fake/optimizer_default.py).
 * the fused attention kernels' backward (SDPA's, the built-in models') holds what CUDA's
   kernel allocates beside its gradients: actors/capture/fake/attention_backward.py.
+* ``torch.autograd.graph.save_on_cpu`` keeps its copies in host memory:
+  actors/capture/fake/host_copies.py.
 * ``torch.compile(flex_attention)`` is lowered as inductor lowers it for a GPU (its backward
   has no CPU kernel): actors/capture/fake/cuda_flex_attention.py; logged once per compiled
   graph, as inductor lowers it.
@@ -47,6 +49,7 @@ from actors.capture.fake.cuda_flex_attention import CPU_KERNEL as FLEX_CPU_KERNE
 from actors.capture.fake.cuda_flex_attention import KERNEL as FLEX_KERNEL
 from actors.capture.fake.cuda_flex_attention import flex_attention_as_on_cuda
 from actors.capture.fake.attention_backward import attention_backward_as_on_cuda
+from actors.capture.fake.host_copies import save_on_cpu_as_on_gpu
 from actors.capture.fake.optimizer_default import optimizers_as_on_cuda
 from actors.capture.fake.sdpa_choice import CPU_MATH, MATH, SdpaCall, cpu_backend
 from actors.gpu_arch import GpuArch
@@ -55,6 +58,7 @@ from actors.trace.dtypes import dtype_name
 SDPA, DROPOUT = "aten::scaled_dot_product_attention", "aten::dropout"
 OPTIMIZER, AUTOCAST = "torch.optim step", "torch.autocast region"
 FLEX = "flex_attention (compiled)"
+SAVE_ON_CPU = "torch.autograd.graph.save_on_cpu"
 
 
 def _sdpa_kept_bytes(call: SdpaCall, backend: str) -> int:
@@ -178,6 +182,13 @@ def _flex_lowered(log: DispatchLog):
     return on_lowered
 
 
+def _host_copy(log: DispatchLog):
+    def on_copy(nbytes: int) -> None:
+        log.add(SAVE_ON_CPU, "host copy", "the device's own memory", "saved tensors", nbytes,
+                0)
+    return on_copy
+
+
 @contextmanager
 def cuda_kernels(arch: GpuArch | None):
     """Within the block, SDPA and dropout run as on ``arch``, autocast casts and torch.optim
@@ -194,7 +205,7 @@ def cuda_kernels(arch: GpuArch | None):
         with optimizers_as_on_cuda(_optimizer_choice(log)), \
                 autocast_as_on_cuda(_autocast_region(log)), \
                 flex_attention_as_on_cuda(_flex_lowered(log)), \
-                attention_backward_as_on_cuda():
+                attention_backward_as_on_cuda(), save_on_cpu_as_on_gpu(_host_copy(log)):
             yield log
     finally:
         F.scaled_dot_product_attention, F.dropout = cpu_sdpa, cpu_dropout

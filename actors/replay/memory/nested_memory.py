@@ -22,12 +22,14 @@ class NestedMemory(ReplayExtension):
     def __init__(self, lifetimes: tuple):
         self.lifetimes = lifetimes
         self.held: dict[int, torch.Tensor] = {}  # lifetime index -> its bytes
+        self.host: frozenset = frozenset()
         self.memory = None
         self.device = None
         self.peak_held_bytes = 0
 
     def attach(self, ctx: ReplayContext) -> None:
         self.memory, self.device = ctx.memory, ctx.device
+        self.host = ctx.trace.host_storages  # kept in host memory: charged as the host's
         owned = set().union(*(e.owned_storages() for e in ctx.extensions if e is not self))
         self.lifetimes = tuple(lt for lt in self.lifetimes if lt[0] not in owned)
 
@@ -51,7 +53,7 @@ class NestedMemory(ReplayExtension):
     def _charge(self, k: int, nbytes: int) -> None:
         if k in self.held:
             return
-        self.memory.charge(nbytes, self._category(k))
+        self.memory.charge(nbytes, self._category(k), self.lifetimes[k][0] in self.host)
         self.held[k] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         held = sum(x.numel() for x in self.held.values())
         self.peak_held_bytes = max(self.peak_held_bytes, held)
@@ -59,7 +61,7 @@ class NestedMemory(ReplayExtension):
     def _release(self, k: int) -> None:
         x = self.held.pop(k, None)
         if x is not None:
-            self.memory.discharge(x.numel(), self._category(k))
+            self.memory.discharge(x.numel(), self._category(k), self.lifetimes[k][0] in self.host)
 
     def on_iteration_end(self, measured: bool) -> None:
         for k in list(self.held):

@@ -13,7 +13,8 @@ the warm-up iteration's optimizer step first allocates: torch.optim makes it laz
 ``step()`` (``zeros_like`` per parameter), after the first backward, so it is carved out of the
 blocks the activations left cached rather than reserved ahead of them. Storages of the
 target's ``host_categories`` (host offload) are not the device's: counted apart, as host bytes,
-as are an extension's charges marked ``host`` (the ZeRO-3 emulation's DeepSpeed offload).
+as are the trace's own host storages (``Trace.host_storages``: a step's save_on_cpu copies)
+and an extension's charges marked ``host`` (the ZeRO-3 emulation's DeepSpeed offload).
 """
 from __future__ import annotations
 
@@ -48,12 +49,14 @@ class ReservedMemoryModel(ReplayExtension):
         self.num_unmatched_discharges = 0
         # categories kept in host memory (target.host_categories): not the device's
         self._host = {CATEGORIES.index(c) for c in target.host_categories}
+        self._host_storages: frozenset = frozenset()  # the trace's own host storages
         self._host_held: dict[int, int] = {}  # host suid -> bytes
         self.host_bytes = self.host_peak_bytes = 0
 
     def attach(self, ctx: ReplayContext) -> None:
         """Observe the replay's memory; serve the cuBLAS workspace first."""
         self._streams = side_stream_storages(ctx.trace.ops)
+        self._host_storages = ctx.trace.host_storages
         self._memory = ctx.memory
         if any(op.module.startswith(OPTIMIZER_RANGE) for op in ctx.trace.ops):
             self._lazy_state = {}
@@ -63,7 +66,8 @@ class ReservedMemoryModel(ReplayExtension):
 
     # --- the MemoryTracker observer ------------------------------------------------------
     def held(self, suid: int, nbytes: int) -> None:
-        if self._host and self._memory.categories[suid] in self._host:
+        if suid in self._host_storages or \
+                self._host and self._memory.categories[suid] in self._host:
             self._host_held[suid] = nbytes
             self.host_bytes += nbytes
             self.host_peak_bytes = max(self.host_peak_bytes, self.host_bytes)

@@ -95,3 +95,62 @@ def test_offloaded_activations_leave_the_device_figures(tmp_path):
 def test_activation_offload_is_refused_where_the_hooks_do_not_wrap_the_step(overrides, message):
     with pytest.raises(ConfigError, match=rf"workload.activation_offload=true with .*{message}"):
         validate(WorkloadConfig(**{"model": "llama", "activation_offload": True, **overrides}))
+
+
+ROWS, WIDTH, NUM_LAYERS = 1024, 256, 4
+
+
+def build_partly_offloaded(ctx, offload: bool = True):
+    """A custom step whose first two layers run under save_on_cpu (unless not ``offload``) and
+    the rest outside it."""
+    from contextlib import nullcontext
+
+    import torch
+    import torch.nn as nn
+
+    layers = [nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.GELU()) for _ in range(NUM_LAYERS)]
+    net = nn.Sequential(*layers).to(ctx.device)
+    optimizer = torch.optim.AdamW(net.parameters())
+
+    def step(batch):
+        with torch.autograd.graph.save_on_cpu(pin_memory=True) if offload else nullcontext():
+            h = net[:2](batch)
+        net[2:](h).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return net, lambda: torch.randn(ROWS, WIDTH, device=ctx.device), step
+
+
+def build_on_device(ctx):
+    """The same step without save_on_cpu."""
+    return build_partly_offloaded(ctx, offload=False)
+
+
+def _custom(cache, build: str):
+    from orchestrator.cli.predict import predict_config
+    from orchestrator.studies.predict import predict
+
+    return predict(predict_config(
+        "workload=custom", f"workload.entrypoint={__file__}:{build}",
+        f"predict.cache_dir={cache}", "world_size=1", "target=h100_80gb"))
+
+
+def test_a_steps_own_save_on_cpu_keeps_exactly_what_it_saved_in_host_memory(tmp_path):
+    """A GPU target's capture names the copies a save_on_cpu region made as host memory
+    (actors/capture/fake/host_copies.py): the two layers inside it saved their matmul's input
+    and GELU's input, and the second its weight (the first layer's input needs no gradient, so
+    neither does its weight's copy); the two layers outside stay on the device."""
+    offloaded = _custom(tmp_path, "build_partly_offloaded")
+    activation, weight = ROWS * WIDTH * 4, WIDTH * WIDTH * 4
+    host = 4 * activation + weight
+    assert offloaded.host_peak_bytes == host
+    rows = {r["op"]: r for r in offloaded.kernel_dispatch}
+    copies = rows["torch.autograd.graph.save_on_cpu"]
+    assert (copies["num_calls"], copies["kept_bytes"]) == (5, host)
+    # the device holds them no more: against the same step without the region
+    on_device = _custom(tmp_path, "build_on_device")
+    assert on_device.host_peak_bytes == 0
+    drop = on_device.predicted_allocated_peak_bytes - offloaded.predicted_allocated_peak_bytes
+    # (3 of the 4.25 MiB at the device's peak: backward's copies back are the device's)
+    assert drop >= host // 2
