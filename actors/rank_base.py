@@ -6,6 +6,7 @@ actors/capture/actor.py) with ``ray.remote`` and chooses their resources and pla
 from __future__ import annotations
 
 import os
+import random
 import socket
 
 import ray
@@ -14,8 +15,44 @@ import torch.distributed as dist
 from actors.launcher_env import launcher_environment
 
 
+_EPHEMERAL = "/proc/sys/net/ipv4/ip_local_port_range"
+_LOWEST_PORT = 20_000  # above Ray's default worker ports (10002-19999)
+_NUM_TRIES = 64
+_PICK = random.SystemRandom()  # not the seeded global: two test workers seeded alike collide
+
+
+def _ephemeral_start() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default 32768 where unknown)."""
+    try:
+        with open(_EPHEMERAL) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` right now ("" = every interface of this machine)."""
+    """A TCP port free on ``host`` right now ("" = every interface of this machine).
+
+    Taken below the kernel's ephemeral range: a port the kernel handed out (bind to port 0)
+    is freed again before the rendezvous binds it, and meanwhile any outgoing connection of
+    the machine (Ray's, another rank's) may be given it (EADDRINUSE under load). Below that
+    range (and above Ray's worker ports) only another explicit bind can take it. Falls back
+    to a kernel-chosen port."""
+    top = _ephemeral_start()
+    if top > _LOWEST_PORT:
+        for _ in range(_NUM_TRIES):
+            port = _PICK.randrange(_LOWEST_PORT, top)
+            if _bindable(host, port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
