@@ -5,8 +5,9 @@ tensors they allocate exactly what the GPU kernels allocate: the output, a float
 of batch x heads x seq (the memory-efficient kernel pads its rows to a multiple of 32), the
 philox RNG state for dropout, and in backward the three gradients; nothing of size
 seq x seq. For a GPU target each backward also holds what CUDA's kernel allocates beside
-them (actors/capture/fake/attention_backward.py). Around the kernels, what torch's composite ``scaled_dot_product_attention``
-(aten/src/ATen/native/transformers/attention.cpp) does on CUDA is done too: head dims padded
+them (actors/capture/fake/attention_backward.py). Around the kernels, what torch's composite
+``scaled_dot_product_attention`` (aten/src/ATen/native/transformers/attention.cpp) does on
+CUDA is done too: head dims padded
 to a multiple of 8 for flash (and the output cut back), a boolean mask turned into an additive
 one and padded for the memory-efficient kernel. The math fallback is torch's own
 ``_scaled_dot_product_attention_math``, as on CUDA.

@@ -43,12 +43,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from actors.capture.fake.attention_backward import attention_backward_as_on_cuda
 from actors.capture.fake.cuda_attention import sdpa_as_cuda
 from actors.capture.fake.cuda_autocast import autocast_as_on_cuda, lower_precision_inputs
 from actors.capture.fake.cuda_flex_attention import CPU_KERNEL as FLEX_CPU_KERNEL
 from actors.capture.fake.cuda_flex_attention import KERNEL as FLEX_KERNEL
 from actors.capture.fake.cuda_flex_attention import flex_attention_as_on_cuda
-from actors.capture.fake.attention_backward import attention_backward_as_on_cuda
 from actors.capture.fake.host_copies import save_on_cpu_as_on_gpu
 from actors.capture.fake.optimizer_default import optimizers_as_on_cuda
 from actors.capture.fake.sdpa_choice import CPU_MATH, MATH, SdpaCall, cpu_backend
@@ -115,12 +115,13 @@ class DispatchLog:
     def summary(self) -> list[dict]:
         """One record per (op, kernel, CPU's kernel, detail): meta.json's ``kernel_dispatch``."""
         fields = ("op", "kernel", "cpu_kernel", "detail")
-        calls = [{**dict(zip(fields, key)), "arch": str(self.arch),
-                  "num_calls": self.calls[key], "kept_bytes": self.kept[key],
-                  "cpu_bytes": self.cpu_kept[key]} for key in sorted(self.calls)]
-        return calls + [{**dict(zip(fields, key)), "arch": str(self.arch),
-                         "num_calls": self.lowered[key], "kept_bytes": self.lowered_kept[key],
-                         "cpu_bytes": 0} for key in sorted(self.lowered)]
+
+        def records(calls: Counter, kept: Counter, cpu_kept: Counter) -> list[dict]:
+            return [{**dict(zip(fields, key)), "arch": str(self.arch), "num_calls": calls[key],
+                     "kept_bytes": kept[key], "cpu_bytes": cpu_kept[key]}
+                    for key in sorted(calls)]
+        return records(self.calls, self.kept, self.cpu_kept) + \
+            records(self.lowered, self.lowered_kept, Counter())
 
 
 def _sdpa(log: DispatchLog, cpu_sdpa):

@@ -25,20 +25,29 @@ from actors.capture.fake.marker_ops import marker_op, write
 from actors.trace.conventions import HOST_STORAGE_OP
 
 
-def _pack(on_copy: Callable[[int], None]):
-    def pack(tensor: torch.Tensor):
-        host = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout,
-                           device="cpu")
-        host.copy_(tensor)
-        write(marker_op(HOST_STORAGE_OP, "Tensor[] storages"), [host])
-        on_copy(host.numel() * host.element_size())
-        return tensor.device, host
-    return pack
+def host_copy(tensor: torch.Tensor) -> tuple[torch.device, torch.Tensor]:
+    """save_on_cpu's pack: ``tensor``'s device and its copy in (pinned, from CUDA) host
+    memory."""
+    host = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout, device="cpu",
+                       pin_memory=tensor.device.type == "cuda")
+    host.copy_(tensor)
+    return tensor.device, host
 
 
-def _unpack(packed) -> torch.Tensor:
+def copy_back(packed) -> torch.Tensor:
+    """The unpack: always a new tensor on the device, as ``.to("cuda")`` of a host tensor is
+    (save_on_cpu's ``.to`` of a cpu tensor to the cpu would return the host copy itself)."""
     device, host = packed
     return host.to(device, non_blocking=True, copy=True)
+
+
+def _named_pack(on_copy: Callable[[int], None]):
+    def pack(tensor: torch.Tensor):
+        device, host = host_copy(tensor)
+        write(marker_op(HOST_STORAGE_OP, "Tensor[] storages"), [host])
+        on_copy(host.numel() * host.element_size())
+        return device, host
+    return pack
 
 
 @contextmanager
@@ -48,7 +57,7 @@ def save_on_cpu_as_on_gpu(on_copy: Callable[[int], None]):
     gpu_init = save_on_cpu.__init__
 
     def init(self, pin_memory: bool = False, device_type: str = "cuda") -> None:
-        saved_tensors_hooks.__init__(self, _pack(on_copy), _unpack)
+        saved_tensors_hooks.__init__(self, _named_pack(on_copy), copy_back)
 
     save_on_cpu.__init__ = init
     try:

@@ -3,9 +3,9 @@
 backward is copied into host memory as forward saves it, and copied back to the device when
 backward needs it; the device keeps only what forward is still computing with.
 
-The hooks here are save_on_cpu's, with one difference that keeps a capture on the cpu (or the
-fake device, which reports cpu) faithful to a GPU run: backward's copy back is always a new
-tensor (``copy=True``), as ``.to("cuda")`` of a host tensor is, where save_on_cpu's ``.to`` of a
+The hooks are save_on_cpu's as a GPU target's capture runs a step's own region
+(actors/capture/fake/host_copies.py: ``host_copy``, ``copy_back``): backward's copy back is
+always a new tensor, as ``.to("cuda")`` of a host tensor is, where save_on_cpu's ``.to`` of a
 cpu tensor to the cpu would return the host copy itself. tracefleet-predict counts the host
 copies (the trace's ``activations``: made in forward, used in backward) as host memory
 (orchestrator/studies/predict.py), and the copies back as the device's, alive while their
@@ -17,17 +17,7 @@ from contextlib import nullcontext
 
 import torch
 
-
-def _pack(tensor: torch.Tensor):
-    host = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout, device="cpu",
-                       pin_memory=tensor.device.type == "cuda")
-    host.copy_(tensor)
-    return tensor.device, host
-
-
-def _unpack(packed) -> torch.Tensor:
-    device, host = packed
-    return host.to(device, non_blocking=True, copy=True)
+from actors.capture.fake.host_copies import copy_back, host_copy
 
 
 def offloading(cfg):
@@ -35,4 +25,4 @@ def offloading(cfg):
     ``cfg.activation_offload`` (a WorkloadConfig's), else nothing."""
     if not getattr(cfg, "activation_offload", False):
         return nullcontext()
-    return torch.autograd.graph.saved_tensors_hooks(_pack, _unpack)
+    return torch.autograd.graph.saved_tensors_hooks(host_copy, copy_back)

@@ -43,17 +43,20 @@ class NestedMemory(ReplayExtension):
             (before if suid >= 0 else after).setdefault(end, []).append(release)
         return before, after
 
-    def _category(self, k: int) -> int:
-        """What lifetime ``k`` is charged as: a made-inside storage as what it holds (an
-        activation saved for backward from a forward op is one, host memory where activations
-        are offloaded), a storage no top-level op uses as made inside."""
+    def _charged_as(self, k: int) -> tuple[int, bool]:
+        """What lifetime ``k`` is charged as, (category, host): a made-inside storage as what
+        it holds (an activation saved for backward from a forward op is one, host memory where
+        activations are offloaded), on the host where the trace names it so (a step's
+        save_on_cpu copy); a storage no top-level op uses as made inside."""
         suid = self.lifetimes[k][0]
-        return self.memory.categories[suid] if suid >= 0 else MADE_INSIDE
+        if suid < 0:
+            return MADE_INSIDE, False
+        return self.memory.categories[suid], suid in self.host
 
     def _charge(self, k: int, nbytes: int) -> None:
         if k in self.held:
             return
-        self.memory.charge(nbytes, self._category(k), self.lifetimes[k][0] in self.host)
+        self.memory.charge(nbytes, *self._charged_as(k))
         self.held[k] = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         held = sum(x.numel() for x in self.held.values())
         self.peak_held_bytes = max(self.peak_held_bytes, held)
@@ -61,7 +64,7 @@ class NestedMemory(ReplayExtension):
     def _release(self, k: int) -> None:
         x = self.held.pop(k, None)
         if x is not None:
-            self.memory.discharge(x.numel(), self._category(k), self.lifetimes[k][0] in self.host)
+            self.memory.discharge(x.numel(), *self._charged_as(k))
 
     def on_iteration_end(self, measured: bool) -> None:
         for k in list(self.held):
