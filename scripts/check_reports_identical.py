@@ -122,6 +122,11 @@ def run_configs() -> dict:
                              "workload.n_kv_heads=0"),
         "predict_mesh_cp": ("workload=llama3_8b", "world_size=4", "target=h100_80gb",
                             "workload.parallelism.cp=2"),
+        # pipeline stages (1f1b) over tp x FSDP2, fully checkpointed: first, middle, last
+        "predict_mesh_pp": ("workload=llama3_8b", "world_size=16", "target=h100_80gb",
+                            "workload.parallelism.pp=4", "workload.parallelism.tp=2",
+                            "workload.parallelism.pp_microbatches=8", "workload.n_layers=6",
+                            "workload.activation_checkpointing=full"),
         "predict_custom_step": ("workload=custom", "world_size=2", "target=a100_40gb",
                                 f"workload.entrypoint={_STEP}:build"),
         "predict_trace_dir": (f"trace.dir={dp4}", "target=h100_80gb"),

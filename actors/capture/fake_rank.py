@@ -31,7 +31,6 @@ from actors.capture.fake.meta_storage import unique_meta_storages
 from actors.capture.recorder import record_iteration
 from actors.errors import ConfigError
 from actors.capture.request import CaptureRequest
-from actors.capture.worker import warm_up
 from actors.capture.workloads.context import Workload, world_mesh
 from actors.capture.workloads.build import build_workload
 
@@ -118,14 +117,17 @@ def settle(workload: Workload) -> int:
     """Warm ``workload`` up until the recorded iteration is the steady state a real capture
     records (the optimizer state exists, DDP's buckets are rebuilt, torch.compile compiled
     every graph the step runs: a compilation inside the recorded iteration would record the
-    compiler's own ops); the number run."""
+    compiler's own ops); the number run. Each runs the workload's ``warm_step`` where it has
+    one (a pipeline stage's one micro-batch)."""
+    step = workload.warm_step or workload.step
     graphs = num_compiled_graphs()
-    warm_up(workload, WARMUP_ITERS)
+    for _ in range(WARMUP_ITERS):
+        step(workload.next_batch())
     num = WARMUP_ITERS
     while (rebuild_pending() or num_compiled_graphs() != graphs) \
             and num < WARMUP_ITERS + MAX_SETTLE_ITERS:
         graphs = num_compiled_graphs()
-        warm_up(workload, 1)
+        step(workload.next_batch())
         num += 1
     return num
 

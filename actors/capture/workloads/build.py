@@ -97,4 +97,4 @@ def build_workload(cfg: WorkloadConfig, rank: int, world_size: int,
         step = data_parallel_step(model, cfg, device,
                                   world_size if cfg.parallel == Parallel.ddp else 0)
     return Workload(model=model, step=step, next_batch=next_batch, num_params=num_params,
-                    info=info)
+                    info=info, warm_step=getattr(step, "warm_step", None))

@@ -41,6 +41,10 @@ class Workload:
     next_batch: Callable[[], tuple]
     num_params: int  # parameters of the full (unpartitioned) model
     info: dict  # extra facts for meta.json (e.g. the DeepSpeed version)
+    # A cheaper iteration for the shapes-only warm-ups (actors/capture/fake_rank.py's settle)
+    # that leaves the state ``step`` starts from in a steady run: a pipeline stage's one
+    # micro-batch (actors/capture/workloads/parallelize/pipeline.py). None: ``step``.
+    warm_step: Callable[[tuple], None] | None = None
 
 
 def world_mesh(device_type: str, world_size: int) -> DeviceMesh:

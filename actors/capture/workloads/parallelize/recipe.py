@@ -75,12 +75,17 @@ def mesh_step(model: nn.Module, cfg, blocks: nn.ModuleList, device: torch.device
             inner = pipeline_step(parts, cfg, device, pp_mesh, fsdp_mesh, _activation_dtype(cfg),
                                   seq, seq // degrees["tp"], fake)
 
-    def step(batch):
-        if cp_mesh is not None:
-            batch = shard_batch(batch, cp_mesh)
-        with loss_parallel_context(loss_parallel):
-            inner(batch)
+    def on_mesh(run):
+        def step(batch):
+            if cp_mesh is not None:
+                batch = shard_batch(batch, cp_mesh)
+            with loss_parallel_context(loss_parallel):
+                run(batch)
+        return step
 
+    step = on_mesh(inner)
+    if getattr(inner, "warm_step", None) is not None:
+        step.warm_step = on_mesh(inner.warm_step)
     step.optimizer = inner.optimizer
     step.model = model if pp_mesh is None else PipelineStages(parts)
     return step
