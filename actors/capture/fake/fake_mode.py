@@ -124,8 +124,9 @@ class CaptureFakeMode(FakeTensorMode):
         A value read inside :func:`answering_next_read` gets its answer; one of a known value
         gets that value."""
         depth = getattr(_UNRECORDED, "depth", 0)
-        if depth == 0 and self.emit_frees:  # recorded: before the mode's own work
-            free_markers.emit()
+        writes_frees = depth == 0 and self.emit_frees
+        if writes_frees:  # recorded: before the mode's own work
+            start = free_markers.op_begins()
         answers = getattr(_ANSWERS, "pending", None)
         if func is torch.ops.aten._local_scalar_dense.default:
             if answers:
@@ -151,6 +152,8 @@ class CaptureFakeMode(FakeTensorMode):
             _UNRECORDED.depth = depth
             if depth == 0:
                 torch._C._autograd._enable_record_function(True)
+            if writes_frees:
+                free_markers.op_ends(start)
         if isinstance(out, torch.Tensor) and out.layout in _SPARSE_LAYOUTS:
             raise SparseOnFake(func)
         return out

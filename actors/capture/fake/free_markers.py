@@ -24,6 +24,7 @@ from actors.capture.fake.marker_ops import marker_op, storage_views, write
 from actors.trace.conventions import FREED_OP
 
 _step_start = [0]  # the first address of the recorded step (see recording)
+_held: list[int] = []  # freed before the running op began its own work: written by emit
 
 
 def _freed_op():
@@ -33,13 +34,29 @@ def _freed_op():
 
 def emit() -> None:
     """Write the storages freed since the last call as one ``tracefleet::freed`` op."""
-    if not meta_storage.num_freed():
+    if not meta_storage.num_freed() and not _held:
         return
-    addresses = meta_storage.take_freed()
+    addresses = _held + meta_storage.take_freed()
+    _held.clear()
     made = [int(a >= _step_start[0]) for a in addresses]
     # the views' own (empty) storages die right here: not frees of the run
     with meta_storage.frees_paused():
         write(_freed_op(), storage_views(addresses), made)
+
+
+def op_begins() -> int:
+    """Before an op's own work: :func:`emit`; the first address that work can make."""
+    emit()
+    return meta_storage.next_address()
+
+
+def op_ends(start: int) -> None:
+    """After the op's own work (begun at ``start``): forget the storages it made and let go of
+    inside it (a fake tensor cache miss's temporaries, a decomposition's intermediates). No op
+    of the trace saw them, and whether they exist depends on what the process ran before (a
+    cache hit makes none): the trace would depend on it too."""
+    if meta_storage.num_freed():
+        _held.extend(a for a in meta_storage.take_freed() if a < start)
 
 
 @contextmanager
@@ -48,6 +65,7 @@ def recording(mode):
     those pending when the block ends are written at its end (inside the step's range)."""
     _freed_op()  # defined before the observer starts
     _step_start[0] = meta_storage.next_address()
+    _held.clear()
     with meta_storage.record_frees():
         mode.emit_frees = True
         try:

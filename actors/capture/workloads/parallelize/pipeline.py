@@ -176,46 +176,52 @@ def pipeline_step(stages: list[LlamaStage], cfg, device: torch.device, pp_mesh, 
         opt.step()
 
     step.optimizer = opt
-    if one and n_mb > WARM_MICRO_BATCHES and not first and not last:
-        step.warm_step = _warm_step(pipes[0], schedule, opt, params, n_mb, fake)
+    if one and n_mb > WARM_MICRO_BATCHES:
+        step.warm_step = _warm_step(pipes[0], schedule, opt, params, n_mb, cfg.batch_size, fake)
     return step
 
 
-def _warm_step(pipe, schedule, opt, params, n_mb: int, fake: bool):
-    """A middle stage's warm-up iteration: WARM_MICRO_BATCHES micro-batches through ``pipe``'s
-    stage in a GPipe of its own, leaving what ``schedule``'s full iteration leaves for the
-    next at a fraction of its cost (a 405B stage's warm-up was a third of its capture: 32
-    micro-batches of 16 blocks):
+def _warm_step(pipe, schedule, opt, params, n_mb: int, rows: int, fake: bool):
+    """A warm-up iteration of WARM_MICRO_BATCHES micro-batches (``rows`` samples each) through
+    ``pipe``'s stage in a GPipe of its own, that leaves what ``schedule``'s full iteration
+    leaves for the next at a fraction of its cost (a 405B stage's warm-up was a third of its
+    capture: 32 micro-batches of 16 blocks):
 
     * every parameter's optimizer state, FSDP2's lazy init and each block's unsharded
       parameters made once;
-    * the first-time work of each op DTensor and the fake tensor cache see (recorded if it
+    * the first-time work of each op DTensor sees (its sharding propagation, recorded if it
       came in the recorded iteration): a first and a last backward, the accumulation between
       them, the gradients scaled by ``n_mb`` as the schedule scales them;
     * ``schedule``'s own first-step set-up: its micro-batches' receive buffers, held from then
       on. It drops the gradients (metadata inference's cleanup), which a full iteration leaves
-      until the next one's ``zero_grad``: they are given back.
+      until the next one's ``zero_grad``: they are given back;
+    * on the last stage, ``n_mb`` kept outputs (the schedule holds every micro-batch's logits
+      until the next step begins).
 
-    The first and the last stage warm up in full: the batch's micro-batches (token views at
-    other offsets, keyed apart by the fake tensor cache) and the schedule's kept outputs
-    (every micro-batch's logits until the next step) would differ.
-    ``tests/capture/test_pipeline_warm_step.py`` checks the recorded iteration is the one a
-    full warm-up leaves."""
+    ``tests/capture/test_pipeline_warm_step.py`` checks the recorded iteration is, op for op,
+    the one a full warm-up leaves."""
     from torch.distributed.pipelining import ScheduleGPipe
 
     warm = ScheduleGPipe(pipe, WARM_MICRO_BATCHES, loss_fn=_loss, scale_grads=False)
     if fake:
         warm._warmup_p2p = _static_warmup
+    num = WARM_MICRO_BATCHES * rows
 
     def warm_step(batch):
+        (idx, targets), = batch  # grad_accum_steps is 1 under pp (validate_parallelism)
+        first, last = pipe.is_first, pipe.is_last
         opt.zero_grad(set_to_none=True)
-        warm.step()
+        warm.step(*((idx[:num],) if first else ()), target=targets[:num] if last else None,
+                  losses=[] if last else None)
         pipe.scale_grads(n_mb)
         opt.step()
         grads = [p.grad for p in params]
-        args, kwargs = schedule._split_inputs(())
-        schedule._initialize_stage(args[0], kwargs[0])
+        args, kwargs = schedule._split_inputs((idx,) if first else ())
+        schedule._initialize_stage(args[0], kwargs[0], targets[:rows] if last else None)
         for p, grad in zip(params, grads):
             p.grad = grad
+        kept = pipe.output_chunks
+        if last and kept:
+            kept += [torch.empty_like(kept[-1]) for _ in range(n_mb - len(kept))]
 
     return warm_step
