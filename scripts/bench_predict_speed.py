@@ -10,6 +10,11 @@ rusage of that child, or RUSAGE_SELF inside it):
 * ``predict_70b_cold_s``: ``workload=llama3_70b world_size=64``, empty cache;
 * ``predict_405b_cold_s``: ``workload=llama3_405b_tp8 world_size=128`` (8-way tensor parallel
   under FSDP2), empty cache;
+* ``predict_405b_pp8_cold_s`` (``--pp8``: about a quarter of an hour): ``workload=llama3_405b_tp8_pp8
+  world_size=512`` (8 pipeline stages, tp 8, FSDP2 over 8), empty cache, its eight roles
+  recorded two at once (``predict.roles.num_workers=2``); ``_rss_gib`` is the largest process's
+  peak (the driver's or a role's: wait4 counts the reaped workers), ``load_avg_1m`` the
+  machine's load when it started;
 * ``dry_run_1024_s``, ``driver_rss_1024_gib``: ``tracefleet replay=dry_run`` of 1,024 rank
   traces of a 70B meta capture (scripts/bench_dry_run_scale.py, whose traces are cached in
   ``~/.cache/tracefleet/bench_dry_run/``);
@@ -50,7 +55,8 @@ from scripts.json_layout import emit  # noqa: E402
 GIB = 1 << 30
 TIMEOUT_S = 1800
 TARGETS = {"predict_8b_cold_s": 60, "predict_8b_cached_s": 10, "predict_70b_cold_s": 180,
-           "predict_405b_cold_s": 180,
+           "predict_405b_cold_s": 180, "predict_405b_pp8_cold_s": 720,
+           "predict_405b_pp8_cold_rss_gib": 4.0,
            "dry_run_1024_s": 60, "driver_rss_1024_gib": 1.0, "meta_us_per_op_70b": 40,
            "fit_search_70b_s": 60}
 QUICK_LAYERS = 2  # --quick: every model cut to this many layers
@@ -64,7 +70,9 @@ KEYS = {**dict.fromkeys((
         "predict_70b_cold_rss_gib", "predict_70b_timings_s", "dry_run_1024_s",
         "driver_rss_1024_gib", "dry_run_num_ranks", "dry_run_num_replays", "meta_us_per_op_70b",
         "meta_num_ops", "fit_search_70b_s", "predict_405b_cold_s", "predict_405b_cold_cpu_s",
-        "predict_405b_cold_rss_gib", "predict_405b_timings_s")),
+        "predict_405b_cold_rss_gib", "predict_405b_timings_s", "predict_405b_pp8_cold_s",
+        "predict_405b_pp8_cold_cpu_s", "predict_405b_pp8_cold_rss_gib",
+        "predict_405b_pp8_timings_s", "load_avg_1m")),
     "targets": dict.fromkeys(TARGETS), "targets_met": dict.fromkeys(TARGETS)}
 FIT_SEARCH_KEY = "fit_search_s"  # bench_fit_search.py's figure, cached search's wall time
 # --quick: its --quick on one axis (every axis is tests/bench/'s own check of it)
@@ -134,11 +142,14 @@ def main() -> None:
                         help=f"models cut to {QUICK_LAYERS} layers, small worlds: seconds")
     parser.add_argument("--skip", nargs="*", default=[],
                         choices=["70b", "405b", "dry_run", "meta", "fit_search"])
+    parser.add_argument("--pp8", action="store_true",
+                        help="also the 3-D 405B preset at 512 ranks (about a quarter of an hour)")
     parser.add_argument("--dry-run-traces", type=Path,
                         help="the 1,024 rank traces (default: bench_dry_run_scale's cache)")
     args = parser.parse_args()
     layers = [f"workload.n_layers={QUICK_LAYERS}"] if args.quick else []
-    out: dict = dict.fromkeys(KEYS) | {"quick": args.quick}
+    out: dict = dict.fromkeys(KEYS) | {"quick": args.quick,
+                                       "load_avg_1m": round(os.getloadavg()[0], 2)}
     with tempfile.TemporaryDirectory(prefix="bench_predict_speed_") as tmp_name:
         tmp = Path(tmp_name)
         cache_8b = tmp / "cache-8b"  # empty: cold
@@ -172,6 +183,16 @@ def main() -> None:
                        predict_405b_cold_cpu_s=round(run["cpu_s"], 2),
                        predict_405b_cold_rss_gib=round(run["rss_gib"], 3),
                        predict_405b_timings_s=run["prediction"]["timings_s"])
+        if args.pp8:
+            cut = ["workload.n_layers=6", "workload.parallelism.pp_microbatches=8"] \
+                if args.quick else []
+            run = predict(tmp, "405b_pp8_cold", tmp / "cache-405b-pp8",
+                          "workload=llama3_405b_tp8_pp8", "world_size=512", "target=h100_96gb",
+                          "predict.roles.num_workers=2", *cut)
+            out.update(predict_405b_pp8_cold_s=round(run["s"], 2),
+                       predict_405b_pp8_cold_cpu_s=round(run["cpu_s"], 2),
+                       predict_405b_pp8_cold_rss_gib=round(run["rss_gib"], 3),
+                       predict_405b_pp8_timings_s=run["prediction"]["timings_s"])
         world = 8 if args.quick else 1024
         workload = scale.QUICK_WORKLOAD if args.quick else "llama_70b"
         traces = args.dry_run_traces or (tmp / "traces" if args.quick else
