@@ -135,10 +135,16 @@ def frees_paused():
 
 def next_address() -> int:
     """The address of the next meta allocation (addresses only grow: a storage whose address is
-    at least this one was made after the call)."""
-    lib = _library()
-    lib.tracefleet_unique_meta_next.restype = ctypes.c_uint64
-    return lib.tracefleet_unique_meta_next()
+    at least this one was made after the call; read before every recorded op, so the
+    function is looked up once)."""
+    return _next_function()()
+
+
+@functools.lru_cache(maxsize=1)
+def _next_function():
+    function = _library().tracefleet_unique_meta_next
+    function.restype = ctypes.c_uint64
+    return function
 
 
 def num_freed() -> int:
