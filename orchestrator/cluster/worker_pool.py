@@ -12,6 +12,7 @@ would not be safe.
 from __future__ import annotations
 
 import multiprocessing
+from multiprocessing import connection
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 
@@ -88,6 +89,24 @@ def _run_one(fn: Callable, task: tuple, send, queue) -> None:
         send.send((False, RuntimeError(f"{type(exc).__name__}: {exc} (sending {outcome[1]!r})")))
 
 
+def _outcome(index: int, proc, receive) -> tuple[bool, object]:
+    """What an ended (or ending) task's process sent: ``(ok, result or exception)``;
+    `WorkerDied` when it sent nothing."""
+    try:
+        if receive.poll(0):
+            return receive.recv()
+        proc.join(POLL_S * 50)  # it ended: a result sent just before is readable now
+        if receive.poll(0):
+            return receive.recv()
+        return False, WorkerDied(index, proc.exitcode)
+    except EOFError:  # the process ended before it sent anything
+        proc.join(POLL_S * 50)
+        return False, WorkerDied(index, proc.exitcode)
+    finally:
+        proc.join()
+        receive.close()
+
+
 def in_fresh_processes(fn: Callable, tasks: list[tuple], num_workers: int,
                        on_message: Callable = lambda message: None) -> Iterator:
     """As ``in_workers``, each task in a spawned process of its own, ``num_workers`` at a time:
@@ -98,6 +117,7 @@ def in_fresh_processes(fn: Callable, tasks: list[tuple], num_workers: int,
     spawn = multiprocessing.get_context("spawn")
     queue = spawn.SimpleQueue()
     running: dict[int, tuple] = {}  # task index -> (process, the end its result arrives at)
+    outcomes: dict[int, tuple] = {}  # task index -> (ok, result or exception), until yielded
     started = 0
 
     def drain() -> None:
@@ -106,26 +126,23 @@ def in_fresh_processes(fn: Callable, tasks: list[tuple], num_workers: int,
 
     try:
         for index in range(len(tasks)):
-            while started < len(tasks) and len(running) < num_workers:
-                receive, send = spawn.Pipe(duplex=False)
-                proc = spawn.Process(target=_run_one, args=(fn, tasks[started], send, queue))
-                proc.start()
-                send.close()  # the child's end: only the child holds it now
-                running[started] = (proc, receive)
-                started += 1
-            proc, receive = running[index]
-            while not receive.poll(POLL_S):
+            # a slot is filled as soon as any task ends, not when the one due next does: the
+            # roles of a pipeline take 2-3 minutes each, a minute apart
+            while index not in outcomes:
+                while started < len(tasks) and len(running) < num_workers:
+                    receive, send = spawn.Pipe(duplex=False)
+                    proc = spawn.Process(target=_run_one, args=(fn, tasks[started], send, queue))
+                    proc.start()
+                    send.close()  # the child's end: only the child holds it now
+                    running[started] = (proc, receive)
+                    started += 1
+                connection.wait([receive for _, receive in running.values()], POLL_S)
                 drain()
-                if not proc.is_alive() and not receive.poll(0):
-                    raise WorkerDied(index, proc.exitcode)
-            try:
-                ok, value = receive.recv()
-            except EOFError:  # the process ended before it sent anything
-                proc.join(POLL_S * 50)
-                raise WorkerDied(index, proc.exitcode) from None
-            proc.join()
-            del running[index]
+                for ended in [i for i, (proc, receive) in running.items()
+                              if receive.poll(0) or not proc.is_alive()]:
+                    outcomes[ended] = _outcome(ended, *running.pop(ended))
             drain()
+            ok, value = outcomes.pop(index)
             if not ok:
                 raise value
             yield value

@@ -40,6 +40,27 @@ def test_fresh_processes_run_each_task_in_a_process_of_its_own_in_order():
     assert sorted(seen) == ["a started", "b started", "c started"]
 
 
+def _wait_for(label: str, marker: str, timeout_s: float) -> tuple[str, bool]:
+    """Touch ``marker``-<label>, then (for "a") wait until the marker of "c" exists: whether
+    it appeared."""
+    open(f"{marker}-{label}", "w").close()
+    deadline = time.monotonic() + timeout_s
+    while label == "a" and time.monotonic() < deadline:
+        if os.path.exists(f"{marker}-c"):
+            return label, True
+        time.sleep(0.05)
+    return label, label != "a"
+
+
+def test_a_slot_is_filled_when_any_task_ends(tmp_path):
+    """b ends at once while a still runs: c starts in b's slot, before a has ended (and the
+    results still come in the tasks' order)."""
+    marker = str(tmp_path / "started")
+    results = list(in_fresh_processes(_wait_for, [("a", marker, START_TIMEOUT_S),
+                                                  ("b", marker, 0), ("c", marker, 0)], 2))
+    assert results == [("a", True), ("b", True), ("c", True)]
+
+
 def _exit_or_raise(how: str) -> None:
     if how == "exit":
         os._exit(3)  # as the kernel's OOM killer leaves it: no result, no exception
