@@ -50,7 +50,8 @@ from actors.trace.op_schema import parse_schema
 from actors.trace.parsed_cache import cached_load
 from actors.trace.schema import NodeView, OpSchemaReader, parse_version
 from actors.trace.source import TraceSource, as_source
-from actors.trace.subclass_wrappers import add_tensor_storages, drop_wrapper_ops
+from actors.trace.subclass_wrappers import add_tensor_storages, drop_wrapper_ops, \
+    used_storages
 from actors.trace.tensor_ids import UNIQUE_STORAGES_KEY, TensorIdAssigner, refill_starts
 
 PG_INIT = "## process_group:init ##"
@@ -186,8 +187,7 @@ def _build_ops(path, nodes: list, full, flat: bool) -> "_Built":
     """
     sel = _select(path, nodes, full, flat)
     top_level, num_orphans, dropped = _keep_in_steps(path, sel, full, flat)
-    num_wrapper_ops = drop_wrapper_ops(top_level, sel.frame_inputs, sel.under_frame,
-                                       lambda node: _side_values(full(node), flat))
+    num_wrapper_ops = drop_wrapper_ops(top_level, sel.frame_inputs, sel.under_frame)
     ops, steps = _make_ops(path, top_level, sel, full, flat)
     return _Built(ops, sel.pgs, steps, sum(c for c, _ in dropped.values()), dropped, num_orphans,
                   sel.nested, [span[0] for span in sel.step_spans], sel.freed_marks,
@@ -198,7 +198,9 @@ def _build_ops(path, nodes: list, full, flat: bool) -> "_Built":
 class _Selection:
     """What ``_select`` found: the top-level ops and what the later phases need of the rest."""
 
-    top_level: list  # [node, step, module] per selected op, in id order (node: as `full` takes it)
+    # [node, step, module, used storages] per selected op, in id order (node: as `full` takes
+    # it; the storages: subclass_wrappers.py's)
+    top_level: list
     rpc_child: dict  # c10d op id -> its record_param_comms record
     step_names: list[str]
     step_spans: list[list[int]]  # [first id, last id] of each ProfilerStep subtree
@@ -273,7 +275,8 @@ def _select(path, nodes: list, full, flat: bool) -> _Selection:
                 rpc_child[parent] = raw
             elif enclosing == _FREE or (collective and (enclosing == _IN_OP
                                                         or name in coll.FUNCTIONAL)):
-                top_level.append([node, step, module])
+                top_level.append([node, step, module,
+                                  used_storages(_side_values(raw, flat))])
                 top_of[nid] = nid
                 if enclosing == _FREE:
                     selected[nid] = top_level[-1]
@@ -406,7 +409,7 @@ def _make_ops(path, top_level: list, sel: _Selection, full,
     parser = ArgParser(path)
     ops: list[Op] = []
     bounds: dict[int, list[int]] = {}  # step -> [first op index, end]
-    for i, (node, step, module) in enumerate(top_level):
+    for i, (node, step, module, _) in enumerate(top_level):
         top_level[i] = None
         ops.append(_build_op(path, parser, full(node), flat, i, step, module, sel.rpc_child))
         if step >= 0:

@@ -38,27 +38,30 @@ def add_tensor_storages(values, out: set[int]) -> None:
     tensor_storage_ids(values, out, with_elements=True)
 
 
-def drop_wrapper_ops(top_level: list, frame_inputs: set[int], under_frame: set[int],
-                     side_values) -> int:
-    """Drop (in place) from ``top_level`` (``[raw node, step, module]`` per op) every op with an
-    argument on a wrapper storage: ``frame_inputs`` are the storage ids of the ``PythonSubclass``
-    frames' tensor inputs, ``under_frame`` the ids of the nodes under a frame, ``side_values``
-    reads a raw node's (input values, output values). Returns how many were dropped."""
+def used_storages(sides) -> tuple[int, ...]:
+    """The storage ids of the tensors with elements in an op's ``sides`` (its input and output
+    values): what `drop_wrapper_ops` checks it by, read while the op's node is parsed."""
+    out: set[int] = set()
+    for values in sides:
+        add_tensor_storages(values, out)
+    return tuple(out)  # a tuple: one is kept per op
+
+
+def drop_wrapper_ops(top_level: list, frame_inputs: set[int], under_frame: set[int]) -> int:
+    """Drop (in place) from ``top_level`` (``[raw node, step, module, used_storages]`` per op)
+    every op with an argument on a wrapper storage: ``frame_inputs`` are the storage ids of the
+    ``PythonSubclass`` frames' tensor inputs, ``under_frame`` the ids of the nodes under a
+    frame. Returns how many were dropped."""
+    if not frame_inputs:
+        return 0
     local: set[int] = set()
-    for raw, _, _ in top_level:
+    for raw, _, _, used in top_level:
         if raw["id"] in under_frame:
-            for values in side_values(raw):
-                add_tensor_storages(values, local)
+            local.update(used)
     wrappers = frame_inputs - local
     if not wrappers:
         return 0
-    kept = []
-    for entry in top_level:
-        used: set[int] = set()
-        for values in side_values(entry[0]):
-            add_tensor_storages(values, used)
-        if not used & wrappers:
-            kept.append(entry)
+    kept = [entry for entry in top_level if wrappers.isdisjoint(entry[3])]
     num_dropped = len(top_level) - len(kept)
     top_level[:] = kept
     return num_dropped

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from actors.trace import compute_liveness, load_trace
 from actors.trace.stats import trace_stats
-from actors.trace.subclass_wrappers import add_tensor_storages, drop_wrapper_ops
+from actors.trace.subclass_wrappers import add_tensor_storages, drop_wrapper_ops, \
+    used_storages
 from tests.support.et_json import node, step_node, tensor, tensor_list, write_trace
 
 LINEAR = "aten::linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor"
@@ -82,13 +83,10 @@ def test_the_wrappers_storage_holds_no_memory(tmp_path):
 
 def test_a_plain_tensor_passed_to_a_frame_is_no_wrapper():
     """A plain tensor the subclass op was called with is used by its local ops: it stays."""
-    def side_values(raw):
-        return raw["in"], raw["out"]
-
-    top = [[{"id": 5, "in": [[1, 7, 0, 8, 4, "cpu"]], "out": []}, 0, ""],
-           [{"id": 6, "in": [[2, 9, 0, 8, 4, "cpu"]], "out": []}, 0, ""]]
+    top = [[{"id": 5}, 0, "", used_storages(([[1, 7, 0, 8, 4, "cpu"]], []))],
+           [{"id": 6}, 0, "", used_storages(([[2, 9, 0, 8, 4, "cpu"]], []))]]
     # frames took storages 7 (plain: op 5 under a frame uses it) and 9 (a wrapper)
-    assert drop_wrapper_ops(top, {7, 9}, {5}, side_values) == 1
+    assert drop_wrapper_ops(top, {7, 9}, {5}) == 1
     assert [entry[0]["id"] for entry in top] == [5]
 
 
