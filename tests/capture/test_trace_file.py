@@ -57,6 +57,22 @@ def test_the_rewritten_file_is_the_whole_documents_rewrite(recorded):
             assert f.read() == orjson.dumps(doc)
 
 
+def test_small_chunks_write_the_same_file(recorded, tmp_path, monkeypatch):
+    """The nodes' compact text is read back a chunk at a time: nodes that straddle chunks, and
+    flushes between any two nodes, write the same bytes."""
+    from actors.capture import trace_file
+    _, kept = recorded
+    monkeypatch.setattr(trace_file, "_WRITE_BYTES", 97)
+    for i, (observer, out_path, rewrite) in enumerate(kept):
+        raw = tmp_path / f"observer-{i}.json"
+        shutil.copy(observer, raw)
+        again = tmp_path / f"again-{i}.json.gz"
+        rewrite_file(str(raw), str(again), rewrite)
+        assert not raw.exists() and not (tmp_path / f"again-{i}.json.gz.nodes").exists()
+        with gzip.open(again, "rb") as a, gzip.open(out_path, "rb") as b:
+            assert a.read() == b.read()
+
+
 def test_a_derived_rank_is_its_roles_trace_renamed(recorded):
     traces, _ = recorded
     first = read_json(traces / trace_file_name(0))
