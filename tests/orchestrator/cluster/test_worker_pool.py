@@ -61,6 +61,21 @@ def test_a_slot_is_filled_when_any_task_ends(tmp_path):
     assert results == [("a", True), ("b", True), ("c", True)]
 
 
+def _leaves_an_exit_handler(marker: str) -> str:
+    import atexit
+    atexit.register(lambda: open(marker, "w").close())
+    return "sent"
+
+
+def test_a_fresh_process_is_not_torn_down_after_its_result(tmp_path):
+    """Once its result is sent, the process leaves at once: the interpreter's teardown (seconds
+    of freeing a capture's objects) would hold its slot; exit handlers do not run."""
+    marker = tmp_path / "torn-down"
+    assert list(in_fresh_processes(_leaves_an_exit_handler, [(str(marker),)], 1)) == ["sent"]
+    assert not marker.exists()
+    assert not [p for p in psutil.Process().children() if "spawn_main" in " ".join(p.cmdline())]
+
+
 def _exit_or_raise(how: str) -> None:
     if how == "exit":
         os._exit(3)  # as the kernel's OOM killer leaves it: no result, no exception
