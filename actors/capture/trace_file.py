@@ -26,7 +26,6 @@ from actors.errors import writing
 from actors.gc_pause import gc_paused
 from actors.trace.node_stream import TraceNodes, over_nodes
 
-_intern = sys.intern
 _AT = "_at"  # a slim node's position in the file (its full node's), for the writer
 _WRITE_BYTES = 1 << 20  # nodes' text gathered per write into the gzip stream
 # zlib's level 3 deflates a fake stage's 716 MB in 40% of level 6's time, into a 36% larger
@@ -180,33 +179,28 @@ def _slim(raw: dict, at: int) -> dict:
     or hold them (lists of lists); other values are None here and kept from the node's text.
     Strings that repeat (names, types, devices, schemas) are interned."""
     name = raw.get("name")
-    schema = []
-    for a in raw.get("attrs") or ():
-        if type(a) is dict and a.get("name") == "op_schema":
-            value = a.get("value")
-            schema.append({**a, "value": _intern(value) if type(value) is str else value})
-    return {"id": raw.get("id"), "name": _intern(name) if type(name) is str else name,
+    return {"id": raw.get("id"), "name": sys.intern(name) if type(name) is str else name,
             "ctrl_deps": raw.get("ctrl_deps"), "inputs": _slim_side(raw.get("inputs")),
-            "outputs": _slim_side(raw.get("outputs")), "attrs": schema, _AT: at}
+            "outputs": _slim_side(raw.get("outputs")),
+            "attrs": [{**a, "value": _interned(a.get("value"))} for a in raw.get("attrs") or ()
+                      if isinstance(a, dict) and a.get("name") == "op_schema"], _AT: at}
 
 
 def _slim_side(side) -> dict:
-    if type(side) is not dict:
+    if not isinstance(side, dict):
         return {"values": [], "types": []}
     values = []
     for v in side.get("values") or ():
-        if type(v) is list:
-            if len(v) == 6:
-                if type(v[5]) is str:
-                    v[5] = _intern(v[5])  # the device
-                values.append(v)
-                continue
-            if any(type(x) is list for x in v):
-                values.append(v)
-                continue
-        values.append(None)  # no tensor in it
-    return {"values": values,
-            "types": [_intern(t) if type(t) is str else t for t in side.get("types") or ()]}
+        if type(v) is not list or (len(v) != 6 and not any(type(x) is list for x in v)):
+            v = None  # no tensor in it
+        elif len(v) == 6 and type(v[5]) is str:
+            v[5] = sys.intern(v[5])  # the device
+        values.append(v)
+    return {"values": values, "types": [_interned(t) for t in side.get("types") or ()]}
+
+
+def _interned(value):
+    return sys.intern(value) if type(value) is str else value
 
 
 def _edited(full: dict, slim: dict) -> dict:
