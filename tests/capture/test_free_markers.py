@@ -8,6 +8,7 @@ import torch
 from torch.profiler import ExecutionTraceObserver
 
 from actors.capture.fake import free_markers, meta_storage
+from actors.capture.fake.fake_mode import CaptureFakeMode
 from actors.trace.conventions import FREED_OP
 
 
@@ -31,3 +32,56 @@ def test_freed_storages_are_one_op_and_their_views_are_not_recorded(tmp_path):
     assert names[0] == FREED_OP and "aten::set_" not in names, names  # no view of its own
     assert "aten::add" in names  # the observer records again after emit()
     assert after.shape == (8,)
+
+
+def _recorded(path, run) -> list[dict]:
+    """The nodes of ``run()`` recorded on fake with the run's frees written, as a capture
+    does."""
+    with meta_storage.unique_meta_storages(), CaptureFakeMode() as mode:
+        observer = ExecutionTraceObserver()
+        observer.register_callback(str(path))
+        with free_markers.recording(mode):
+            observer.start()
+            run()
+            observer.stop()
+        observer.unregister_callback()
+    return json.loads(path.read_text())["nodes"]
+
+
+def test_a_free_before_a_metadata_query_is_written_between_the_ops(tmp_path):
+    """A FakeTensor's device is dispatched (C++ reads it before most ops); the mode answers
+    it at once, and still writes the frees pending there, before the next op's node: written
+    inside that op instead, they would be read as that op's, an op later."""
+    def run():
+        a = torch.ones(256)
+        b = a + 1
+        del a
+        assert torch.ops.prim.device(b) == torch.device("cpu")
+        b.mul(2)
+
+    nodes = _recorded(tmp_path / "trace.json", run)
+    mul = next(n for n in nodes if n["name"] == "aten::mul")
+    freed = [n for n in nodes if n["name"] == FREED_OP and n["inputs"]["values"][0]]
+    assert [n["ctrl_deps"] == mul["id"] or n["id"] > mul["id"] for n in freed] == [False]
+
+
+def test_a_free_before_an_op_on_a_tensor_subclass_is_written_before_it(tmp_path):
+    """An op on a tensor subclass (TwoTensor, as DTensor) is handed to the subclass before the
+    mode's own work; the frees pending are written at that op, not inside its local ops."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    def run():
+        a = torch.ones(256)
+        pair = TwoTensor(torch.ones(8), torch.ones(8))
+        b = a + 1
+        del a
+        pair.mul(2)
+        return b
+
+    nodes = _recorded(tmp_path / "trace.json", run)
+    by_id = {n["id"]: n for n in nodes}
+    outer, *local = sorted((n for n in nodes if n["name"] == "aten::mul"), key=lambda n: n["id"])
+    freed = [n for n in nodes if n["name"] == FREED_OP and n["inputs"]["values"][0]]
+    assert len(local) == 2 and len(freed) == 1  # the pair's two local muls; the one free
+    assert by_id[freed[0]["ctrl_deps"]]["ctrl_deps"] == outer["id"]  # in the outer op's frame
+    assert freed[0]["id"] < min(n["id"] for n in local)

@@ -50,7 +50,9 @@ from contextlib import contextmanager
 import torch
 from torch._higher_order_ops.utils import registered_hop_fake_fns
 from torch._ops import HigherOrderOperator
+from torch._subclasses import fake_tensor
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorConverter, FakeTensorMode
+from torch.utils._pytree import arg_tree_leaves
 
 from actors.capture.fake import free_markers
 from actors.capture.fake.known_reads import known_answer
@@ -67,6 +69,12 @@ _SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.s
                    torch.sparse_bsc)
 _PYTHON_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.Python) | torch._C.DispatchKeySet(
     torch._C.DispatchKey.PythonTLSSnapshot)
+# a tensor's device, sizes, strides: FakeTensorMode answers them before anything else
+_METADATA_QUERIES = fake_tensor._DISPATCH_META_HANDLERS
+# the ops FakeTensorMode runs itself whatever tensor subclass they read, and the value reads
+# the capture answers (answering_next_read)
+_ANSWERED_FOR_SUBCLASSES = frozenset([*fake_tensor._DISPATCH_HANDLE_DIRECTLY,
+                                      torch.ops.aten._local_scalar_dense.default])
 
 
 class SparseOnFake(RuntimeError):
@@ -99,6 +107,16 @@ class CaptureFakeMode(FakeTensorMode):
     supports_higher_order_operators = True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        metadata = _METADATA_QUERIES.get(func)
+        if metadata is not None:
+            # A FakeTensor's device is dispatched, so C++ code reading it (autograd, every
+            # kernel's device check) comes here: most of a step's dispatches. No op of the
+            # trace: answered before the mode's own work, which would run for each. The frees
+            # are still written here, between the ops they fell between (written at the next
+            # op instead, they would be read as that op's, a step later).
+            if self.emit_frees and not getattr(_UNRECORDED, "depth", 0):
+                free_markers.emit()
+            return metadata(args)
         if isinstance(func, HigherOrderOperator):
             # a real tensor among a higher-order op's inputs is the host's RNG state
             # (run_and_save_rng_state returns torch.get_rng_state() on cpu): made fake here
@@ -122,9 +140,16 @@ class CaptureFakeMode(FakeTensorMode):
         """The mode's own work for one op, with no RecordFunction (see the module docstring);
         nested calls (decompositions re-enter the mode) leave it off until the outer one ends.
         A value read inside :func:`answering_next_read` gets its answer; one of a known value
-        gets that value."""
+        gets that value. An op on a tensor subclass (a DTensor) is handed to the subclass at
+        once: FakeTensorMode would too, after building a cache key for it and failing (a third
+        of a tensor-parallel step's dispatches), and the subclass's local ops come back here."""
         depth = getattr(_UNRECORDED, "depth", 0)
         writes_frees = depth == 0 and self.emit_frees
+        if any(t is not FakeTensor for t in types) and func not in _ANSWERED_FOR_SUBCLASSES \
+                and fake_tensor._check_for_subclass(arg_tree_leaves(*args, **(kwargs or {}))):
+            if writes_frees:  # before the subclass's op, as below
+                free_markers.emit()
+            return NotImplemented
         if writes_frees:  # recorded: before the mode's own work
             start = free_markers.op_begins()
         answers = getattr(_ANSWERS, "pending", None)

@@ -31,12 +31,14 @@ class GroupNamingFakeMode(CaptureFakeMode):
         super().__init__()
         self.group_log: list[tuple[str, str]] = []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def dispatch(self, func, types, args=(), kwargs=None):
+        """CaptureFakeMode's, after logging a c10d op's group (here rather than in
+        ``__torch_dispatch__``: the metadata queries answered there never reach it)."""
         if func.namespace == "c10d":
             name = _group_name(args)
             if name is not None:
                 self.group_log.append((f"c10d::{func._opname}", name))
-        return super().__torch_dispatch__(func, types, args, kwargs)
+        return super().dispatch(func, types, args, kwargs)
 
 
 def _group_name(args) -> str | None:
