@@ -13,7 +13,8 @@ rusage of that child, or RUSAGE_SELF inside it):
 * ``predict_405b_pp8_cold_s`` (``--pp8``: about a quarter of an hour): ``workload=llama3_405b_tp8_pp8
   world_size=512`` (8 pipeline stages, tp 8, FSDP2 over 8), empty cache, its eight roles
   recorded two at once (``predict.roles.num_workers=2``); ``_rss_gib`` is the largest process's
-  peak (the driver's or a role's: wait4 counts the reaped workers), ``load_avg_1m`` the
+  peak (the driver's or a role's: wait4 counts the reaped workers), ``_verdict`` and
+  ``_reserved_gib_by_role`` its answer (each stage's reserved peak), ``load_avg_1m`` the
   machine's load when it started;
 * ``dry_run_1024_s``, ``driver_rss_1024_gib``: ``tracefleet replay=dry_run`` of 1,024 rank
   traces of a 70B meta capture (scripts/bench_dry_run_scale.py, whose traces are cached in
@@ -72,7 +73,8 @@ KEYS = {**dict.fromkeys((
         "meta_num_ops", "fit_search_70b_s", "predict_405b_cold_s", "predict_405b_cold_cpu_s",
         "predict_405b_cold_rss_gib", "predict_405b_timings_s", "predict_405b_pp8_cold_s",
         "predict_405b_pp8_cold_cpu_s", "predict_405b_pp8_cold_rss_gib",
-        "predict_405b_pp8_timings_s", "load_avg_1m")),
+        "predict_405b_pp8_timings_s", "predict_405b_pp8_verdict",
+        "predict_405b_pp8_reserved_gib_by_role", "load_avg_1m")),
     "targets": dict.fromkeys(TARGETS), "targets_met": dict.fromkeys(TARGETS)}
 FIT_SEARCH_KEY = "fit_search_s"  # bench_fit_search.py's figure, cached search's wall time
 # --quick: its --quick on one axis (every axis is tests/bench/'s own check of it)
@@ -192,7 +194,11 @@ def main() -> None:
             out.update(predict_405b_pp8_cold_s=round(run["s"], 2),
                        predict_405b_pp8_cold_cpu_s=round(run["cpu_s"], 2),
                        predict_405b_pp8_cold_rss_gib=round(run["rss_gib"], 3),
-                       predict_405b_pp8_timings_s=run["prediction"]["timings_s"])
+                       predict_405b_pp8_timings_s=run["prediction"]["timings_s"],
+                       predict_405b_pp8_verdict=run["prediction"]["verdict"],
+                       predict_405b_pp8_reserved_gib_by_role={
+                           role: round(facts["predicted_reserved_peak_bytes"] / GIB, 1)
+                           for role, facts in run["prediction"]["per_role"].items()})
         world = 8 if args.quick else 1024
         workload = scale.QUICK_WORKLOAD if args.quick else "llama_70b"
         traces = args.dry_run_traces or (tmp / "traces" if args.quick else

@@ -23,6 +23,9 @@ def test_bench_predict_speed():
                      out["predict_405b_cold_s"],  # the 405B TP 8 x FSDP2 preset, cut to 2 layers
                      out["predict_405b_pp8_cold_s"], out["predict_405b_pp8_cold_rss_gib"])
     assert out["predict_405b_pp8_timings_s"]["capture_s"] > 0 and out["load_avg_1m"] >= 0
+    assert out["predict_405b_pp8_verdict"] in ("fits", "too_close", "oom")
+    by_role = out["predict_405b_pp8_reserved_gib_by_role"]
+    assert sorted(by_role) == [f"pp stage {i}" for i in range(8)] and positive(*by_role.values())
     # the cached run reused the capture: no capture time in its own timings
     assert out["predict_8b_timings_s"]["cached"]["capture_s"] < 1
     assert out["predict_8b_timings_s"]["cold"]["capture_s"] > 0
