@@ -8,6 +8,7 @@ import torch
 from torch.profiler import ExecutionTraceObserver
 
 from actors.capture.fake import free_markers, meta_storage
+from actors.gc_pause import gc_paused
 from actors.capture.fake.fake_mode import CaptureFakeMode
 from actors.trace.conventions import FREED_OP
 
@@ -36,8 +37,8 @@ def test_freed_storages_are_one_op_and_their_views_are_not_recorded(tmp_path):
 
 def _recorded(path, run) -> list[dict]:
     """The nodes of ``run()`` recorded on fake with the run's frees written, as a capture
-    does."""
-    with meta_storage.unique_meta_storages(), CaptureFakeMode() as mode:
+    does (its GC paused: garbage an earlier test left is not collected in the middle)."""
+    with gc_paused(), meta_storage.unique_meta_storages(), CaptureFakeMode() as mode:
         observer = ExecutionTraceObserver()
         observer.register_callback(str(path))
         with free_markers.recording(mode):
@@ -46,6 +47,14 @@ def _recorded(path, run) -> list[dict]:
             observer.stop()
         observer.unregister_callback()
     return json.loads(path.read_text())["nodes"]
+
+
+def _frees_of_adds_input(nodes: list[dict]) -> list[dict]:
+    """The free markers naming the storage ``aten::add`` read (``a`` in the tests below)."""
+    add = next(n for n in nodes if n["name"] == "aten::add")
+    storage = add["inputs"]["values"][0][1]
+    return [n for n in nodes if n["name"] == FREED_OP
+            and any(t[1] == storage for t in n["inputs"]["values"][0])]
 
 
 def test_a_free_before_a_metadata_query_is_written_between_the_ops(tmp_path):
@@ -61,8 +70,8 @@ def test_a_free_before_a_metadata_query_is_written_between_the_ops(tmp_path):
 
     nodes = _recorded(tmp_path / "trace.json", run)
     mul = next(n for n in nodes if n["name"] == "aten::mul")
-    freed = [n for n in nodes if n["name"] == FREED_OP and n["inputs"]["values"][0]]
-    assert len(freed) == 1  # a's
+    freed = _frees_of_adds_input(nodes)
+    assert len(freed) == 1
     # before mul, not inside it
     assert freed[0]["ctrl_deps"] != mul["id"] and freed[0]["id"] < mul["id"]
 
@@ -83,7 +92,7 @@ def test_a_free_before_an_op_on_a_tensor_subclass_is_written_before_it(tmp_path)
     nodes = _recorded(tmp_path / "trace.json", run)
     by_id = {n["id"]: n for n in nodes}
     outer, *local = sorted((n for n in nodes if n["name"] == "aten::mul"), key=lambda n: n["id"])
-    freed = [n for n in nodes if n["name"] == FREED_OP and n["inputs"]["values"][0]]
-    assert len(local) == 2 and len(freed) == 1  # the pair's two local muls; the one free
+    freed = _frees_of_adds_input(nodes)
+    assert len(local) == 2 and len(freed) == 1  # the pair's two local muls; a's one free
     assert by_id[freed[0]["ctrl_deps"]]["ctrl_deps"] == outer["id"]  # in the outer op's frame
     assert freed[0]["id"] < min(n["id"] for n in local)
